@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine: `make demo` (train the embedded default and record it)
+# and `make test`. Both create .venv and install into it. Without a GPU, torch is the CPU build
+# (torch==2.13.0, on disk on our dev/CI machines); with a GPU, the torch already installed for your CUDA is reused.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml .ci/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(if $(shell command -v nvidia-smi),--system-site-packages,) $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && $(PY) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then \
+		echo "GPU machine: using the installed CUDA torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+		$(PY) -m pip install -q -e ".[dev]"; \
+	else \
+		$(PY) -m pip install -q torch==2.13.0 && \
+		$(PY) -m pip install -q -c .ci/constraints.txt -e ".[dev]"; \
+	fi
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	@if [ -t 1 ] && [ -z "$$CI" ]; then $(VENV)/bin/sft-tui --recipe tiny-cpu; \
+	else $(VENV)/bin/runner run tiny-cpu; fi
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not dist"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,208 @@
+"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from runner.errors import UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 2, 3, 130
+
+EPILOG = """\
+SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
+field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 replay did not reproduce,
+130 cancelled.
+
+examples:
+  runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
+  runner run tiny-cpu --set train.max_steps=20 --json
+  runner replay records/<id>.json           # re-run and compare the loss curves
+  runner verify records/<id>.json           # check the record's lock
+"""
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="recipe name or path to a YAML/JSON spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
+
+
+def _add_dirs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records-dir", type=Path, default=Path("records"), help="where records go (default: records)")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="Plan, launch, record and replay SFT runs.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="launch a run headless and write its record")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
+    p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
+    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+
+    p = sub.add_parser("estimate", help="predict per-GPU memory and time before launch")
+    _add_spec_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="sweep a field over values, e.g. --sweep train.seq_len=8192,32768 (repeatable)")
+
+    p = sub.add_parser("replay", help="re-run a record and say whether the loss curve was reproduced")
+    p.add_argument("record", metavar="RECORD", help="record path or id")
+    _add_dirs(p)
+    p.add_argument("--strict", action="store_true", help="refuse to run when a package, model or dataset pin differs")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a record that needs trust_remote_code")
+
+    p = sub.add_parser("verify", help="check that a record's lock matches its content")
+    p.add_argument("record", metavar="RECORD")
+
+    p = sub.add_parser("diff", help="show what differs between two records")
+    p.add_argument("a", metavar="RECORD_A")
+    p.add_argument("b", metavar="RECORD_B")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+
+    p = sub.add_parser("list", help="list records")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
+    _add_spec_args(p)
+
+    sub.add_parser("fields", help="every spec field with its default and meaning")
+    sub.add_parser("recipes", help="the recipes shipped with the package")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return EXIT_CANCELLED
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.session import run_headless
+    from runner.spec import load_spec, resolve
+
+    spec = resolve(load_spec(args.spec, args.overrides))
+    return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
+                        node_rank=args.node_rank, run_id=args.run_id, force=args.force)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from runner.estimate import estimate_cli
+
+    return estimate_cli(args.spec, args.overrides, args.sweep, args.json)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from runner.session import replay_headless
+
+    return replay_headless(args.record, args.runs_dir, args.records_dir, strict=args.strict, as_json=args.json,
+                           plain=args.plain, trust_remote_code=args.trust_remote_code)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from runner.records import verify
+
+    ok, reason = verify(Path(args.record))
+    print(reason, file=sys.stdout if ok else sys.stderr)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from runner.compare import diff_records, print_diff
+    from runner.records import find_record, load
+
+    a = load(find_record(args.a, args.records_dir))
+    b = load(find_record(args.b, args.records_dir))
+    print_diff(a, b, diff_records(a, b))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runner.compare import print_list, summary_row
+    from runner.records import list_records
+
+    recs = list_records(args.records_dir)
+    if args.json:
+        print(json.dumps([summary_row(r) for r in recs]))
+    else:
+        print_list(recs)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import yaml
+
+    from runner.spec import load_spec
+
+    print(yaml.safe_dump(load_spec(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_fields(_: argparse.Namespace) -> int:
+    from runner.spec import field_docs
+
+    rows = field_docs()
+    width = max(len(p) for p, _, _ in rows)
+    for path, doc, default in rows:
+        print(f"{path:<{width}}  {json.dumps(_plain(default)):<22} {doc}")
+    return EXIT_OK
+
+
+def _plain(x: Any) -> Any:
+    try:
+        json.dumps(x)
+        return x
+    except TypeError:
+        return str(x)
+
+
+def cmd_recipes(_: argparse.Namespace) -> int:
+    from runner.spec import RECIPES_DIR, read_spec_file, recipe_names
+
+    for name in recipe_names():
+        data = read_spec_file(RECIPES_DIR / f"{name}.yaml")
+        note = (data.get("description") or "") if isinstance(data, dict) else ""
+        print(f"{name:<36} {note}")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "estimate": cmd_estimate,
+    "replay": cmd_replay,
+    "verify": cmd_verify,
+    "diff": cmd_diff,
+    "list": cmd_list,
+    "show": cmd_show,
+    "fields": cmd_fields,
+    "recipes": cmd_recipes,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Side-by-side views of records: `runner list` and `runner diff` (only what differs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Keys too bulky or too noisy to show in a diff; they are summarised elsewhere.
+_SKIP = {"lock", "loss_curve", "packages", "created", "finished", "run_dir", "id", "argv", "command", "diff_file"}
+
+
+def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
+    spec, m = rec.get("spec") or {}, rec.get("metrics") or {}
+    return {
+        "id": rec.get("id"),
+        "created": rec.get("created"),
+        "status": rec.get("status"),
+        "model": (spec.get("model") or {}).get("id"),
+        "method": f"{spec.get('engine', '?')}/{(spec.get('method') or {}).get('kind', '?')}",
+        "steps": m.get("steps"),
+        "final_loss": m.get("final_loss"),
+        "tokens_per_s": m.get("tokens_per_s"),
+        "replay_of": rec.get("replay_of"),
+    }
+
+
+def print_list(recs: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    if not recs:
+        console.print("no records")
+        return
+    table = Table(show_edge=False)
+    for col in ("id", "created", "status", "model", "method", "steps", "final loss", "tokens/s"):
+        table.add_column(col, justify="right" if col in {"steps", "final loss", "tokens/s"} else "left")
+    for rec in recs:
+        r = summary_row(rec)
+        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], r["model"], r["method"], str(r["steps"] or 0),
+                      "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
+                      "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}")
+    console.print(table)
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in _SKIP:
+                continue
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def diff_records(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) for spec, pins, metrics, status and failure, differing keys only."""
+    rows: list[tuple[str, Any, Any]] = []
+    for section in ("status", "spec", "pins", "launch", "metrics", "failure", "replay_of"):
+        fa, fb = flatten({section: a.get(section)}), flatten({section: b.get(section)})
+        for key in sorted(set(fa) | set(fb)):
+            if fa.get(key) != fb.get(key):
+                rows.append((key, fa.get(key), fb.get(key)))
+    pa = (a.get("pins") or {}).get("packages") or {}
+    pb = (b.get("pins") or {}).get("packages") or {}
+    for name in sorted(set(pa) | set(pb)):
+        if pa.get(name) != pb.get(name):
+            rows.append((f"pins.packages.{name}", pa.get(name), pb.get(name)))
+    return rows
+
+
+def print_diff(a: dict[str, Any], b: dict[str, Any], rows: list[tuple[str, Any, Any]],
+               console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    if not rows:
+        console.print(f"{a['id']} and {b['id']}: no differences in spec, pins or metrics")
+        return
+    table = Table(show_edge=False)
+    table.add_column("field")
+    table.add_column(a["id"], overflow="fold")
+    table.add_column(b["id"], overflow="fold")
+    for key, va, vb in rows:
+        table.add_row(key, _short(va), _short(vb))
+    console.print(table)
+
+
+def _short(v: Any) -> str:
+    s = "-" if v is None else str(v)
+    return s if len(s) <= 60 else s[:57] + "…"

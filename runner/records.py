@@ -1,0 +1,231 @@
+"""Run records: written at launch, finished atomically at exit, locked with a sha256 of their canonical JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from runner.errors import UserError
+from runner.events import read_events
+
+SCHEMA = "sft-tui.record/1"
+STATUSES = ("running", "succeeded", "failed", "cancelled")
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def compute_lock(record: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical({k: v for k, v in record.items() if k != "lock"})).hexdigest()
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    record = json.loads(json.dumps(_finite(record)))
+    record["lock"] = compute_lock(record)
+    atomic_write_json(path, record)
+    return record
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf are not JSON: store them as None (a NaN loss is reported by status, not by the number)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_record(run_id: str, spec: dict[str, Any], pins: dict[str, Any], launch: dict[str, Any],
+               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "schema": SCHEMA,
+        "id": run_id,
+        "created": now_iso(),
+        "finished": None,
+        "status": "running",
+        "spec": spec,
+        "pins": pins,
+        "launch": launch,
+        "estimate": estimate,
+        "metrics": None,
+        "failure": None,
+        "run_dir": str(run_dir),
+    }
+    if replay_of:
+        rec["replay_of"] = replay_of
+    return rec
+
+
+class RecordError(UserError):
+    pass
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a record, with a one-line reason for anything that is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such record file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{path}: cannot read ({e})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path}: not valid JSON (truncated or corrupted at line {e.lineno}, column {e.colno})") \
+            from None
+    if not isinstance(rec, dict) or "schema" not in rec:
+        raise RecordError(f"{path}: not a run record (no 'schema' field)")
+    if rec["schema"] != SCHEMA:
+        raise RecordError(f"{path}: unknown record schema {rec['schema']!r} (this runner reads {SCHEMA!r})")
+    return rec
+
+
+def verify(path: Path) -> tuple[bool, str]:
+    rec = load(path)
+    lock = rec.get("lock")
+    if not lock:
+        return False, f"{path}: record has no lock (it was not finished)"
+    actual = compute_lock(rec)
+    if actual != lock:
+        return False, f"{path}: lock mismatch: content changed after it was locked (sha256 {actual[:12]}… ≠ {lock[:12]}…)"
+    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…)"
+
+
+def list_records(records_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(records_dir.glob("*.json")):
+        try:
+            out.append(load(p))
+        except RecordError:
+            continue
+    return out
+
+
+def find_record(ref: str, records_dir: Path) -> Path:
+    """A record path, or an id (or unique id prefix) in the records folder."""
+    p = Path(ref)
+    if p.suffix == ".json" or os.sep in ref:
+        return p
+    exact = records_dir / f"{ref}.json"
+    if exact.exists():
+        return exact
+    hits = sorted(records_dir.glob(f"{ref}*.json"))
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise RecordError(f"no record '{ref}' in {records_dir}")
+    raise RecordError(f"'{ref}' matches {len(hits)} records in {records_dir}: give more of the id")
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics from the event files
+
+
+def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_per_token: float | None = None,
+                        peak_flops: float | None = None) -> dict[str, Any]:
+    """Per-rank loss curves, last steps, tokens/s, peak memory and the data fingerprint, from rank<r>.jsonl."""
+    per_rank: dict[str, Any] = {}
+    curves: dict[str, list[list[float]]] = {}
+    wall = []
+    tokens_total = 0
+    fingerprint = hashlib.sha256()
+    for r in range(world_size):
+        evs = read_events(events_dir / f"rank{r}.jsonl")
+        steps = [e for e in evs if "event" not in e and "step" in e]
+        end = next((e for e in evs if e.get("event") == "end"), None)
+        start = next((e for e in evs if e.get("event") == "start"), None)
+        curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
+        info: dict[str, Any] = {"last_step": steps[-1]["step"] if steps else 0,
+                                "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
+        if end:
+            info["train_s"] = end.get("train_s")
+            info["tokens"] = end.get("tokens")
+            info["data"] = end.get("data")
+            info["peak_mem"] = end.get("peak_mem_gib")
+            tokens_total += end.get("tokens") or 0
+            if end.get("train_s"):
+                wall.append(end["train_s"])
+            if end.get("data"):
+                fingerprint.update(str(end["data"].get("fingerprint")).encode())
+        elif steps:
+            tokens_total += sum(e.get("tokens") or 0 for e in steps)
+        if start and steps:
+            wall.append(steps[-1]["t"] - start["t"])
+        per_rank[str(r)] = info
+    rank0 = curves.get("0") or []
+    train_s = max(wall) if wall else None
+    tokens_per_s = tokens_total / train_s if train_s else None
+    out: dict[str, Any] = {
+        "steps": max((i["last_step"] for i in per_rank.values()), default=0),
+        "loss_curve": curves,
+        "final_loss": rank0[-1][1] if rank0 else None,
+        "first_loss": rank0[0][1] if rank0 else None,
+        "tokens": tokens_total,
+        "train_s": train_s,
+        "tokens_per_s": round(tokens_per_s, 2) if tokens_per_s else None,
+        "mfu": None,
+        "per_rank": per_rank,
+        "data_fingerprint": fingerprint.hexdigest(),
+    }
+    global_losses = [e.get("global_loss") for e in read_events(events_dir / "rank0.jsonl") if "global_loss" in e]
+    if global_losses:
+        out["final_global_loss"] = global_losses[-1]
+    if device == "cuda" and flops_per_token and peak_flops and tokens_per_s:
+        out["mfu"] = round(tokens_per_s * flops_per_token / (peak_flops * world_size), 4)
+    return out
+
+
+def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """Max |loss difference| over every rank and step, and the first step where the curves differ."""
+    max_diff = 0.0
+    first: dict[str, Any] | None = None
+    same_shape = set(a) == set(b)
+    for r in sorted(set(a) | set(b), key=int):
+        ca, cb = dict((int(s), l) for s, l in a.get(r, [])), dict((int(s), l) for s, l in b.get(r, []))
+        if set(ca) != set(cb):
+            same_shape = False
+        for s in sorted(set(ca) & set(cb)):
+            la, lb = ca[s], cb[s]
+            d = abs(la - lb) if la is not None and lb is not None else (0.0 if la == lb else math.inf)
+            if d > max_diff:
+                max_diff = d
+            if d > 0 and first is None:
+                first = {"rank": int(r), "step": s, "original": la, "replay": lb}
+    return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_shape}

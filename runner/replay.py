@@ -1,0 +1,73 @@
+"""Replay: rebuild the spec from a record, report pin drift, re-run, and compare the loss curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runner import pins as pins_mod
+from runner.errors import UserError
+from runner.records import compare_curves
+from runner.spec import RunSpec, validate
+
+# Pins that, when they differ, can change the numbers; --strict refuses to replay over any of them.
+STRICT_KEYS = ("packages", "torch", "cuda", "model", "dataset", "tokenizer_sha256")
+
+
+def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> RunSpec:
+    """The record's resolved spec; never runs code from the record without explicit consent."""
+    spec = validate(rec["spec"])
+    if spec.model.trust_remote_code and not trust_remote_code:
+        raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "
+                        "code; pass --trust-remote-code if you trust it")
+    return spec
+
+
+def drift(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pin that differs: [{pin, recorded, current, strict}]."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, a: Any, b: Any, strict: bool) -> None:
+        if a != b:
+            rows.append({"pin": name, "recorded": a, "current": b, "strict": strict})
+
+    add("python", recorded.get("python"), current.get("python"), True)
+    for key in ("torch", "cuda", "cudnn", "nccl"):
+        add(key, recorded.get(key), current.get(key), key in STRICT_KEYS)
+    ra, ca = recorded.get("packages", {}), current.get("packages", {})
+    for name in sorted(set(ra) | set(ca)):
+        add(f"package {name}", ra.get(name), ca.get(name), True)
+    for src in ("model", "dataset"):
+        r, c = recorded.get(src, {}), current.get(src, {})
+        for k in ("commit", "content_sha256"):
+            add(f"{src} {k}", r.get(k), c.get(k), True)
+    add("tokenizer_sha256", recorded.get("tokenizer_sha256"), current.get("tokenizer_sha256"), True)
+    rg, cg = recorded.get("git", {}), current.get("git", {})
+    add("git commit", rg.get("commit"), cg.get("commit"), False)
+    add("git dirty", rg.get("dirty"), cg.get("dirty"), False)
+    add("git diff", rg.get("diff_sha256"), cg.get("diff_sha256"), False)
+    add("gpus", recorded.get("gpus", {}).get("names"), current.get("gpus", {}).get("names"), False)
+    add("driver", recorded.get("gpus", {}).get("driver"), current.get("gpus", {}).get("driver"), False)
+    return rows
+
+
+def current_pins(spec: RunSpec, repo_dir: Path) -> dict[str, Any]:
+    p = pins_mod.capture(spec, repo_dir)
+    p["git"].pop("diff", None)
+    return p
+
+
+def tolerance(spec: RunSpec) -> float:
+    """CPU fp32 with fixed threads is bit-exact; GPU runs are exact only with the deterministic switches on."""
+    if spec.hardware.device == "cpu" or spec.train.deterministic:
+        return 0.0
+    return 1e-3
+
+
+def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dict[str, Any]:
+    a = (original.get("metrics") or {}).get("loss_curve") or {}
+    b = (replay.get("metrics") or {}).get("loss_curve") or {}
+    result = compare_curves(a, b)
+    result["tolerance"] = tol
+    result["reproduced"] = bool(a) and result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    return result

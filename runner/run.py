@@ -1,0 +1,149 @@
+"""One run from spec to record: allocate the id, write the running record, launch, watch, finish the record."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from runner import pins as pins_mod
+from runner import records
+from runner.events import read_events
+from runner.failure import classify_text, log_tail, signal_cause, torchrun_exit_codes
+from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
+from runner.spec import RunSpec
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+EXIT_CANCELLED = 130
+
+
+@dataclass
+class ActiveRun:
+    """A launched run on this node; node 0 owns the record."""
+
+    run_id: str
+    spec: RunSpec
+    paths: RunPaths
+    record_path: Path | None
+    record: dict[str, Any] | None
+    launcher: Launcher
+    started: float = field(default_factory=time.time)
+
+    def poll(self) -> int | None:
+        return self.launcher.poll()
+
+    def cancel(self) -> None:
+        self.launcher.cancel()
+
+    def wait(self) -> int:
+        return self.launcher.wait()
+
+    def finish(self, exit_code: int) -> dict[str, Any] | None:
+        """Finish the record from the event files (idempotent for status, metrics and failure)."""
+        if self.record is None or self.record_path is None:
+            return None
+        rec = dict(self.record)
+        h = self.spec.hardware
+        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device)
+        rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        rec["finished"] = records.now_iso()
+        if self.launcher.cancelled:
+            rec["status"] = "cancelled"
+        elif exit_code == 0 and not _any_error(self.paths, self.spec.world_size):
+            rec["status"] = "succeeded"
+        else:
+            rec["status"] = "failed"
+            rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
+        rec["exit_code"] = exit_code
+        self.record = records.save(self.record_path, rec)
+        return self.record
+
+
+def _any_error(paths: RunPaths, world_size: int) -> bool:
+    return any(e.get("event") == "error" for r in range(world_size) for e in read_events(paths.events / f"rank{r}.jsonl"))
+
+
+def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> dict[str, Any]:
+    """The first failing rank, its cause (OOM with size, NCCL, exception line, signal), last steps, log path."""
+    launcher_log = log_tail(paths.launcher_log, 200_000)
+    codes = torchrun_exit_codes(launcher_log)
+    root = _root_cause_rank(launcher_log)
+    last_steps: dict[str, int] = {}
+    errors: list[tuple[float, int, dict[str, Any]]] = []
+    for r in range(world_size):
+        evs = read_events(paths.events / f"rank{r}.jsonl")
+        steps = [e["step"] for e in evs if "event" not in e and "step" in e]
+        last_steps[str(r)] = steps[-1] if steps else 0
+        for e in evs:
+            if e.get("event") == "error":
+                errors.append((e.get("t", 0.0), r, e))
+    # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it.
+    killed = [r for r, c in sorted(codes.items()) if signal_cause(c) and signal_cause(c)[0] == "signal"]
+    if root is not None and root in killed or (root is None and killed):
+        rank = root if root is not None and root in killed else killed[0]
+        cause, message = signal_cause(codes[rank])  # type: ignore[misc]
+    elif errors:
+        errors.sort()
+        _, rank, ev = errors[0]
+        if root is not None and any(r == root for _, r, _ in errors):
+            rank, ev = next((r, e) for _, r, e in errors if r == root)
+        cause, message = ev.get("cause", "exception"), ev.get("message", "")
+    else:
+        rank = root if root is not None else 0
+        cause, message = classify_text(log_tail(paths.rank_log(rank)) or launcher_log)
+        if rank in codes and signal_cause(codes[rank]):
+            cause, message = signal_cause(codes[rank])  # type: ignore[misc]
+    return {"rank": rank, "cause": cause, "message": message, "last_step": last_steps.get(str(rank), 0),
+            "last_steps": last_steps, "exit_codes": {str(k): v for k, v in codes.items()}, "launcher_exit": exit_code,
+            "log": str(paths.rank_log(rank))}
+
+
+def _root_cause_rank(launcher_log: str) -> int | None:
+    m = re.search(r"Root Cause \(first observed failure\):\s*\n\s*\[\d+\]:.*?rank\s*:\s*(\d+)", launcher_log, re.S)
+    return int(m.group(1)) if m else None
+
+
+def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
+          replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None) -> ActiveRun:
+    """Create the run directory and (on node 0) the running record, then launch torchrun."""
+    if run_id is None:
+        run_id = new_run_id(spec.name, runs_dir, records_dir)
+    paths = RunPaths(runs_dir / run_id)
+    write_spec(paths, spec)
+    argv = build_command(spec, paths.spec, run_id, node_rank)
+    env = run_env()
+    record_path = None
+    rec = None
+    if node_rank == 0:
+        pins = pins_mod.capture(spec, REPO_DIR)
+        diff = pins["git"].pop("diff", "")
+        if diff:
+            (paths.run_dir / "git.diff").write_text(diff)
+            pins["git"]["diff_file"] = str(paths.run_dir / "git.diff")
+        launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
+                  "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
+                  "env": pins_mod.relevant_env(env)}
+        record_path = records_dir / f"{run_id}.json"
+        rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
+                                                             paths.run_dir, replay_of))
+    launcher = Launcher(argv, paths, env)
+    launcher.start()
+    return ActiveRun(run_id, spec, paths, record_path, rec, launcher)
+
+
+def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:
+    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130."""
+    try:
+        while run.poll() is None:
+            if on_tick:
+                on_tick()
+            time.sleep(interval_s)
+        code = run.wait()
+    except KeyboardInterrupt:
+        run.cancel()
+        code = EXIT_CANCELLED
+    if on_tick:
+        on_tick()
+    return code

@@ -1,0 +1,160 @@
+"""Headless sessions: `runner run` and `runner replay` with a live display, shared by `sft-tui --headless`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from runner import records
+from runner import run as run_mod
+from runner.errors import UserError
+from runner.replay import compare, current_pins, drift, spec_from_record, tolerance
+from runner.spec import RunSpec, resolve
+
+EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
+
+
+def preflight_estimate(spec: RunSpec, force: bool) -> dict[str, Any] | None:
+    """The estimate kept in the record; refuses a run predicted not to fit unless forced."""
+    try:
+        from runner.estimate import estimate
+    except ImportError:
+        return None
+    est = estimate(spec)
+    result = est.to_dict() if hasattr(est, "to_dict") else est
+    if spec.hardware.device == "cuda" and result.get("fits") is False and not force:
+        raise UserError(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per GPU of "
+                        f"{result.get('gpu_memory_gib')} GiB ({result.get('suggestion') or 'see runner estimate'}); "
+                        "pass --force to launch anyway")
+    return result
+
+
+def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
+                     estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
+                     run_id: str | None = None) -> tuple[run_mod.ActiveRun, int]:
+    from runner.headless import HeadlessDisplay
+    from runner.monitor import RunView
+
+    active = run_mod.start(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of, node_rank=node_rank,
+                           run_id=run_id)
+    console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
+                  f"logs in {active.paths.logs}", highlight=False)
+    view = RunView(active.paths.run_dir)
+    display = HeadlessDisplay(view, console=console, plain=plain or None)
+
+    def tick() -> None:
+        if view.poll():
+            display.update()
+
+    try:
+        code = run_mod.watch(active, tick)
+    finally:
+        display.close()
+    active.finish(code)
+    return active, code
+
+
+def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
+    status = (rec or {}).get("status")
+    if status == "succeeded":
+        return EXIT_OK
+    if status == "cancelled" or code == EXIT_CANCELLED:
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+def _report(console: Console, active: run_mod.ActiveRun) -> None:
+    rec = active.record
+    if rec is None:
+        console.print(f"node finished; the record is written by node 0 ({active.run_id})")
+        return
+    m = rec.get("metrics") or {}
+    console.print(f"{rec['status']}: {m.get('steps', 0)} steps, loss {_fmt(m.get('first_loss'))} → "
+                  f"{_fmt(m.get('final_loss'))}, {_fmt(m.get('tokens_per_s'), '.0f')} tokens/s", highlight=False)
+    if rec.get("failure"):
+        f = rec["failure"]
+        console.print(f"[red]rank {f['rank']} failed at step {f['last_step']}: {f['cause']}: {f['message']}[/red] "
+                      f"(log: {f['log']})")
+    console.print(f"record: {active.record_path}", highlight=False)
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool = False, plain: bool = False,
+                 node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
+    console = Console(stderr=as_json, highlight=False)
+    estimate = preflight_estimate(spec, force)
+    if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
+        _print_node_commands(console, spec)
+    active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
+                                    run_id=run_id)
+    _report(console, active)
+    rec = active.record or {}
+    if as_json:
+        print(json.dumps({"id": active.run_id, "status": rec.get("status"), "record": str(active.record_path),
+                          "final_loss": (rec.get("metrics") or {}).get("final_loss"), "exit_code": code}))
+    return _status_exit(rec, code)
+
+
+def _print_node_commands(console: Console, spec: RunSpec) -> None:
+    console.print(f"multi-node run over {spec.hardware.nodes} nodes: start the same spec on every other node with "
+                  "`runner run SPEC --node-rank K --run-id <id printed below>`", highlight=False)
+
+
+def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
+                    plain: bool = False, trust_remote_code: bool = False) -> int:
+    console = Console(stderr=as_json, highlight=False)
+    path = records.find_record(ref, records_dir)
+    ok, reason = records.verify(path)
+    if not ok:
+        raise UserError(f"refusing to replay: {reason}")
+    original = records.load(path)
+    spec = spec_from_record(original, trust_remote_code)
+    spec = resolve(spec)
+    rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
+    print_drift(console, rows)
+    strict_rows = [r for r in rows if r["strict"]]
+    if strict and strict_rows:
+        raise UserError(f"--strict: {len(strict_rows)} pin(s) differ from the record "
+                        f"({', '.join(r['pin'] for r in strict_rows[:5])}{'…' if len(strict_rows) > 5 else ''})")
+    active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, original.get("estimate"),
+                                    replay_of=original["id"])
+    _report(console, active)
+    rec = active.record or {}
+    result = compare(original, rec, tolerance(spec))
+    if result["reproduced"]:
+        console.print(f"reproduced: max |Δloss| = {result['max_abs_loss_diff']:g} over every rank and step "
+                      f"(tolerance {result['tolerance']:g})")
+    else:
+        first = result["first_divergence"]
+        where = f"; first divergence at rank {first['rank']} step {first['step']}: {first['original']} → " \
+                f"{first['replay']}" if first else ""
+        console.print(f"[red]not reproduced[/red]: max |Δloss| = {result['max_abs_loss_diff']:g}{where}")
+    if as_json:
+        print(json.dumps({"id": active.run_id, "status": rec.get("status"), "record": str(active.record_path),
+                          "replay_of": original["id"], "reproduced": result["reproduced"],
+                          "max_abs_loss_diff": result["max_abs_loss_diff"],
+                          "first_divergence": result["first_divergence"], "drift": rows}))
+    status_code = _status_exit(rec, code)
+    if status_code != EXIT_OK:
+        return status_code
+    return EXIT_OK if result["reproduced"] else EXIT_NOT_REPRODUCED
+
+
+def print_drift(console: Console, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        console.print("pins: identical to the record")
+        return
+    table = Table(title=f"{len(rows)} pin(s) differ from the record", title_justify="left")
+    for col in ("pin", "recorded", "current", "strict"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
+    console.print(table)

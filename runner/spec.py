@@ -1,0 +1,382 @@
+"""RunSpec: the one description of a run, loaded from a recipe or file, overridden with --set, validated all at once."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runner.errors import Problem, SpecError
+
+EMBEDDED_PREFIX = "embedded:"
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class _Section(BaseModel):
+    # Field docstrings become descriptions (shown by `runner spec --help-fields` and the wizard);
+    # unknown keys are errors, not silently ignored settings.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelSpec(_Section):
+    id: str = "sft-tui/tiny-qwen3"
+    """Hub id of the model (or its name when `path` is set)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit SHA); resolved to a commit SHA in the record. None = main."""
+    path: str | None = "embedded:model"
+    """Local directory to load instead of the hub; the id is kept as the model's name. `embedded:` = shipped assets."""
+    trust_remote_code: bool = False
+    """Allow the model repo's own Python code to run. Off unless you trust the repo."""
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Weight dtype: auto = bfloat16 on GPU, float32 on CPU (CPU runs are exact and reproducible)."""
+    attn_implementation: Literal["auto", "varlen", "flex_attention", "sdpa", "eager", "flash_attention_2"] = "auto"
+    """Attention backend; auto picks one that keeps packed documents apart (recorded in the run)."""
+    loader: Literal["auto", "causal_lm", "image_text_to_text"] = "auto"
+    """auto = AutoModelForCausalLM, or the language tower of a VLM-style checkpoint."""
+
+
+class DatasetSpec(_Section):
+    id: str | None = "sft-tui/tiny-chat"
+    """Hub dataset id (or its name when `path` is set)."""
+    revision: str | None = None
+    """Hub revision; resolved to a commit SHA in the record. None = main."""
+    path: str | None = "embedded:data/chat.jsonl"
+    """Local JSON/JSONL/parquet file or directory; wins over the id. `embedded:` = shipped assets."""
+    split: str = "train"
+    """Split to train on."""
+    messages_field: str = "messages"
+    """Column holding the conversation: a list of {role, content}."""
+
+
+class LoraSpec(_Section):
+    r: int = Field(16, gt=0)
+    """LoRA rank."""
+    alpha: int = Field(32, gt=0)
+    """LoRA alpha (scale = alpha / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules to adapt: 'all-linear' or a list of module-name suffixes."""
+    target_parameters: list[str] = Field(default_factory=list)
+    """Parameter tensors to adapt directly (MoE experts), e.g. mlp.experts.gate_up_proj."""
+    rank_pattern: dict[str, int] = Field(default_factory=dict)
+    """Per-target rank overrides, e.g. {mlp.experts.down_proj: 8}."""
+
+
+class MethodSpec(_Section):
+    kind: Literal["full", "lora"] = "full"
+    """full = every weight trains; lora = low-rank adapters on a frozen base."""
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    """LoRA settings (used when kind is lora)."""
+
+
+class HardwareSpec(_Section):
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """auto = cuda when a GPU is visible, else cpu (gloo)."""
+    gpu: str = "auto"
+    """GPU type for planning (H100-80GB, H200, B300, ...); auto = detect through NVML."""
+    nproc_per_node: int | Literal["auto"] = "auto"
+    """Ranks per node; auto = visible GPUs, or 2 CPU ranks without a GPU."""
+    nodes: int = Field(1, ge=1)
+    """Number of nodes (torchrun c10d rendezvous across them)."""
+    rdzv_endpoint: str = "localhost:29500"
+    """host:port of the rendezvous (first node) for multi-node runs."""
+
+
+class TrainSpec(_Section):
+    seq_len: int = Field(512, gt=0)
+    """Tokens per packed block."""
+    micro_batch: int = Field(1, gt=0)
+    """Packed blocks per rank per forward."""
+    grad_accum: int = Field(1, gt=0)
+    """Micro-batches per optimizer step."""
+    lr: float = Field(1e-3, gt=0)
+    """Peak learning rate."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """LR schedule after warmup."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    max_steps: int | None = Field(None, gt=0)
+    """Stop after this many optimizer steps; None = run `epochs` passes over the data."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the data when max_steps is None."""
+    seed: int = 0
+    """Seed for init, data order and dropout."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward (non-reentrant) to save activation memory."""
+    log_every: int = Field(1, gt=0)
+    """Write a step event every N steps."""
+    deterministic: bool = True
+    """Ask PyTorch for deterministic kernels (bit-exact replays; CPU runs always are)."""
+
+
+class OutputSpec(_Section):
+    save: Literal["none", "adapter", "full"] = "none"
+    """What to export at the end: nothing, the LoRA adapter, or the full model (HF safetensors)."""
+
+
+class RunSpec(_Section):
+    """A whole run: what to train, on what, how, and what to keep."""
+
+    name: str = "run"
+    """Short name used in run ids and listings."""
+    description: str = ""
+    """One line on what this run is for (shown by `runner recipes`)."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """The model to fine-tune."""
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    """The chat dataset."""
+    engine: Literal["native", "trl"] = "native"
+    """native = plain PyTorch FSDP2 loop; trl = TRL SFTTrainer + accelerate FSDP2."""
+    method: MethodSpec = Field(default_factory=MethodSpec)
+    """Full fine-tune or LoRA."""
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
+    """Where it runs."""
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    """Optimisation settings."""
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    """What to export."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def world_size(self) -> int:
+        return int(self.hardware.nproc_per_node) * self.hardware.nodes
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, overrides and validation
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def find_spec_file(spec: str) -> Path:
+    """A recipe name (recipes/<name>.yaml) or a path to a YAML/JSON file."""
+    path = Path(spec)
+    if path.suffix in {".yaml", ".yml", ".json"} or os.sep in spec:
+        if not path.is_file():
+            raise SpecError(f"spec file not found: {spec}", [Problem("SPEC", f"no file at {path}", "check the path")])
+        return path
+    candidate = RECIPES_DIR / f"{spec}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = recipe_names()
+    close = difflib.get_close_matches(spec, names, n=1)
+    fix = f"did you mean '{close[0]}'?" if close else f"known recipes: {', '.join(names) or 'none'}"
+    raise SpecError(f"unknown recipe '{spec}'", [Problem("SPEC", f"no recipe named '{spec}'", fix)])
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        elif isinstance(e, json.JSONDecodeError):
+            where = f" at line {e.lineno}, column {e.colno}"
+        raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
+                        [Problem("SPEC", str(getattr(e, 'problem', None) or e.msg), "fix the syntax")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    ann = model.model_fields[name].annotation
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b=value` to a raw spec dict; the value is parsed as YAML and typed later by the schema."""
+    if "=" not in assignment:
+        raise SpecError(f"--set expects field=value, got '{assignment}'",
+                        [Problem("--set", f"'{assignment}' has no '='", "write it as train.lr=1e-4")])
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    model: type[BaseModel] | None = RunSpec
+    node = data
+    for i, part in enumerate(parts):
+        assert model is not None
+        if part not in model.model_fields:
+            path = ".".join(parts[: i + 1])
+            close = difflib.get_close_matches(part, _field_names(model), n=1)
+            prefix = ".".join(parts[:i] + [close[0]]) if close else None
+            fix = f"did you mean '{prefix}'?" if prefix else f"fields here: {', '.join(_field_names(model))}"
+            raise SpecError("bad --set", [Problem(path, "no such field", fix)])
+        if i == len(parts) - 1:
+            node[part] = _parse_value(raw)
+        else:
+            sub = _section_type(model, part)
+            if sub is None:
+                raise SpecError("bad --set", [Problem(".".join(parts[: i + 2]), f"'{part}' has no sub-fields",
+                                                      f"set '{'.'.join(parts[: i + 1])}' itself")])
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SpecError("bad --set", [Problem(".".join(parts[: i + 1]), "is not a mapping in the spec file",
+                                                      "fix the spec file")])
+            model = sub
+
+
+def _parse_value(raw: str) -> Any:
+    raw = raw.strip()
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw
+    # YAML 1.1 reads 1e-5 as a string; keep strings and let the schema coerce them.
+    return value
+
+
+def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    got = err.get("input")
+    if kind == "extra_forbidden":
+        parent = err["loc"][:-1]
+        model: type[BaseModel] = RunSpec
+        for p in parent:
+            sub = _section_type(model, str(p)) if str(p) in model.model_fields else None
+            if sub is None:
+                break
+            model = sub
+        close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(model), n=1)
+        if close:
+            fix = f"did you mean '{'.'.join([*map(str, parent), close[0]])}'?"
+        else:
+            fix = f"fields here: {', '.join(_field_names(model))}"
+        return Problem(loc, "unknown field", fix)
+    msg = err["msg"]
+    fix = ""
+    if kind.startswith(("greater_than", "less_than")):
+        fix = "use a value in range"
+    elif kind == "literal_error":
+        fix = "choose one of the listed values"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        fix = "give a value of the right type"
+    return Problem(loc, f"{msg}, got {_show(got)}", fix)
+
+
+def _show(x: Any) -> str:
+    try:
+        return json.dumps(x)
+    except TypeError:
+        return repr(x)
+
+
+def cross_field_problems(spec: RunSpec) -> list[Problem]:
+    """Checks that involve more than one field (the schema checks each field alone)."""
+    out: list[Problem] = []
+    if spec.model.path is None and not spec.model.id:
+        out.append(Problem("model.id", "neither model.id nor model.path is set", "set one of them"))
+    if spec.dataset.path is None and not spec.dataset.id:
+        out.append(Problem("dataset.id", "neither dataset.id nor dataset.path is set", "set one of them"))
+    n = spec.hardware.nproc_per_node
+    if n != "auto" and int(n) < 1:
+        out.append(Problem("hardware.nproc_per_node", f"must be at least 1, got {n}", "use 1 or more, or auto"))
+    if spec.output.save == "adapter" and spec.method.kind != "lora":
+        out.append(Problem("output.save", "'adapter' needs method.kind=lora", "use output.save=full or method.kind=lora"))
+    if spec.hardware.device == "cpu" and spec.model.dtype == "bfloat16":
+        pass  # allowed, just slow; CPU bf16 is not bit-reproducible across machines
+    for part in ("path",):
+        for section in (spec.model, spec.dataset):
+            value = getattr(section, part)
+            if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
+                name = "model.path" if section is spec.model else "dataset.path"
+                out.append(Problem(name, f"no such file or directory: {value}", "give an existing local path, or unset it to use the hub id"))
+    return out
+
+
+def validate(data: dict[str, Any]) -> RunSpec:
+    try:
+        spec = RunSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError("invalid spec", [_problem_from_pydantic(err) for err in e.errors()]) from None
+    problems = cross_field_problems(spec)
+    if problems:
+        raise SpecError("invalid spec", problems)
+    return spec
+
+
+def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first."""
+    if isinstance(spec, dict):
+        data = json.loads(json.dumps(spec))
+    else:
+        data = read_spec_file(find_spec_file(str(spec)))
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate(data)
+
+
+def resolve_embedded(path: str) -> Path:
+    """`embedded:model` → the shipped assets; any other path is returned expanded."""
+    if path.startswith(EMBEDDED_PREFIX):
+        return RECIPES_DIR / "embedded" / path[len(EMBEDDED_PREFIX):]
+    return Path(path).expanduser()
+
+
+def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None) -> RunSpec:
+    """Fill the `auto` values that depend on the machine, so the record holds what actually ran."""
+    if cuda_available is None or gpu_count is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+        gpu_count = torch.cuda.device_count() if cuda_available else 0
+    device = spec.hardware.device
+    if device == "auto":
+        device = "cuda" if cuda_available else "cpu"
+    if device == "cuda" and not cuda_available:
+        raise SpecError("invalid spec", [Problem("hardware.device", "cuda was asked for but no GPU is visible",
+                                                 "use hardware.device=cpu or run on a GPU machine")])
+    nproc = spec.hardware.nproc_per_node
+    if nproc == "auto":
+        nproc = gpu_count if device == "cuda" else 2
+    if device == "cuda" and spec.hardware.nodes == 1 and nproc > gpu_count:
+        raise SpecError("invalid spec", [Problem("hardware.nproc_per_node", f"{nproc} ranks but only {gpu_count} GPUs visible",
+                                                 f"use hardware.nproc_per_node={gpu_count} or fewer")])
+    dtype = spec.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    data = spec.to_dict()
+    data["hardware"].update(device=device, nproc_per_node=nproc)
+    data["model"]["dtype"] = dtype
+    return RunSpec.model_validate(data)
+
+
+def field_docs(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted path, description, default) for every leaf field: the reference printed by `runner fields`."""
+    out: list[tuple[str, str, Any]] = []
+    for name, info in model.model_fields.items():
+        sub = _section_type(model, name)
+        if sub is not None:
+            out += field_docs(sub, f"{prefix}{name}.")
+        else:
+            default = info.default
+            out.append((f"{prefix}{name}", info.description or "", default))
+    return out

@@ -1,0 +1,72 @@
+"""Entry point of one rank: `python -m runner.train --spec runs/<id>/spec.json` (started by torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from runner.events import EventWriter
+from runner.failure import classify_exception
+from runner.spec import RunSpec
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.train", description=__doc__)
+    parser.add_argument("--spec", required=True, type=Path, help="resolved spec written by the launcher")
+    args = parser.parse_args(argv)
+
+    run_dir = args.spec.parent
+    spec = RunSpec.model_validate(json.loads(args.spec.read_text()))
+    rank = int(os.environ["RANK"])
+
+    from runner.train import runtime
+
+    runtime.redirect_output(run_dir / "logs" / f"rank{rank}.log")
+    events = EventWriter(run_dir / "events" / f"rank{rank}.jsonl", rank)
+    events.event("start", local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
+                 world_size=int(os.environ["WORLD_SIZE"]), pid=os.getpid(), host=socket.gethostname(),
+                 max_steps=spec.train.max_steps)
+    step = 0
+    try:
+        rt = runtime.init(spec.hardware.device)
+        runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
+        if spec.engine == "trl":
+            from runner.train.trl_engine import train
+        else:
+            from runner.train.native import train
+        summary = train(spec, rt, events)
+        step = summary["steps"]
+        events.event("end", step=step, **summary)
+        print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the event file before we exit
+        traceback.print_exc()
+        cause, message = classify_exception(e)
+        events.event("error", step=step, cause=cause, message=message)
+        return 1
+    finally:
+        events.close()
+        _teardown()
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a dead peer can make teardown fail; the run is over anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
