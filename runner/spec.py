@@ -119,6 +119,16 @@ class TrainSpec(_Section):
     """Write a step event every N steps."""
     deterministic: bool = True
     """Ask PyTorch for deterministic kernels (bit-exact replays; CPU runs always are)."""
+    loss_impl: Literal["auto", "full", "chunked"] = "auto"
+    """Cross-entropy: full = one fp32 logits tensor; chunked = over token chunks, no full logits; auto = chunked."""
+    compile: bool = False
+    """torch.compile each decoder layer (GPU only)."""
+    packing: bool = True
+    """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a resumable checkpoint every N steps (0 = never during the run)."""
+    data_workers: int = Field(0, ge=0)
+    """DataLoader worker processes per rank for tokenising and packing (0 = in the training process)."""
 
 
 class OutputSpec(_Section):
@@ -377,6 +387,6 @@ def field_docs(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[tuple
         if sub is not None:
             out += field_docs(sub, f"{prefix}{name}.")
         else:
-            default = info.default
+            default = info.get_default(call_default_factory=True)
             out.append((f"{prefix}{name}", info.description or "", default))
     return out
