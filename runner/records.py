@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.events import read_events
+from runner.pins import redact
 
 SCHEMA = "sft-tui.record/1"
 STATUSES = ("running", "succeeded", "failed", "cancelled")
@@ -51,7 +52,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
-    record = json.loads(json.dumps(_finite(record)))
+    """Redact, lock and write a record atomically; returns what was written."""
+    record = redact(json.loads(json.dumps(_finite(record))))
     record["lock"] = compute_lock(record)
     atomic_write_json(path, record)
     return record
@@ -213,19 +215,22 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
 
 
 def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:
-    """Max |loss difference| over every rank and step, and the first step where the curves differ."""
+    """Max |loss difference| over every rank and step, and the earliest step (over all ranks) where they differ."""
     max_diff = 0.0
-    first: dict[str, Any] | None = None
-    same_shape = set(a) == set(b)
+    diverging: list[tuple[int, int, Any, Any]] = []
+    same_steps = set(a) == set(b)
     for r in sorted(set(a) | set(b), key=int):
-        ca, cb = dict((int(s), l) for s, l in a.get(r, [])), dict((int(s), l) for s, l in b.get(r, []))
-        if set(ca) != set(cb):
-            same_shape = False
+        ca = {int(s): loss for s, loss in a.get(r, [])}
+        cb = {int(s): loss for s, loss in b.get(r, [])}
+        same_steps &= set(ca) == set(cb)
         for s in sorted(set(ca) & set(cb)):
             la, lb = ca[s], cb[s]
             d = abs(la - lb) if la is not None and lb is not None else (0.0 if la == lb else math.inf)
-            if d > max_diff:
-                max_diff = d
-            if d > 0 and first is None:
-                first = {"rank": int(r), "step": s, "original": la, "replay": lb}
-    return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_shape}
+            max_diff = max(max_diff, d)
+            if d > 0:
+                diverging.append((s, int(r), la, lb))
+    first = None
+    if diverging:
+        s, r, la, lb = min(diverging)
+        first = {"rank": r, "step": s, "original": la, "replay": lb}
+    return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_steps}

@@ -12,6 +12,7 @@ from runner import pins as pins_mod
 from runner import records
 from runner.events import read_events
 from runner.failure import classify_text, log_tail, signal_cause, torchrun_exit_codes
+from runner.sampler import NodeSampler
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
 from runner.spec import RunSpec
 
@@ -29,6 +30,7 @@ class ActiveRun:
     record_path: Path | None
     record: dict[str, Any] | None
     launcher: Launcher
+    sampler: NodeSampler | None = None
     started: float = field(default_factory=time.time)
 
     def poll(self) -> int | None:
@@ -36,12 +38,21 @@ class ActiveRun:
 
     def cancel(self) -> None:
         self.launcher.cancel()
+        self.stop_sampler()
 
     def wait(self) -> int:
-        return self.launcher.wait()
+        code = self.launcher.wait()
+        self.stop_sampler()
+        return code
+
+    def stop_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
 
     def finish(self, exit_code: int) -> dict[str, Any] | None:
         """Finish the record from the event files (idempotent for status, metrics and failure)."""
+        self.stop_sampler()
         if self.record is None or self.record_path is None:
             return None
         rec = dict(self.record)
@@ -130,7 +141,9 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                                                              paths.run_dir, replay_of))
     launcher = Launcher(argv, paths, env)
     launcher.start()
-    return ActiveRun(run_id, spec, paths, record_path, rec, launcher)
+    sampler = NodeSampler(paths.run_dir, node_rank, spec.hardware.sample_interval_s)
+    sampler.start()
+    return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler)
 
 
 def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:

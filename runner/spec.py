@@ -86,6 +86,8 @@ class HardwareSpec(_Section):
     """Number of nodes (torchrun c10d rendezvous across them)."""
     rdzv_endpoint: str = "localhost:29500"
     """host:port of the rendezvous (first node) for multi-node runs."""
+    sample_interval_s: float = Field(2.0, gt=0)
+    """Seconds between GPU/CPU samples written by each node's sampler."""
 
 
 class TrainSpec(_Section):

@@ -1,0 +1,57 @@
+"""The torchrun command builder (pure) and run ids."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from runner.launch import build_command, new_run_id
+from runner.spec import load_spec, resolve
+
+
+def _spec(**hw):
+    return resolve(load_spec("tiny-cpu", [f"hardware.{k}={v}" for k, v in hw.items()]), cuda_available=False,
+                   gpu_count=0)
+
+
+def test_single_node_is_standalone():
+    argv = build_command(_spec(), Path("runs/x/spec.json"), "x")
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in argv and "--nproc-per-node=2" in argv and "--max-restarts=0" in argv
+    assert argv[-4:] == ["-m", "runner.train", "--spec", "runs/x/spec.json"]
+
+
+def test_multi_node_uses_c10d_rendezvous_per_node():
+    spec = _spec(nodes=2, nproc_per_node=1, rdzv_endpoint="head:29400")
+    a = build_command(spec, Path("s.json"), "rid", node_rank=0)
+    b = build_command(spec, Path("s.json"), "rid", node_rank=1)
+    assert "--standalone" not in a
+    for argv, k in ((a, 0), (b, 1)):
+        assert {"--nnodes=2", f"--node-rank={k}", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400",
+                "--rdzv-id=rid"} <= set(argv)
+    assert [x for x in a if "node-rank" not in x] == [x for x in b if "node-rank" not in x]
+
+
+def test_build_command_is_pure():
+    spec = _spec()
+    assert build_command(spec, Path("s.json"), "id") == build_command(spec, Path("s.json"), "id")
+
+
+def test_run_ids_never_collide_in_the_same_second(tmp_path: Path):
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def make() -> None:
+        for _ in range(50):
+            rid = new_run_id("same", tmp_path / "runs", tmp_path / "records")
+            with lock:
+                ids.append(rid)
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ids) == 200 and len(set(ids)) == 200
+    assert all((tmp_path / "runs" / i).is_dir() for i in ids)

@@ -1,0 +1,95 @@
+"""RunSpec: loading, --set overrides typed by the schema, defaults, and validation that lists every problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.errors import SpecError
+from runner.spec import RunSpec, apply_override, field_docs, load_spec, recipe_names, resolve
+
+
+def test_recipe_loads_and_defaults_fill():
+    spec = load_spec("tiny-cpu")
+    assert spec.name == "tiny-cpu"
+    assert spec.train.seq_len == 512
+    assert spec.train.deterministic is True  # a default the recipe does not set
+    assert "tiny-cpu" in recipe_names()
+
+
+def test_set_overrides_are_typed_by_schema():
+    spec = load_spec("tiny-cpu", ["train.lr=1e-5", "train.max_steps=7", "method.kind=lora", "method.lora.r=4",
+                                  "train.betas=[0.8, 0.9]", "model.revision=abc123"])
+    assert spec.train.lr == 1e-5 and isinstance(spec.train.lr, float)
+    assert spec.train.max_steps == 7
+    assert spec.method.lora.r == 4
+    assert spec.train.betas == (0.8, 0.9)
+    assert spec.model.revision == "abc123"
+
+
+def test_set_on_missing_path_names_field_and_suggests():
+    with pytest.raises(SpecError) as e:
+        load_spec("tiny-cpu", ["train.seqlen=1024"])
+    assert e.value.problems[0].field == "train.seqlen"
+    assert "train.seq_len" in e.value.problems[0].fix
+
+
+def test_set_into_a_leaf_is_rejected():
+    with pytest.raises(SpecError) as e:
+        apply_override({}, "train.lr.x=1")
+    assert "no sub-fields" in str(e.value)
+
+
+def test_every_problem_reported_at_once():
+    with pytest.raises(SpecError) as e:
+        load_spec({"engine": "deepspeed", "train": {"seq_len": -5, "lrr": 1, "lr": "fast"}})
+    fields = {p.field for p in e.value.problems}
+    assert fields == {"engine", "train.seq_len", "train.lrr", "train.lr"}
+    text = str(e.value)
+    assert "4 problems" in text and "did you mean 'train.lr'" in text and "got -5" in text
+
+
+def test_unknown_recipe_suggests_close_name():
+    with pytest.raises(SpecError) as e:
+        load_spec("tiny-cpy")
+    assert "tiny-cpu" in str(e.value)
+
+
+def test_malformed_yaml_reports_position(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  seq_len: [1, 2\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(str(bad))
+    assert "not valid YAML" in str(e.value) and "line" in str(e.value)
+
+
+def test_json_spec_and_cross_field_checks(tmp_path: Path):
+    f = tmp_path / "s.json"
+    f.write_text('{"output": {"save": "adapter"}, "model": {"path": "/nonexistent/dir"}}')
+    with pytest.raises(SpecError) as e:
+        load_spec(str(f))
+    fields = {p.field for p in e.value.problems}
+    assert fields == {"output.save", "model.path"}
+
+
+def test_resolve_fills_machine_defaults():
+    spec = resolve(load_spec({}), cuda_available=False, gpu_count=0)
+    assert spec.hardware.device == "cpu" and spec.hardware.nproc_per_node == 2 and spec.model.dtype == "float32"
+    gpu = resolve(load_spec({}), cuda_available=True, gpu_count=8)
+    assert gpu.hardware.device == "cuda" and gpu.hardware.nproc_per_node == 8 and gpu.model.dtype == "bfloat16"
+    with pytest.raises(SpecError):
+        resolve(load_spec({"hardware": {"nproc_per_node": 4, "device": "cuda"}}), cuda_available=True, gpu_count=2)
+
+
+def test_every_field_has_docs_and_defaults():
+    docs = field_docs()
+    assert len(docs) > 30
+    missing = [path for path, doc, _ in docs if not doc]
+    assert missing == []
+    assert RunSpec().to_dict()["train"]["seq_len"] == 512
+
+
+def test_all_shipped_recipes_validate():
+    for name in recipe_names():
+        load_spec(name)

@@ -1,0 +1,53 @@
+"""Short, unit-carrying text for numbers, durations and paths as the screens show them."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def num(value: Any, spec: str = ".4f", missing: str = "-") -> str:
+    """A number in `spec`, `missing` when absent, NaN/inf spelled out."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return missing
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return format(value, spec)
+
+
+def gib(value: Any, digits: int = 1) -> str:
+    return num(value, f".{digits}f")
+
+
+def duration(seconds: Any) -> str:
+    """H:MM:SS, or "?" when unknown."""
+    if seconds is None or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def count(n: Any) -> str:
+    """1234567 → 1.23M: parameter and token counts."""
+    if n is None or isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "-"
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:g}"
+
+
+def show_path(path: str | os.PathLike[str] | None) -> str:
+    """Relative to the working directory when under it (what a user types), else absolute with ~ for home."""
+    if path is None:
+        return "-"
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        pass
+    home = str(Path.home())
+    text = str(p)
+    return "~" + text[len(home):] if home != "/" and text.startswith(home + os.sep) else text

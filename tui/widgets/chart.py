@@ -1,0 +1,189 @@
+"""LossChart: per-rank loss curves drawn with braille dots (2×4 per cell), y labels, step axis and a legend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from textual.content import Content, Span
+from textual.widget import Widget
+
+# Theme tokens, so that the curves read on dark and light themes; ranks beyond the list reuse it.
+SERIES_STYLES = ("$primary", "$accent", "$success", "$warning", "$secondary", "$foreground", "$error",
+                 "$text-muted")
+LABEL_W = 8  # y-axis labels such as " 6.2551 "
+BRAILLE_BASE = 0x2800
+# Dot bit of braille pixel (x in 0..1, y in 0..3) inside a cell.
+_DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
+MAX_LEGEND = 16
+
+
+def smooth(points: Sequence[tuple[int, float]], alpha: float) -> list[tuple[int, float]]:
+    """Bias-corrected EMA over the finite losses, the curve RunView's `loss_smooth` is the end of."""
+    out: list[tuple[int, float]] = []
+    ema = weight = 0.0
+    for step, loss in points:
+        if not math.isfinite(loss):
+            continue
+        ema = (1 - alpha) * ema + alpha * loss
+        weight = (1 - alpha) * weight + alpha
+        out.append((step, ema / weight))
+    return out
+
+
+def _downsample(points: Sequence[tuple[int, float]], x_of, buckets: int) -> list[tuple[int, float]]:
+    """At most first/min/max/last per pixel column: the shape survives, the cost stays O(columns) to draw."""
+    if len(points) <= 2 * buckets:
+        return list(points)
+    out: list[tuple[int, float]] = []
+    col = None
+    group: list[tuple[int, float]] = []
+    for p in points:
+        c = x_of(p[0])
+        if c != col and group:
+            lo, hi = min(group, key=lambda q: q[1]), max(group, key=lambda q: q[1])
+            out.extend(sorted({group[0], lo, hi, group[-1]}))
+            group = []
+        col = c
+        group.append(p)
+    if group:
+        lo, hi = min(group, key=lambda q: q[1]), max(group, key=lambda q: q[1])
+        out.extend(sorted({group[0], lo, hi, group[-1]}))
+    return out
+
+
+class LossChart(Widget):
+    """Set `series` ({rank: [(step, loss), ...]}) with `set_series`; `smoothed` draws the EMA instead."""
+
+    DEFAULT_CSS = """
+    LossChart { height: 1fr; min-height: 5; padding: 0 1 0 0; }
+    """
+
+    def __init__(self, alpha: float = 0.1, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.series: dict[int, list[tuple[int, float]]] = {}
+        self.smoothed = False
+        self.alpha = alpha
+        self.title = "loss"
+
+    def set_series(self, series: dict[int, list[tuple[int, float]]]) -> None:
+        self.series = series
+        self.refresh()
+
+    def set_smoothed(self, smoothed: bool) -> None:
+        self.smoothed = smoothed
+        self.refresh()
+
+    def render(self) -> Content:
+        width, height = self.content_size.width, self.content_size.height
+        series = {r: (smooth(p, self.alpha) if self.smoothed else [q for q in p if math.isfinite(q[1])])
+                  for r, p in sorted(self.series.items())}
+        title = f"{self.title} ({'smoothed' if self.smoothed else 'raw'})"
+        legend = self._legend(title, list(series))
+        points = [q for pts in series.values() for q in pts]
+        if width < LABEL_W + 4 or height < 3:
+            return legend
+        plot_w, plot_h = width - LABEL_W, height - 2
+        if not points:
+            lines = [legend] + [Content("")] * (plot_h // 2) + [Content("waiting for the first logged step…",
+                                                                         ).stylize("$text-muted")]
+            return Content("\n").join(lines)
+        s_min = min(s for s, _ in points)
+        s_max = max(s for s, _ in points)
+        y_min = min(v for _, v in points)
+        y_max = max(v for _, v in points)
+        if y_max - y_min < 1e-9:
+            y_min, y_max = y_min - 0.5, y_max + 0.5
+        pad = (y_max - y_min) * 0.04
+        y_min, y_max = y_min - pad, y_max + pad
+        px_w, px_h = plot_w * 2, plot_h * 4
+
+        def x_of(step: int) -> int:
+            return 0 if s_max == s_min else round((step - s_min) / (s_max - s_min) * (px_w - 1))
+
+        def y_of(v: float) -> int:
+            return round((y_max - v) / (y_max - y_min) * (px_h - 1))
+
+        bits = [[0] * plot_w for _ in range(plot_h)]
+        owner = [[-1] * plot_w for _ in range(plot_h)]
+
+        def dot(x: int, y: int, k: int) -> None:
+            cx, cy = x >> 1, y >> 2
+            bits[cy][cx] |= _DOTS[y & 3][x & 1]
+            owner[cy][cx] = k
+
+        for k, (_, pts) in enumerate(series.items()):
+            prev = None
+            for step, v in _downsample(pts, x_of, px_w):
+                cur = (x_of(step), y_of(v))
+                if prev is None or s_max == s_min:
+                    dot(*cur, k)
+                else:
+                    self._line(prev, cur, k, dot)
+                prev = cur
+
+        ranks = list(series)
+        lines = [legend]
+        for row in range(plot_h):
+            if row == 0:
+                label = y_max - pad
+            elif row == plot_h - 1:
+                label = y_min + pad
+            elif row == plot_h // 2 and plot_h >= 5:
+                label = (y_max + y_min) / 2
+            else:
+                label = None
+            text = f"{label:>{LABEL_W - 2}.4g} ┤" if label is not None else " " * (LABEL_W - 1) + "│"
+            spans: list[Span] = [Span(0, len(text), "$text-muted")]
+            chars = []
+            start = len(text)
+            run_owner, run_start = -2, start
+            for col in range(plot_w):
+                b = bits[row][col]
+                chars.append(chr(BRAILLE_BASE + b) if b else " ")
+                o = owner[row][col] if b else -1
+                if o != run_owner:
+                    if run_owner >= 0:
+                        spans.append(Span(run_start, start + col, self._style(ranks[run_owner])))
+                    run_owner, run_start = o, start + col
+            if run_owner >= 0:
+                spans.append(Span(run_start, start + plot_w, self._style(ranks[run_owner])))
+            lines.append(Content(text + "".join(chars), spans=spans))
+        axis_left = " " * (LABEL_W - 1) + "└"
+        left, right = f"step {s_min}", f"{s_max}"
+        gap = max(1, plot_w - len(left) - len(right))
+        lines.append(Content(axis_left + left + " " * gap + right).stylize("$text-muted"))
+        return Content("\n").join(lines)
+
+    @staticmethod
+    def _style(rank: int) -> str:
+        return SERIES_STYLES[rank % len(SERIES_STYLES)]
+
+    def _legend(self, title: str, ranks: list[int]) -> Content:
+        parts = [Content(title).stylize("bold")]
+        if len(ranks) > MAX_LEGEND:
+            parts.append(Content(f"  {len(ranks)} ranks"))
+        else:
+            for r in ranks:
+                parts.append(Content("  "))
+                parts.append(Content("━━").stylize(self._style(r)))
+                parts.append(Content(f" r{r}"))
+        return Content("").join(parts)
+
+    @staticmethod
+    def _line(a: tuple[int, int], b: tuple[int, int], k: int, dot) -> None:
+        (x0, y0), (x1, y1) = a, b
+        dx, dy = abs(x1 - x0), -abs(y1 - y0)
+        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
+        err = dx + dy
+        while True:
+            dot(x0, y0, k)
+            if x0 == x1 and y0 == y1:
+                return
+            e2 = 2 * err
+            if e2 >= dy:
+                err += dy
+                x0 += sx
+            if e2 <= dx:
+                err += dx
+                y0 += sy
