@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from runner.pins import redact
+from runner.records import atomic_write_json
 from runner.spec import RunSpec
 
 # Variables a rank needs for reproducible numerics; set for every run, recorded in the record.
@@ -90,7 +91,8 @@ def write_spec(paths: RunPaths, spec: RunSpec) -> None:
     paths.events.mkdir(parents=True, exist_ok=True)
     paths.logs.mkdir(parents=True, exist_ok=True)
     # Credentials never belong in a spec (use HF_TOKEN and friends); any that slipped in are not written down.
-    paths.spec.write_text(json.dumps(redact(spec.to_dict()), indent=2) + "\n")
+    # Atomic: on a shared filesystem every node of a multi-node run writes the same file.
+    atomic_write_json(paths.spec, redact(spec.to_dict()))
 
 
 def run_env(extra: dict[str, str] | None = None) -> dict[str, str]:

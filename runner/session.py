@@ -60,7 +60,9 @@ def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bo
 
 
 def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
-    status = (rec or {}).get("status")
+    if rec is None:  # a node other than 0: no record here, the launcher's exit code says it all
+        return EXIT_OK if code == 0 else EXIT_CANCELLED if code == EXIT_CANCELLED else EXIT_FAILED
+    status = rec.get("status")
     if status == "succeeded":
         return EXIT_OK
     if status == "cancelled" or code == EXIT_CANCELLED:
@@ -89,17 +91,17 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
 
 def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool = False, plain: bool = False,
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
-    console = Console(stderr=as_json, highlight=False)
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     estimate = preflight_estimate(spec, force)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_id)
     _report(console, active)
-    rec = active.record or {}
+    rec = active.record
     if as_json:
-        print(json.dumps({"id": active.run_id, "status": rec.get("status"), "record": str(active.record_path),
-                          "final_loss": (rec.get("metrics") or {}).get("final_loss"), "exit_code": code}))
+        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
+                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
     return _status_exit(rec, code)
 
 
@@ -110,7 +112,7 @@ def _print_node_commands(console: Console, spec: RunSpec) -> None:
 
 def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
                     plain: bool = False, trust_remote_code: bool = False) -> int:
-    console = Console(stderr=as_json, highlight=False)
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     path = records.find_record(ref, records_dir)
     ok, reason = records.verify(path)
     if not ok:

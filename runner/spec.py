@@ -38,6 +38,9 @@ class ModelSpec(_Section):
     """Attention backend; auto picks one that keeps packed documents apart (recorded in the run)."""
     loader: Literal["auto", "causal_lm", "image_text_to_text"] = "auto"
     """auto = AutoModelForCausalLM, or the language tower of a VLM-style checkpoint."""
+    init: Literal["pretrained", "random"] = "pretrained"
+    """pretrained = load the checkpoint's weights; random = initialise from config.json with train.seed (a directory
+    that holds only config.json + tokenizer, for reduced architectures and benchmarks)."""
 
 
 class DatasetSpec(_Section):

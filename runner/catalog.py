@@ -1,0 +1,695 @@
+"""Built-in catalog of model architectures and GPU types (offline)."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.errors import Problem, UserError
+
+# ---------------------------------------------------------------------------------------------
+# GPU types
+
+# Where no matmul ceiling has been measured, the practical ceiling is this share of the datasheet peak:
+# the H200 here runs an 8192³ bf16 matmul at ~790 of its 989 TFLOP/s (references.md, "The machine we can measure on").
+PRACTICAL_MATMUL_FRACTION = 790.0 / 989.4
+
+MIB_PER_GIB = 1024.0
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One accelerator type: memory as the device reports it, dense bf16 peak, and a practical matmul ceiling."""
+
+    name: str
+    memory_gib: float
+    """Total memory as `nvidia-smi --query-gpu=memory.total` / torch `total_memory` report it (GiB)."""
+    bf16_tflops: float
+    """Dense bf16 tensor-core peak from the datasheet (no sparsity)."""
+    matmul_tflops: float | None = None
+    """Measured practical bf16 matmul ceiling, where known."""
+    nvml_patterns: tuple[str, ...] = ()
+    """Regexes matched (case-insensitively) against NVML device names to detect this type."""
+    source: str = ""
+
+    @property
+    def ceiling_tflops(self) -> float:
+        """The throughput MFU is measured against: the measured matmul ceiling, else a share of the datasheet peak."""
+        return self.matmul_tflops if self.matmul_tflops else self.bf16_tflops * PRACTICAL_MATMUL_FRACTION
+
+
+GPUS: dict[str, GpuType] = {g.name: g for g in (
+    GpuType("A100-40GB", 40960 / MIB_PER_GIB, 312.0, None, (r"A100.*40\s*GB",),
+            "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 40960 MiB reported"),
+    GpuType("A100-80GB", 81920 / MIB_PER_GIB, 312.0, None, (r"A100.*80\s*GB",),
+            "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 81920 MiB reported"),
+    GpuType("L40S", 46068 / MIB_PER_GIB, 362.05, None, (r"L40S",),
+            "NVIDIA L40S datasheet (362 TFLOP/s dense bf16, 733 with sparsity); 46068 MiB reported"),
+    GpuType("RTX-4090", 24564 / MIB_PER_GIB, 165.2, None, (r"RTX\s*4090",),
+            "NVIDIA Ada whitepaper (165 TFLOP/s dense bf16 with fp32 accumulate); 24564 MiB reported"),
+    GpuType("H100-80GB", 81559 / MIB_PER_GIB, 989.4, None, (r"H100(?!.*NVL)", r"H800"),
+            "NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16); 81559 MiB reported"),
+    GpuType("H200", 143771 / MIB_PER_GIB, 989.4, 790.0, (r"H200",),
+            "NVIDIA H200 datasheet (989 TFLOP/s dense bf16); 143771 MiB reported; 790 TFLOP/s measured (references.md)"),
+    GpuType("B200", 183359 / MIB_PER_GIB, 2250.0, None, (r"B200",),
+            "NVIDIA HGX B200 datasheet (36 PFLOP/s sparse bf16 per 8 GPUs = 2.25 dense each); 183359 MiB reported"),
+    GpuType("B300", 275040 / MIB_PER_GIB, 2250.0, None, (r"B300",),
+            "NVIDIA HGX B300 datasheet (2.25 PFLOP/s dense bf16 per GPU); 275040 MiB reported by a "
+            "'B300 SXM6 AC' (288 GB HBM3e)"),
+    GpuType("MI300X", 205822885888 / 1024**3, 1307.4, None, (r"MI300X",),
+            "AMD Instinct MI300X datasheet (1307 TFLOP/s dense bf16); 205822885888 B reported by ROCm"),
+)}
+
+
+def _norm_gpu(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def gpu_type(name: str) -> GpuType:
+    """The catalog entry for a GPU type name (case and punctuation ignored: 'h100-80gb', 'H100_80GB')."""
+    wanted = _norm_gpu(name)
+    for g in GPUS.values():
+        if _norm_gpu(g.name) == wanted:
+            return g
+    # A bare family name is fine when it is unambiguous (H100 → H100-80GB); A100 alone is not.
+    family = [g for g in GPUS.values() if _norm_gpu(g.name).startswith(wanted)] if wanted else []
+    if len(family) == 1:
+        return family[0]
+    names = list(GPUS)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
+    fix = f"did you mean '{close[0]}'?" if close else "use one of the known names"
+    raise UserError(f"unknown GPU type '{name}'", [Problem("hardware.gpu", f"'{name}' is not one of {', '.join(names)}",
+                                                           fix)])
+
+
+def match_gpu_name(device_name: str, mem_total_gib: float | None = None) -> GpuType | None:
+    """Map an NVML device name (e.g. 'NVIDIA H100 80GB HBM3') to a catalog entry, or None."""
+    hits = [g for g in GPUS.values() if any(re.search(p, device_name, re.IGNORECASE) for p in g.nvml_patterns)]
+    if not hits and mem_total_gib and "A100" in device_name.upper():
+        # Some A100 names carry no size: pick by reported memory.
+        hits = [GPUS["A100-80GB"] if mem_total_gib > 60 else GPUS["A100-40GB"]]
+    return hits[0] if hits else None
+
+
+def detect_gpu() -> tuple[GpuType, int] | None:
+    """(type, count) of this machine's GPUs through NVML; None when none is visible (or NVML is missing).
+
+    A GPU the catalog does not know is planned with its reported memory and the H100's throughput, which is
+    stated in the estimate's approximate_reason by the caller (its name starts with 'unknown:').
+    """
+    from runner.sampler import detect_gpus
+
+    found = detect_gpus()
+    if not found:
+        return None
+    first = found[0]
+    name = first.get("name") or "unknown GPU"
+    mem = first.get("mem_total_gib")
+    g = match_gpu_name(name, mem)
+    if g is None:
+        ref = GPUS["H100-80GB"]
+        g = GpuType(f"unknown:{name}", float(mem or 0.0), ref.bf16_tflops, None, (), "detected; throughput assumed H100")
+    return g, len(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# Architectures
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One nn.Linear of a decoder layer: the unit LoRA adapts."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool = False
+
+    @property
+    def params(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """A 3-D MoE expert weight (experts × in × out), adapted by LoRA through peft's target_parameters."""
+
+    name: str
+    experts: int
+    in_features: int
+    out_features: int
+    bias: bool = False
+
+    @property
+    def params(self) -> int:
+        return self.experts * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+LAYER_FULL = "full_attention"
+LAYER_SLIDING = "sliding_attention"
+LAYER_LINEAR = "linear_attention"
+
+# model_types whose layers this module counts exactly (checked against transformers' own modules).
+EXACT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
+               "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss", "mixtral", "qwen3_vl", "qwen3_vl_text"}
+QK_NORM_TYPES = {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                 "qwen3_vl", "qwen3_vl_text"}
+GATED_ATTN_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A decoder-only language model (the language tower of a VLM), enough to count parameters and activations."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied_embeddings: bool = False
+    attention_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    attn_output_gate: bool = False
+    attention_sinks: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    expert_bias: bool = False
+    router_bias: bool = False
+    shared_expert_intermediate: int = 0
+    dense_layers: tuple[int, ...] = ()
+    """Layers with a dense MLP in an otherwise MoE model (qwen3_moe mlp_only_layers / decoder_sparse_step)."""
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    vision_params: int = 0
+    """Parameters of a vision tower (VLM): loaded and sharded, unused by text-only training."""
+    vision_linears: tuple[Linear, ...] = ()
+    approximate_reasons: tuple[str, ...] = ()
+    name: str = ""
+
+    # -- structure -------------------------------------------------------------------------
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else LAYER_FULL
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.dense_layers
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    def linears(self, i: int) -> list[Linear]:
+        """The nn.Linear modules of decoder layer i, named as in transformers (what LoRA's target_modules match)."""
+        h = self.hidden
+        out: list[Linear] = []
+        if self.layer_type(i) == LAYER_LINEAR:
+            kd, vd, vh = self.linear_key_dim, self.linear_value_dim, self.linear_value_heads
+            if self.model_type == "qwen3_next":
+                out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd), Linear("linear_attn.in_proj_ba", h, 2 * vh)]
+            else:
+                out += [Linear("linear_attn.in_proj_qkv", h, 2 * kd + vd), Linear("linear_attn.in_proj_z", h, vd),
+                        Linear("linear_attn.in_proj_b", h, vh), Linear("linear_attn.in_proj_a", h, vh)]
+            out.append(Linear("linear_attn.out_proj", vd, h))
+        else:
+            q_out = self.q_dim * (2 if self.attn_output_gate else 1)
+            b = self.attention_bias
+            out += [Linear("self_attn.q_proj", h, q_out, b), Linear("self_attn.k_proj", h, self.kv_dim, b),
+                    Linear("self_attn.v_proj", h, self.kv_dim, b),
+                    Linear("self_attn.o_proj", self.q_dim, h, self.o_proj_bias)]
+        if self.is_moe_layer(i):
+            if self.shared_expert_intermediate:
+                s = self.shared_expert_intermediate
+                out += [Linear("mlp.shared_expert.gate_proj", h, s), Linear("mlp.shared_expert.up_proj", h, s),
+                        Linear("mlp.shared_expert.down_proj", s, h), Linear("mlp.shared_expert_gate", h, 1)]
+        else:
+            im, mb = self.intermediate, self.mlp_bias
+            out += [Linear("mlp.gate_proj", h, im, mb), Linear("mlp.up_proj", h, im, mb), Linear("mlp.down_proj", im, h, mb)]
+        return out
+
+    def expert_tensors(self, i: int) -> list[ExpertTensor]:
+        if not self.is_moe_layer(i):
+            return []
+        e, h, im, b = self.num_experts, self.hidden, self.expert_intermediate, self.expert_bias
+        return [ExpertTensor("mlp.experts.gate_up_proj", e, h, 2 * im, b), ExpertTensor("mlp.experts.down_proj", e, im, h, b)]
+
+    def other_layer_params(self, i: int) -> int:
+        """Norms, convolution, gates and other non-Linear parameters of layer i."""
+        h = self.hidden
+        n = 2 * h  # input and post-attention RMSNorm
+        if self.layer_type(i) == LAYER_LINEAR:
+            conv_dim = 2 * self.linear_key_dim + self.linear_value_dim
+            n += conv_dim * self.linear_conv_kernel  # depthwise conv1d, no bias
+            n += 2 * self.linear_value_heads  # dt_bias, A_log
+            n += self.linear_value_head_dim  # gated RMSNorm over each value head
+        else:
+            if self.qk_norm:
+                n += 2 * self.head_dim
+            if self.attention_sinks:
+                n += self.heads
+        if self.is_moe_layer(i):
+            n += self.num_experts * h + (self.num_experts if self.router_bias else 0)  # router (an nn.Parameter)
+        return n
+
+    def layer_params(self, i: int) -> int:
+        return (sum(x.params for x in self.linears(i)) + sum(x.params for x in self.expert_tensors(i))
+                + self.other_layer_params(i))
+
+    def layer_active_params(self, i: int) -> int:
+        """Parameters one token touches in layer i: top-k of the experts."""
+        total = self.layer_params(i)
+        if not self.is_moe_layer(i):
+            return total
+        experts = sum(x.params for x in self.expert_tensors(i))
+        return total - experts + experts * self.experts_per_token // self.num_experts
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    @property
+    def root_params(self) -> int:
+        """What FSDP's root unit holds: embeddings, lm_head and the final norm."""
+        return self.embed_params + self.lm_head_params + self.hidden
+
+    @functools.cached_property
+    def text_params(self) -> int:
+        return self.root_params + sum(self.layer_params(i) for i in range(self.layers))
+
+    @property
+    def params_total(self) -> int:
+        """Every parameter the loaded model holds (a tied embedding counted once), vision tower included."""
+        return self.text_params + self.vision_params
+
+    @functools.cached_property
+    def params_active(self) -> int:
+        """Parameters used per text token (MoE: the routed top-k experts only); the vision tower is not."""
+        return self.root_params + sum(self.layer_active_params(i) for i in range(self.layers))
+
+    @property
+    def params_flops(self) -> int:
+        """Parameters in matmuls per token: active ones less the input embedding lookup (the lm_head stays)."""
+        lookup = 0 if self.tied_embeddings else self.embed_params
+        return self.params_active - lookup - self.hidden
+
+    @functools.cached_property
+    def max_layer_params(self) -> int:
+        return max(self.layer_params(i) for i in range(self.layers))
+
+    @property
+    def approximate(self) -> bool:
+        return bool(self.approximate_reasons)
+
+    def summary(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, "params_total": self.params_total, "params_active": self.params_active,
+                "layers": self.layers, "vocab": self.vocab, "hidden": self.hidden,
+                "layer_types": _count_types(self.layer_types or (LAYER_FULL,) * self.layers)}
+
+
+def _count_types(types: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in types:
+        out[t] = out.get(t, 0) + 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing HF config.json
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
+    """An Arch from an HF config.json dict; VLM-style configs contribute their `text_config` and count `vision_config`.
+
+    Raises UserError naming the missing fields when the config has no hidden size or layer count.
+    """
+    top = config
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    cfg = dict(text) if text is not None else dict(config)
+    for k in ("tie_word_embeddings",):
+        if k not in cfg and k in top:
+            cfg[k] = top[k]
+    model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
+    reasons: list[str] = []
+
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    missing = [f for f, v in (("hidden_size", hidden), ("num_hidden_layers", layers)) if v is None]
+    if missing:
+        where = "text_config" if text is not None else "config.json"
+        raise UserError(f"cannot model {name or 'this model'}: its {where} has no {' or '.join(missing)}",
+                        [Problem("model", f"config fields missing: {', '.join(missing)}",
+                                 "give model.path a directory whose config.json has hidden_size and num_hidden_layers")])
+    hidden, layers = int(hidden), int(layers)
+    heads = int(_first(cfg, "num_attention_heads", "n_head", default=max(1, hidden // 128)))
+    if "num_attention_heads" not in cfg and "n_head" not in cfg:
+        reasons.append("num_attention_heads missing: assumed hidden/128")
+    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+    vocab = _first(cfg, "vocab_size")
+    if vocab is None:
+        vocab = 32000
+        reasons.append("vocab_size missing: assumed 32,000")
+    vocab = int(vocab)
+    intermediate = _first(cfg, "intermediate_size", "ffn_dim", "n_inner")
+    if intermediate is None:
+        intermediate = 4 * hidden
+        if not _first(cfg, "num_experts", "num_local_experts", "n_routed_experts"):
+            reasons.append("intermediate_size missing: assumed 4 × hidden")
+    intermediate = int(intermediate)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        layer_types = tuple(str(t) for t in layer_types)
+        if len(layer_types) != layers:
+            reasons.append(f"layer_types has {len(layer_types)} entries for {layers} layers: the pattern is repeated")
+            layer_types = tuple(layer_types[i % len(layer_types)] for i in range(layers)) if layer_types else ()
+    elif cfg.get("full_attention_interval") and cfg.get("linear_num_value_heads"):
+        k = int(cfg["full_attention_interval"])
+        layer_types = tuple(LAYER_FULL if (i + 1) % k == 0 else LAYER_LINEAR for i in range(layers))
+    else:
+        layer_types = ()
+    known = {LAYER_FULL, LAYER_SLIDING, LAYER_LINEAR}
+    odd = sorted({t for t in layer_types if t not in known})
+    if odd:
+        reasons.append(f"layer types {', '.join(odd)} not modelled: counted as full attention")
+        layer_types = tuple(t if t in known else LAYER_FULL for t in layer_types)
+    sliding = cfg.get("sliding_window")
+    if model_type in {"mistral", "qwen2", "qwen3", "qwen3_moe"} and not cfg.get("use_sliding_window", True):
+        sliding = None
+    if sliding and not layer_types and model_type == "mistral":
+        layer_types = (LAYER_SLIDING,) * layers
+
+    num_experts = int(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
+    top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
+    expert_im = int(_first(cfg, "moe_intermediate_size", default=0) or 0)
+    if num_experts and not expert_im:
+        expert_im = intermediate
+    shared_im = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
+    dense_layers: tuple[int, ...] = ()
+    if num_experts:
+        mlp_only = [int(x) for x in (cfg.get("mlp_only_layers") or [])]
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        dense_layers = tuple(i for i in range(layers) if i in mlp_only or (i + 1) % step != 0)
+        if num_experts and not top_k:
+            top_k = 2
+            reasons.append("num_experts_per_tok missing: assumed top-2")
+
+    if model_type not in EXACT_TYPES:
+        reasons.append(f"model_type '{model_type}' is not modelled exactly: counted as a llama-style decoder")
+    if any(k in cfg for k in ("n_shared_experts", "kv_lora_rank", "q_lora_rank")):
+        reasons.append("shared-expert / latent-attention fields are not modelled")
+
+    attention_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
+    o_bias = bool(cfg.get("attention_bias", False)) and model_type != "qwen2"
+    arch = Arch(
+        model_type=model_type, vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, intermediate=intermediate, tied_embeddings=tied,
+        attention_bias=attention_bias, o_proj_bias=o_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=model_type in QK_NORM_TYPES,
+        # transformers builds these q_proj with the output gate whatever the config says
+        attn_output_gate=model_type in GATED_ATTN_TYPES,
+        attention_sinks=model_type == "gpt_oss",
+        layer_types=layer_types, sliding_window=int(sliding) if sliding else None,
+        num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
+        expert_bias=model_type == "gpt_oss", router_bias=model_type == "gpt_oss",
+        shared_expert_intermediate=shared_im, dense_layers=dense_layers,
+        linear_key_heads=int(cfg.get("linear_num_key_heads") or 0),
+        linear_value_heads=int(cfg.get("linear_num_value_heads") or 0),
+        linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 0),
+        linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 0),
+        linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 0),
+        approximate_reasons=tuple(reasons), name=name,
+    )
+    if LAYER_LINEAR in layer_types and not (arch.linear_value_heads and arch.linear_key_head_dim):
+        raise UserError(f"cannot model {name or 'this model'}: linear-attention layers without their head sizes",
+                        [Problem("model", "config fields missing: linear_num_value_heads, linear_key_head_dim, ...",
+                                 "give a config.json with the linear-attention fields")])
+    vision = top.get("vision_config") if text is not None else None
+    if isinstance(vision, dict) and vision:
+        vparams, vlinears, vreason = _vision_params(vision)
+        reasons2 = list(arch.approximate_reasons) + ([vreason] if vreason else [])
+        arch = _replace(arch, vision_params=vparams, vision_linears=tuple(vlinears), approximate_reasons=tuple(reasons2))
+    return arch
+
+
+def _replace(arch: Arch, **kw: Any) -> Arch:
+    from dataclasses import replace
+
+    return replace(arch, **kw)
+
+
+def _vision_params(v: dict[str, Any]) -> tuple[int, list[Linear], str | None]:
+    """Parameters of a Qwen-VL-style vision tower (exact for qwen3_vl / qwen3_5 towers), else a ViT estimate."""
+    h = int(_first(v, "hidden_size", "embed_dim", default=0) or 0)
+    depth = int(_first(v, "depth", "num_hidden_layers", default=0) or 0)
+    im = int(_first(v, "intermediate_size", default=4 * h) or 4 * h)
+    if not h or not depth:
+        return 0, [], "vision_config without hidden_size/depth: vision tower not counted"
+    block_linears = [Linear("attn.qkv", h, 3 * h, True), Linear("attn.proj", h, h, True),
+                     Linear("mlp.linear_fc1", h, im, True), Linear("mlp.linear_fc2", im, h, True)]
+    block = sum(x.params for x in block_linears) + 2 * 2 * h  # two LayerNorms with bias
+    linears = [Linear(f"visual.blocks.{i}.{x.name}", x.in_features, x.out_features, x.bias)
+               for i in range(depth) for x in block_linears]
+    total = depth * block
+    if "out_hidden_size" in v:
+        c, p, t = int(v.get("in_channels", 3)), int(v.get("patch_size", 14)), int(v.get("temporal_patch_size", 2))
+        total += c * t * p * p * h + h  # Conv3d patch embedding with bias
+        total += int(v.get("num_position_embeddings", 0) or 0) * h
+        m = h * int(v.get("spatial_merge_size", 2)) ** 2
+        out = int(v["out_hidden_size"])
+        merger = 2 * h + (m * m + m) + (m * out + out)
+        total += merger * (1 + len(v.get("deepstack_visual_indexes") or []))
+        # deepstack mergers normalise the merged width, not h
+        total += 2 * (m - h) * len(v.get("deepstack_visual_indexes") or [])
+        linears += [Linear("visual.merger.linear_fc1", m, m, True), Linear("visual.merger.linear_fc2", m, out, True)]
+        return total, linears, None
+    return total, linears, "vision tower is not Qwen-VL-style: its parameters are a ViT estimate"
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in configs (HF config.json subsets; sources in benchmarks/estimator-notes.md)
+
+
+def _qwen3(hidden: int, layers: int, heads: int, inter: int, tied: bool, kv: int = 8) -> dict[str, Any]:
+    return {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 128, "intermediate_size": inter,
+            "tie_word_embeddings": tied, "attention_bias": False, "max_position_embeddings": 40960}
+
+
+def _llama(hidden: int, layers: int, heads: int, inter: int, vocab: int = 128256) -> dict[str, Any]:
+    return {"model_type": "llama", "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": hidden // heads,
+            "intermediate_size": inter, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+
+
+_QWEN35_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "num_hidden_layers": 64,
+        "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
+        "attn_output_gate": True, "attention_bias": False, "full_attention_interval": 4,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 16,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "tie_word_embeddings": False,
+        "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
+    },
+    "vision_config": {
+        "model_type": "qwen3_5", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+        "in_channels": 3, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+        "num_position_embeddings": 2304, "out_hidden_size": 5120, "deepstack_visual_indexes": [],
+    },
+}
+
+
+def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088,
+            "hidden_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "head_dim": 64, "intermediate_size": 2880, "num_local_experts": experts, "num_experts_per_tok": 4,
+            "attention_bias": True, "sliding_window": 128, "tie_word_embeddings": False,
+            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+            "max_position_embeddings": 131072}
+
+
+CATALOG: dict[str, dict[str, Any]] = {
+    # The 27B notebook's model: the Qwen3.5-27B architecture (hybrid gated-delta + gated full attention, 3:1).
+    "Qwen/Qwen3.8-27B": _QWEN35_27B,
+    "Qwen/Qwen3.5-27B": _QWEN35_27B,
+    "openai/gpt-oss-120b": _gpt_oss(36, 128),
+    "openai/gpt-oss-20b": _gpt_oss(24, 32),
+    "Qwen/Qwen3-0.6B": _qwen3(1024, 28, 16, 3072, True),
+    "Qwen/Qwen3-1.7B": _qwen3(2048, 28, 16, 6144, True),
+    "Qwen/Qwen3-4B": _qwen3(2560, 36, 32, 9728, True),
+    "Qwen/Qwen3-8B": _qwen3(4096, 36, 32, 12288, False),
+    "Qwen/Qwen3-14B": _qwen3(5120, 40, 40, 17408, False),
+    "Qwen/Qwen3-32B": _qwen3(5120, 64, 64, 25600, False),
+    "Qwen/Qwen3-30B-A3B": {**_qwen3(2048, 48, 32, 6144, False, kv=4), "model_type": "qwen3_moe", "num_experts": 128,
+                           "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+                           "mlp_only_layers": []},
+    "meta-llama/Llama-3.1-8B": _llama(4096, 32, 32, 14336),
+    "meta-llama/Llama-3.1-70B": _llama(8192, 80, 64, 28672),
+    "mistralai/Mistral-7B-v0.3": {**_llama(4096, 32, 32, 14336, vocab=32768), "model_type": "mistral",
+                                  "sliding_window": None},
+}
+# Instruct / base variants share the architecture.
+_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B",
+            "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B",
+            "mistralai/Mistral-7B-Instruct-v0.3": "mistralai/Mistral-7B-v0.3",
+            "Qwen/Qwen3-30B-A3B-Instruct-2507": "Qwen/Qwen3-30B-A3B",
+            "Qwen/Qwen3-4B-Instruct-2507": "Qwen/Qwen3-4B"}
+
+# Published totals the catalog is checked against (tests): model card figures.
+PUBLISHED_PARAMS = {
+    "Qwen/Qwen3-8B": 8.19e9, "Qwen/Qwen3-1.7B": 1.72e9, "Qwen/Qwen3-14B": 14.8e9, "Qwen/Qwen3-32B": 32.8e9,
+    "Qwen/Qwen3-30B-A3B": 30.5e9, "openai/gpt-oss-120b": 116.83e9, "openai/gpt-oss-20b": 20.91e9,
+    "meta-llama/Llama-3.1-8B": 8.03e9, "meta-llama/Llama-3.1-70B": 70.6e9, "mistralai/Mistral-7B-v0.3": 7.25e9,
+}
+
+
+def catalog_config(model_id: str) -> dict[str, Any] | None:
+    key = _ALIASES.get(model_id, model_id)
+    if key not in CATALOG:
+        lowered = {k.lower(): k for k in CATALOG}
+        key = lowered.get(key.lower(), key)
+    cfg = CATALOG.get(key)
+    return copy.deepcopy(cfg) if cfg is not None else None
+
+
+def catalog_arch(model_id: str) -> Arch:
+    cfg = catalog_config(model_id)
+    if cfg is None:
+        raise UserError(f"'{model_id}' is not in the built-in catalog")
+    return parse_arch(cfg, name=model_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a spec's architecture
+
+HUB_TIMEOUT_S = 2.0
+"""One attempt, no retries: planning must not wait on a network that is not there."""
+
+
+@dataclass(frozen=True)
+class LoadedArch:
+    arch: Arch
+    source: str
+    """Where config.json came from: path, cache, hub or catalog."""
+    config_dir: Path | None = None
+    """The local directory holding config.json (and maybe tokenizer.json), when there is one."""
+
+
+def load_arch(spec: Any) -> LoadedArch:
+    """The model's architecture: config.json from model.path, else the HF cache, else the hub (online), else the catalog."""
+    m = spec.model
+    if m.path:
+        from runner.spec import resolve_embedded
+
+        directory = resolve_embedded(m.path)
+        path = directory / "config.json" if directory.is_dir() else directory
+        if not path.is_file():
+            raise UserError(f"no config.json under model.path {m.path}",
+                            [Problem("model.path", f"{path} does not exist", "point model.path at a model directory")])
+        return LoadedArch(parse_arch(_read_json(path), name=m.id), "path", path.parent)
+    cached = _from_cache(m.id, m.revision)
+    if cached is not None:
+        return LoadedArch(parse_arch(_read_json(cached), name=m.id), "cache", cached.parent)
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in {"1", "true", "yes", "on"}:
+        cfg = _from_hub(m.id, m.revision or "main")
+        if cfg is not None:
+            return LoadedArch(parse_arch(cfg, name=m.id), "hub")
+    cfg = catalog_config(m.id)
+    if cfg is not None:
+        return LoadedArch(parse_arch(cfg, name=m.id), "catalog")
+    close = difflib.get_close_matches(m.id, list(CATALOG), n=1, cutoff=0.5)
+    fix = f"did you mean '{close[0]}'?" if close else "set model.path to a local model directory, or go online once"
+    raise UserError(f"cannot find config.json for '{m.id}': not under model.path, not in the HF cache, "
+                    "not reachable on the hub and not in the built-in catalog",
+                    [Problem("model.id", f"'{m.id}' is unknown offline", fix)])
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return data
+
+
+def _from_cache(model_id: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(model_id, "config.json", revision=revision)
+    except Exception:  # a malformed id or cache layout is simply a miss
+        return None
+    return Path(hit) if isinstance(hit, str) and Path(hit).is_file() else None
+
+
+@functools.lru_cache(maxsize=32)
+def _from_hub(model_id: str, revision: str) -> dict[str, Any] | None:
+    # A direct request, not hf_hub_download: that one retries for ~20 s when the hub is unreachable.
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/{model_id}/resolve/{urllib.parse.quote(revision, safe='')}/config.json"
+    headers = {"User-Agent": "sft-tui-estimate"}
+    try:
+        from huggingface_hub import get_token
+
+        token = get_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+    except Exception:
+        pass
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HUB_TIMEOUT_S) as r:
+            data = json.loads(r.read().decode())
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None

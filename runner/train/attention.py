@@ -1,0 +1,426 @@
+"""Attention that keeps packed documents apart: backend choice, varlen attention for HF models, linear-layer resets.
+
+A packed block holds several documents. Nothing may flow from one document to the next:
+
+* full-attention layers need a block-diagonal causal mask. `varlen` (PyTorch's `varlen_attn`) and
+  `flash_attention_2` read the document boundaries (`cu_seq_lens_q/k`, `max_length_q/k`) directly; `flex_attention`,
+  `sdpa` and `eager` get a document mask that transformers builds itself from position_ids that restart at 0 in
+  every document (`masking_utils.find_packed_sequence_indices`, used when attention_mask is None and no cache);
+* recurrent layers (the gated-delta "linear_attention" layers of qwen3_next / qwen3_5) carry a state along the
+  sequence and a short causal convolution; they must restart at every document. flash-linear-attention and
+  causal-conv1d do that from `cu_seqlens` / `seq_idx`; transformers' PyTorch fallback cannot (5.17 ignores the
+  arguments, 5.24 raises), so `install_document_reset` wraps that fallback to run document by document (exact, slower).
+
+`packing_support(config)` says whether a model can be trained on packed blocks here; preflight refuses the run
+otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+VARLEN = "varlen"
+# Measured on one H200 (references.md): compiled flex attention beats varlen_attn at 8,192 tokens per forward
+# (1.1 vs 2.7 ms) and loses at 32,768 (6.1 vs 4.3 ms); the crossover between them has not been measured.
+VARLEN_MIN_TOKENS = 32_768
+# Layer types whose only token mixing is (masked) softmax attention: packing is safe with any backend above.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
+                                   "global_attention", "local_attention"})
+# Families whose recurrent layers are gated-delta nets that honour cu_seqlens / seq_idx given the kernels.
+GATED_DELTA_FAMILIES = {
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    "qwen3_5_moe_text": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+}
+# Families known to mix tokens through a recurrent state even when their config has no layer_types.
+RECURRENT_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba", "zamba2",
+                                   "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2", "lfm2_moe", "rwkv",
+                                   "recurrent_gemma", "xlstm", "minimax", "qwen3_next", "qwen3_5", "qwen3_5_text",
+                                   "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend choice
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The HF attention implementation to load the model with, and why (recorded in the train_begin event)."""
+
+    impl: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"attn": self.impl, "attn_reason": self.reason}
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_attention(requested: str, device: str, tokens_per_forward: int) -> AttentionChoice:
+    """Pick the attention backend that keeps packed documents apart, fastest first, on this device."""
+    if requested != "auto":
+        return AttentionChoice(requested, "set by model.attn_implementation")
+    if device != "cuda":
+        return AttentionChoice("sdpa", "CPU: sdpa with the block-diagonal mask transformers builds from the "
+                                       "restarting position_ids (varlen and flash kernels are CUDA-only)")
+    if flash_attn_available():
+        return AttentionChoice("flash_attention_2", "flash-attn is installed: varlen kernel fed cu_seqlens")
+    if varlen_available() and tokens_per_forward >= VARLEN_MIN_TOKENS:
+        return AttentionChoice(VARLEN, f"{tokens_per_forward} tokens per forward >= {VARLEN_MIN_TOKENS}: "
+                                       "torch varlen_attn fed cu_seqlens, no mask materialised")
+    if flex_available():
+        return AttentionChoice("flex_attention", f"{tokens_per_forward} tokens per forward: flex attention with "
+                                                 "a document block mask")
+    if varlen_available():
+        return AttentionChoice(VARLEN, "flex attention unavailable: torch varlen_attn fed cu_seqlens")
+    return AttentionChoice("sdpa", "no varlen, flash or flex kernel: sdpa with a dense block-diagonal mask (slow)")
+
+
+def attention_problem(impl: str, device: str) -> str | None:
+    """Why `impl` cannot run here (None when it can)."""
+    if impl == VARLEN and (device != "cuda" or not varlen_available()):
+        return "varlen needs CUDA and torch.nn.attention.varlen (PyTorch >= 2.10)"
+    if impl == "flash_attention_2" and (device != "cuda" or not flash_attn_available()):
+        return "flash_attention_2 needs CUDA and the flash-attn package"
+    if impl == "flex_attention" and not flex_available():
+        return "flex_attention needs torch.nn.attention.flex_attention"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# varlen attention as an HF attention function
+
+
+def _torch_varlen_kernel() -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn
+
+
+def reference_varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                          max_q: int, max_k: int, *, scale: float | None = None,
+                          window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> torch.Tensor:
+    """varlen_attn's contract computed document by document with sdpa: runs anywhere (tests, CPU)."""
+    causal = tuple(window_size) == (-1, 0)
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
+        qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
+        if enable_gqa and ks.shape[1] != qs.shape[1]:
+            rep = qs.shape[1] // ks.shape[1]
+            ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)[0].transpose(0, 1)
+    return out
+
+
+_varlen_kernel: Callable[..., torch.Tensor] | None = None
+
+
+def set_varlen_kernel(kernel: Callable[..., torch.Tensor] | None) -> None:
+    """Use another kernel with varlen_attn's signature (tests use `reference_varlen_attn`); None = torch's."""
+    global _varlen_kernel
+    _varlen_kernel = kernel
+
+
+@functools.lru_cache(maxsize=4)
+def _kernel_params(kernel: Callable[..., Any]) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Document boundaries from restarting position_ids (a host sync: the engine passes cu_seqlens instead)."""
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        starts = torch.cat([starts.new_zeros(1), starts])
+    cu = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                             **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """HF attention function: causal attention within each document of a packed row, via varlen_attn.
+
+    query is [batch, heads, tokens, head_dim] as transformers hands it over; documents are given by the
+    `cu_seq_lens_q/k` and `max_length_q/k` keyword arguments the model was called with (flattened over the
+    batch, as flash-attn expects), else derived from position_ids.
+    """
+    if dropout:
+        raise ValueError(f"varlen attention has no dropout, got attention dropout {dropout}")
+    cu_q = kwargs.get("cu_seq_lens_q")
+    max_q = kwargs.get("max_length_q")
+    if cu_q is None:
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            raise ValueError("varlen attention needs cu_seq_lens_q/max_length_q or position_ids")
+        cu_q, max_q = cu_seqlens_from_position_ids(position_ids)
+    cu_k = kwargs.get("cu_seq_lens_k")
+    cu_k = cu_q if cu_k is None else cu_k
+    max_k = kwargs.get("max_length_k") or max_q
+    batch, heads_q, length, head_dim = query.shape
+    heads_kv = key.shape[1]
+    q = query.transpose(1, 2).reshape(batch * length, heads_q, head_dim)
+    k = key.transpose(1, 2).reshape(batch * length, heads_kv, head_dim)
+    v = value.transpose(1, 2).reshape(batch * length, heads_kv, value.shape[-1])
+    kernel = _varlen_kernel or _torch_varlen_kernel()
+    params = _kernel_params(kernel)
+    extra: dict[str, Any] = {"scale": scaling}
+    window = getattr(module, "sliding_window", None)
+    left = int(window) - 1 if window else -1
+    if "window_size" in params:
+        extra["window_size"] = (left, 0)
+    else:
+        if window:
+            raise ValueError("this PyTorch's varlen_attn has no window_size: sliding-window layers need flex")
+        extra["is_causal"] = True
+    if heads_kv != heads_q:
+        if "enable_gqa" in params:
+            extra["enable_gqa"] = True
+        else:
+            rep = heads_q // heads_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    out = kernel(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **extra)
+    return out.reshape(batch, length, heads_q, -1), None
+
+
+def register_varlen() -> None:
+    """Make attn_implementation="varlen" loadable by transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention_forward)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recurrent (linear-attention) layers
+
+
+@dataclass(frozen=True)
+class PackingSupport:
+    """Whether packed documents stay apart in this model with what is installed, and how."""
+
+    safe: bool
+    mechanism: str
+    reason: str = ""
+    fix: str = ""
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else getattr(config, "text_config", None) or config
+
+
+def recurrent_layer_types(config: Any) -> set[str]:
+    """Layer types that mix tokens through a recurrent state (empty for attention-only models)."""
+    text = _text_config(config)
+    types = set(getattr(text, "layer_types", None) or [])
+    recurrent = {t for t in types if t not in ATTENTION_LAYER_TYPES}
+    model_types = {getattr(config, "model_type", None), getattr(text, "model_type", None)}
+    if not types and model_types & RECURRENT_MODEL_TYPES:
+        recurrent = {str(next(iter(model_types & RECURRENT_MODEL_TYPES)))}
+    return recurrent
+
+
+def _importable(module: str, name: str) -> bool:
+    try:
+        return getattr(importlib.import_module(module), name, None) is not None
+    except Exception:  # noqa: BLE001 - a broken optional kernel package counts as absent
+        return False
+
+
+def gated_delta_kernels() -> dict[str, bool]:
+    """Which of the kernels that honour document boundaries are importable (as transformers resolves them)."""
+    return {"flash-linear-attention": _importable("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+            "causal-conv1d": _importable("causal_conv1d", "causal_conv1d_fn")}
+
+
+def _gated_delta_module(model_type: str) -> Any | None:
+    name = GATED_DELTA_FAMILIES.get(model_type)
+    if name is None:
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _gated_delta_classes(module: Any) -> list[type]:
+    return [obj for name, obj in vars(module).items() if isinstance(obj, type) and name.endswith("GatedDeltaNet")]
+
+
+def _patch_targets(module: Any) -> tuple[str, str] | None:
+    """(conv name, chunk-rule name): the module-level functions the gated-delta forward calls, if recognisable."""
+    for cls in _gated_delta_classes(module):
+        names = set(cls.forward.__code__.co_names)
+        conv = "causal_conv1d_fn" if "causal_conv1d_fn" in names else None
+        chunk = next((n for n in ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule") if n in names), None)
+        if conv and chunk and callable(getattr(module, conv, None)) and callable(getattr(module, chunk, None)):
+            return conv, chunk
+    return None
+
+
+def packing_support(config: Any) -> PackingSupport:
+    """Can a model with this config train on packed blocks here without documents leaking into each other?"""
+    recurrent = recurrent_layer_types(config)
+    if not recurrent:
+        return PackingSupport(True, "attention only: document mask / cu_seqlens")
+    text = _text_config(config)
+    model_type = getattr(text, "model_type", None) or getattr(config, "model_type", "")
+    kinds = ", ".join(sorted(recurrent))
+    if recurrent <= {"linear_attention"} and model_type in GATED_DELTA_FAMILIES:
+        kernels = gated_delta_kernels()
+        module = _gated_delta_module(model_type)
+        if all(kernels.values()):
+            return PackingSupport(True, "flash-linear-attention + causal-conv1d kernels fed cu_seqlens/seq_idx")
+        if module is not None and _patch_targets(module) is not None:
+            missing = " and ".join(k for k, ok in kernels.items() if not ok)
+            return PackingSupport(True, f"per-document PyTorch path for the {kinds} layers ({missing} not installed:"
+                                        " exact but slower)")
+        return PackingSupport(False, "none", f"{model_type} {kinds} layers carry a recurrent state across packed "
+                                             "documents, and this transformers' PyTorch path for them cannot restart "
+                                             "it per document",
+                              "install flash-linear-attention and causal-conv1d, or set train.packing=false "
+                              "(one document per block)")
+    return PackingSupport(False, "none", f"{model_type} has recurrent layers ({kinds}) whose state would run from "
+                                         "one packed document into the next, and no kernel here restarts it per "
+                                         "document", "set train.packing=false (one document per block)")
+
+
+def _bounds(cu_seqlens: torch.Tensor | None, seq_idx: torch.Tensor | None, length: int) -> list[tuple[int, int]] | None:
+    if cu_seqlens is not None:
+        cu = [int(x) for x in cu_seqlens.tolist()]
+    elif seq_idx is not None:
+        flat = seq_idx.reshape(-1)
+        change = torch.nonzero(flat[1:] != flat[:-1]).flatten() + 1
+        cu = [0, *change.tolist(), flat.numel()]
+    else:
+        return None
+    if cu[-1] != length:
+        raise ValueError(f"document boundaries end at {cu[-1]}, expected the packed length {length}")
+    return [(a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a]
+
+
+def _per_document_conv(original: Callable[..., torch.Tensor], kernel: bool) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def conv(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+             activation: str | None = None, **kwargs: Any) -> torch.Tensor:
+        seq_idx = kwargs.pop("seq_idx", None)
+        cu = kwargs.get("cu_seq_lens_q")
+        if kernel:
+            return original(hidden_states, weight, bias, activation=activation, seq_idx=seq_idx, **kwargs)
+        # [batch, channels, tokens]: a packed row is flattened over the batch, as cu_seqlens counts it.
+        batch, channels, length = hidden_states.shape
+        bounds = _bounds(cu, seq_idx, batch * length)
+        if bounds is None:
+            return original(hidden_states, weight, bias, activation=activation, **kwargs)
+        flat = hidden_states.transpose(0, 1).reshape(1, channels, batch * length)
+        out = torch.cat([original(flat[:, :, a:b], weight, bias, activation=activation) for a, b in bounds], dim=-1)
+        return out.reshape(channels, batch, length).transpose(0, 1)
+
+    conv._sft_per_document = True  # type: ignore[attr-defined]
+    return conv
+
+
+def _per_document_chunk_rule(original: Callable[..., Any], kernel: bool) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def chunk_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   *args: Any, cu_seqlens: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        seq_idx = kwargs.pop("seq_idx", None)
+        if kernel:
+            return original(query, key, value, g, beta, *args, cu_seqlens=cu_seqlens, **kwargs)
+        for name in ("cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids"):
+            kwargs.pop(name, None)
+        batch, length = query.shape[:2]
+        bounds = _bounds(cu_seqlens, seq_idx, batch * length)
+        if bounds is None:
+            return original(query, key, value, g, beta, *args, **kwargs)
+        initial = kwargs.pop("initial_state", None)
+        if initial is not None:
+            raise ValueError("packed documents start from a zero state; got an initial_state")
+        want_state = kwargs.get("output_final_state", False)
+        # [batch, tokens, heads, dim] → one row: cu_seqlens count tokens over the flattened batch.
+        q, k, v, gg, bb = (x.reshape(1, batch * length, *x.shape[2:]) for x in (query, key, value, g, beta))
+        outs, states = [], []
+        for a, b in bounds:
+            o, s = original(q[:, a:b], k[:, a:b], v[:, a:b], gg[:, a:b], bb[:, a:b], *args, **kwargs)
+            outs.append(o)
+            states.append(s)
+        out = torch.cat(outs, dim=1).reshape(batch, length, *outs[0].shape[2:])
+        return out, (torch.cat(states) if want_state else None)
+
+    chunk_rule._sft_per_document = True  # type: ignore[attr-defined]
+    return chunk_rule
+
+
+def install_document_reset(model: torch.nn.Module) -> str | None:
+    """Make the model's gated-delta layers restart at document boundaries given cu_seqlens / seq_idx.
+
+    Returns the mechanism used (None for models without such layers). With both kernels installed the
+    calls pass straight through; otherwise transformers' PyTorch functions are wrapped to run once per
+    document. The wrap replaces module-level functions of the model's transformers module, and only changes
+    calls that carry cu_seqlens / seq_idx (which that fallback would otherwise ignore or refuse).
+    """
+    config = getattr(model, "config", None)
+    if config is None or not recurrent_layer_types(config):
+        return None
+    support = packing_support(config)
+    if not support.safe:
+        raise ValueError(f"{support.reason} (fix: {support.fix})")
+    modules = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")}
+    kernels = gated_delta_kernels()
+    for name in modules:
+        module = sys.modules[name]
+        targets = _patch_targets(module)
+        if targets is None:
+            if all(kernels.values()):
+                continue
+            raise ValueError(f"{name}: cannot find the gated-delta functions to wrap per document")
+        conv_name, chunk_name = targets
+        conv, chunk = getattr(module, conv_name), getattr(module, chunk_name)
+        if not getattr(conv, "_sft_per_document", False):
+            setattr(module, conv_name, _per_document_conv(conv, kernels["causal-conv1d"]))
+        if not getattr(chunk, "_sft_per_document", False):
+            setattr(module, chunk_name, _per_document_chunk_rule(chunk, kernels["flash-linear-attention"]))
+    return support.mechanism
+
+
+def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments that carry document boundaries into an HF model's forward."""
+    out: dict[str, Any] = {"position_ids": batch["position_ids"]}
+    if "cu_seqlens" in batch:
+        cu, max_len = batch["cu_seqlens"], int(batch["max_len"])
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
+    if "seq_idx" in batch:
+        out["seq_idx"] = batch["seq_idx"]
+    return out

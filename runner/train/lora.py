@@ -1,0 +1,226 @@
+"""LoRA through peft, including LoRA on MoE expert tensors (peft `target_parameters`), and its preflight checks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.errors import Problem
+from runner.spec import RunSpec
+
+ALL_LINEAR = "all-linear"
+# A numbered block in a module path ("model.layers.11.mlp"): stripped when listing names a user can target.
+_LAYER_INDEX = re.compile(r"^(?:.*\.)?\d+\.")
+
+
+def build_lora_config(spec: RunSpec) -> Any:
+    """The peft LoraConfig for spec.method.lora (bias none, causal LM)."""
+    from peft import LoraConfig
+
+    lo = spec.method.lora
+    return LoraConfig(
+        r=lo.r,
+        lora_alpha=lo.alpha,
+        lora_dropout=lo.dropout,
+        target_modules=lo.target_modules if isinstance(lo.target_modules, str) else list(lo.target_modules),
+        target_parameters=list(lo.target_parameters) or None,
+        rank_pattern=dict(lo.rank_pattern),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def base_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the frozen weights (the input embedding's, else the first floating parameter's)."""
+    emb = getattr(model, "get_input_embeddings", lambda: None)()
+    weight = getattr(emb, "weight", None)
+    if weight is not None and weight.is_floating_point():
+        return weight.dtype
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def apply_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Wrap the model with peft adapters from the spec; call before FSDP sharding.
+
+    peft creates adapters in float32; they are cast to the base weights' dtype so that every FSDP parameter group
+    holds one dtype (the 120B notebook does the same with `model.to(bfloat16)`).
+    """
+    from peft import get_peft_model
+
+    problems = lora_problems(model, spec)
+    if problems:
+        from runner.errors import SpecError
+
+        raise SpecError("LoRA settings do not fit this model", problems)
+    dtype = base_dtype(model)
+    peft_model = get_peft_model(model, build_lora_config(spec))
+    for p in peft_model.parameters():
+        if p.requires_grad and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return peft_model
+
+
+def trainable_params(model: nn.Module) -> int:
+    """Parameters that receive gradients (global counts: a DTensor's numel is its full size)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks that need only the module tree: they run on the meta device, before any weight is read
+
+
+def _linear_types() -> tuple[type, ...]:
+    types: list[type] = [nn.Linear]
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        types.append(Conv1D)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _adaptable_module_types() -> tuple[type, ...]:
+    # What peft's LoRA dispatcher can wrap when a module is named in target_modules.
+    return (*_linear_types(), nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+
+
+def _matches_module(name: str, target: str) -> bool:
+    # peft's rule for a list entry: the full name, or a suffix at a dot boundary.
+    return name == target or name.endswith("." + target)
+
+
+def _short(name: str) -> str:
+    return _LAYER_INDEX.sub("", name)
+
+
+def _output_embedding_names(model: nn.Module) -> set[str]:
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    return {n for n, m in model.named_modules() if out is not None and m is out}
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Modules that `all-linear` adapts: every Linear except the output head (peft's rule)."""
+    skip = _output_embedding_names(model)
+    return [n for n, m in model.named_modules() if isinstance(m, _linear_types()) and n not in skip]
+
+
+def tensor_parameter_names(model: nn.Module) -> list[str]:
+    """Parameters `target_parameters` can adapt: 2-D or 3-D tensors held directly by a non-Linear module."""
+    out = []
+    for mod_name, module in model.named_modules():
+        if isinstance(module, _adaptable_module_types()):
+            continue
+        for p_name, p in module.named_parameters(recurse=False):
+            if p.dim() in (2, 3):
+                out.append(f"{mod_name}.{p_name}" if mod_name else p_name)
+    return out
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    uniq = sorted(dict.fromkeys(_short(n) for n in names))
+    more = f", … ({len(uniq) - limit} more)" if len(uniq) > limit else ""
+    return ", ".join(uniq[:limit]) + more if uniq else "none"
+
+
+def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
+    """Every way the LoRA settings fail to fit this model's module tree, each naming its field and a fix.
+
+    Works on a model built on the meta device. Checks: target modules that match no module (or match one peft
+    cannot wrap), target parameters naming tensors that do not exist, rank_pattern keys that match no target,
+    and lora_dropout with tensor targets (peft's ParamWrapper cannot apply dropout).
+    """
+    if spec.method.kind != "lora":
+        return []
+    lo = spec.method.lora
+    problems: list[Problem] = []
+    modules = dict(model.named_modules())
+    linear = linear_module_names(model)
+    tensors = tensor_parameter_names(model)
+    targeted: list[str] = []
+
+    if isinstance(lo.target_modules, str) and lo.target_modules == ALL_LINEAR:
+        if not linear:
+            problems.append(Problem("method.lora.target_modules",
+                                    f"'all-linear' matches no Linear layer in {type(model).__name__}",
+                                    "list module names instead, or adapt tensors through method.lora.target_parameters"))
+        targeted += linear
+    else:
+        entries = [lo.target_modules] if isinstance(lo.target_modules, str) else list(lo.target_modules)
+        regex = isinstance(lo.target_modules, str)
+        for target in entries:
+            if regex:
+                hits = [n for n in modules if n and re.fullmatch(target, n)]
+            else:
+                hits = [n for n in modules if n and _matches_module(n, target)]
+            if not hits:
+                problems.append(Problem("method.lora.target_modules",
+                                        f"'{target}' matches no module of {type(model).__name__}",
+                                        f"Linear layers here: {_listing(linear)} (or 'all-linear')"))
+                continue
+            unwrappable = [n for n in hits if not isinstance(modules[n], _adaptable_module_types())]
+            if unwrappable:
+                kind = type(modules[unwrappable[0]]).__name__
+                fix = f"adapt its tensors through method.lora.target_parameters: {_listing([t for t in tensors if t.startswith(unwrappable[0] + '.')])}" \
+                    if any(t.startswith(unwrappable[0] + ".") for t in tensors) else f"Linear layers here: {_listing(linear)}"
+                problems.append(Problem("method.lora.target_modules",
+                                        f"'{target}' matches {kind} modules ({_short(unwrappable[0])}), which LoRA cannot wrap",
+                                        fix))
+            targeted += [n for n in hits if isinstance(modules[n], _adaptable_module_types())]
+
+    for target in lo.target_parameters:
+        hits = [n for n in tensors if _matches_module(n, target)]
+        if not hits:
+            problems.append(Problem("method.lora.target_parameters",
+                                    f"'{target}' names no 2-D/3-D parameter tensor of {type(model).__name__}",
+                                    f"tensors that can be adapted here: {_listing(tensors)}"))
+        targeted += hits
+    if lo.target_parameters and lo.dropout:
+        problems.append(Problem("method.lora.dropout",
+                                f"must be 0 when method.lora.target_parameters is set, got {lo.dropout} "
+                                "(peft cannot apply dropout to adapted tensors)", "set method.lora.dropout=0"))
+
+    for key in lo.rank_pattern:
+        if not any(re.match(rf"(.*\.)?({key})$", n) for n in targeted):
+            problems.append(Problem("method.lora.rank_pattern",
+                                    f"key '{key}' matches no adapted module or tensor",
+                                    f"use a suffix of an adapted name, e.g. {_listing(targeted, 6)}"))
+    return problems
+
+
+def meta_model(config: Any, spec: RunSpec | None = None) -> nn.Module:
+    """The model's module tree on the meta device: shapes and names without reading or allocating weights.
+
+    `config` is a transformers config, a config dict, or a model directory holding config.json.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trust = bool(spec and spec.model.trust_remote_code)
+    if isinstance(config, (str, Path)):
+        config = AutoConfig.from_pretrained(str(config), trust_remote_code=trust)
+    elif isinstance(config, dict):
+        data = dict(config)
+        model_type = data.pop("model_type")
+        config = AutoConfig.for_model(model_type, **data)
+    auto: Any = AutoModelForCausalLM
+    if spec is not None and spec.model.loader == "image_text_to_text":
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
+    # from_config never applies a quantization_config, so an MXFP4 checkpoint's tree is its dequantized one.
+    with torch.device("meta"):
+        return auto.from_config(config, trust_remote_code=trust)
+
+
+def lora_problems_from_config(config: Any, spec: RunSpec) -> list[Problem]:
+    """lora_problems on a meta-device model built from the config alone (for preflight: no weights, no memory)."""
+    if spec.method.kind != "lora":
+        return []
+    return lora_problems(meta_model(config, spec), spec)

@@ -1,0 +1,382 @@
+"""Dashboard of a live (or finished) run: per-rank loss chart and table, GPU panel, throughput, ETA, log tail, cancel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from runner.failure import log_tail
+from runner.monitor import RunView
+from tui import format as fmt
+from tui.screens.wizard import theme_color
+from tui.widgets.chart import LossChart
+
+POLL_S = 0.5  # new events reach the screen within this plus one frame
+LOG_TAIL_BYTES = 16_000
+RANK_COLUMNS = ("rank", "node", "step", "loss", "smooth", "tok/s", "mem GiB", "age", "status")
+
+
+@dataclass
+class RunEnded(Message):
+    """Posted by the end worker once the record is finished (record None on a node that does not own it)."""
+
+    record: dict[str, Any] | None
+    exit_code: int
+    replay: dict[str, Any] | None
+    error: str | None = None
+
+
+class DashboardScreen(Screen):
+    """Reads `run_dir/events` through a RunView polled on the app thread; with an `active` run (launched by this
+    process) it also watches the torchrun process, cancels it, and finishes the record when it exits."""
+
+    BINDINGS = [
+        Binding("c", "cancel_run", "Cancel run"),
+        Binding("s", "toggle_smooth", "Smoothed"),
+        Binding("r", "next_rank", "Next rank log"),
+        Binding("enter", "summary", "Summary", show=False),
+        Binding("u", "summary", "Summary"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, run_dir: Path, active: Any = None, sampler: Any = None, estimate: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
+                 original: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.name
+        self.active = active
+        self.sampler = sampler
+        self.estimate = estimate
+        self.clock = clock
+        self.poll_s = poll_s
+        self.original = original  # the record being replayed, if this run is a replay
+        self.view = RunView(self.run_dir, clock=clock)
+        self.log_rank = 0
+        self.smoothed = False
+        self.ending = False  # an end worker (cancel or finish) is running or has run
+        self.record: dict[str, Any] | None = None
+        self.replay: dict[str, Any] | None = None
+        self.exit_code: int | None = None
+        self._closed = False
+        self._log_size: int | None = None
+        self._log_rank_shown: int | None = None
+        self._row_keys: set[int] = set()
+        self._row_cache: dict[int, list[Any]] = {}
+        self._notified_failure = False
+        self.on_poll: Callable[[DashboardScreen], None] | None = None  # benchmark hook
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static("", id="run-line")
+        with Horizontal(id="dash-top"):
+            yield LossChart(alpha=self.view.loss_alpha, id="chart")
+            yield Static("", id="gpus")
+        yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        with Vertical(id="log-box"):
+            yield Static("", id="log-title")
+            yield Static("", id="log", markup=False)
+        yield Static("", id="banner")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "sft-tui"
+        self.sub_title = ("replay of " + self.original["id"] + " → " if self.original else "") + self.run_id
+        table = self.query_one("#ranks", DataTable)
+        for name in RANK_COLUMNS:
+            table.add_column(name, key=name)
+        self._tick(reschedule=False)
+        self._schedule()
+
+    def on_unmount(self) -> None:
+        self._closed = True
+
+    # -- polling -----------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if not self._closed:
+            # A one-shot timer re-armed after each poll: a slow poll delays the next one instead of piling up.
+            self.set_timer(self.poll_s, self._tick)
+
+    def _tick(self, reschedule: bool = True) -> None:
+        try:
+            changed = self.view.poll()
+            self.refresh_view(changed)
+            self._watch_process()
+            if self.on_poll is not None:
+                self.on_poll(self)
+        finally:
+            if reschedule:
+                self._schedule()
+
+    def _watch_process(self) -> None:
+        if self.active is None or self.ending:
+            return
+        if self.active.poll() is not None:
+            self.ending = True
+            self.end_run(cancel=False)
+
+    def refresh_view(self, changed: bool = True) -> None:
+        view = self.view
+        self._update_run_line()
+        if changed:
+            self.query_one("#chart", LossChart).set_series({r: rs.losses for r, rs in view.ranks.items()})
+            self._update_gpus()
+        self._update_ranks()
+        self._update_log()
+        failed = view.failed_rank()
+        if failed is not None and not self._notified_failure and self.record is None:
+            self._notified_failure = True
+            rs = view.ranks[failed]
+            self._set_banner(f"rank {failed} failed at step {rs.error_step if rs.error_step is not None else '?'}: "
+                             f"{rs.error_cause or 'error'}: {rs.error_message or ''}", "error")
+
+    def _update_run_line(self) -> None:
+        view = self.view
+        max_steps = view.max_steps
+        step = view.global_step
+        bar_w = 20
+        parts = [Content(f"step {step}/{max_steps}" if max_steps else f"step {step}").stylize("bold")]
+        if max_steps:
+            done = min(1.0, step / max_steps)
+            filled = round(done * bar_w)
+            parts += [Content("  "), Content("━" * filled).stylize("$primary"),
+                      Content("━" * (bar_w - filled)).stylize("$text-muted"), Content(f" {100 * done:3.0f}%")]
+        parts.append(Content(f"  {view.tokens_per_s:,.0f} tok/s  ETA {fmt.duration(view.eta_s)}  "
+                             f"ranks {len(view.ranks)}/{view.world_size}"))
+        status, token = self._status()
+        parts += [Content("  "), Content(f" {status} ").stylize(f"bold $text-{token} on ${token}-muted")]
+        self.query_one("#run-line", Static).update(Content("").join(parts))
+
+    def _status(self) -> tuple[str, str]:
+        if self.record is not None:
+            s = self.record.get("status") or "?"
+            return s, {"succeeded": "success", "failed": "error", "cancelled": "warning"}.get(s, "primary")
+        if self.ending and self.active is not None and self.active.launcher.cancelled:
+            return "cancelling", "warning"
+        if self.view.failed_rank() is not None:
+            return "failing", "error"
+        if self.ending:
+            return "finishing", "primary"
+        if self.view.finished:
+            return "finished", "success"
+        if not self.view.ranks:
+            return "starting", "primary"
+        return "running", "primary"
+
+    def _update_ranks(self) -> None:
+        view = self.view
+        table = self.query_one("#ranks", DataTable)
+        stragglers, stalled = set(view.stragglers()), set(view.stalled())
+        colors = {k: theme_color(self.app, k) for k in ("error", "warning", "success")}
+        for r in sorted(view.ranks):
+            rs = view.ranks[r]
+            flags = [rs.status]
+            if r in stragglers:
+                flags.append("straggler")
+            if r in stalled:
+                flags.append("stall")
+            if rs.status == "failed" and rs.error_cause:
+                flags.append(rs.error_cause)
+            style = colors["error"] if rs.status == "failed" else colors["warning"] if len(flags) > 1 else \
+                colors["success"] if rs.status == "done" else ""
+            age = view.event_age_s(r)
+            mem = fmt.gib(rs.mem_gib, 2)
+            row = [str(r), "-" if rs.node is None else str(rs.node), str(rs.step), fmt.num(rs.loss, ".4f"),
+                   fmt.num(rs.loss_smooth, ".4f"), fmt.num(rs.tokens_per_s, ",.0f"), mem,
+                   "-" if age is None else f"{age:.0f}s", Text(" ".join(flags), style=style)]
+            if r not in self._row_keys:
+                table.add_row(*row, key=str(r))
+                self._row_keys.add(r)
+                self._row_cache[r] = row
+                continue
+            before = self._row_cache[r]
+            for i, (col, value) in enumerate(zip(RANK_COLUMNS, row)):
+                if value != before[i]:
+                    table.update_cell(str(r), col, value)
+            self._row_cache[r] = row
+
+    def _update_gpus(self) -> None:
+        view = self.view
+        panel = self.query_one("#gpus", Static)
+        est_gib = (self.estimate or {}).get("per_gpu_gib")
+        lines: list[Content] = []
+        if not view.gpus:
+            lines.append(Content("no GPU (CPU run)").stylize("$text-muted"))
+            for node, ns in sorted(view.nodes.items()):
+                lines.append(Content(f"node {node} {ns.host or ''}").stylize("bold"))
+                lines.append(Content(f" CPU {fmt.num(ns.cpu_pct, '.0f')}%  RAM {fmt.gib(ns.ram_used_gib)}/"
+                                     f"{fmt.gib(ns.ram_total_gib)} GiB"))
+                if ns.rank_rss_gib:
+                    rss = "  ".join(f"r{r} {v:.2f}" for r, v in sorted(ns.rank_rss_gib.items()))
+                    lines.append(Content(f" RSS GiB {rss}"))
+            if est_gib is not None:
+                lines.append(Content(f"estimate {fmt.gib(est_gib, 2)} GiB per rank").stylize("$text-muted"))
+            panel.update(Content("\n").join(lines))
+            return
+        head = "gpu  util  mem GiB" + (f" (est {fmt.gib(est_gib)})" if est_gib is not None else "") + "  °C    W"
+        lines.append(Content(head).stylize("$text-muted"))
+        last_node = None
+        for (node, index), g in sorted(view.gpus.items()):
+            if node != last_node:
+                host = g.host or ""
+                lines.append(Content(f"node {node} {host}").stylize("bold"))
+                last_node = node
+            util = g.util_pct
+            bar_n = 0 if util is None else round(util / 100 * 5)
+            mem_style = "$text-error" if (est_gib is not None and g.mem_used_gib is not None and g.mem_total_gib and
+                                          g.mem_used_gib > 0.97 * g.mem_total_gib) else ""
+            lines.append(Content("").join([
+                Content(f"{index:>3} "),
+                Content("▮" * bar_n).stylize("$success"), Content("▯" * (5 - bar_n)).stylize("$text-muted"),
+                Content(f"{fmt.num(util, '3.0f')}% "),
+                Content(f"{fmt.gib(g.mem_used_gib)}/{fmt.gib(g.mem_total_gib, 0)}").stylize(mem_style),
+                Content(f" {fmt.num(g.temp_c, '.0f'):>3} {fmt.num(g.power_w, '.0f'):>4}"),
+            ]))
+        panel.update(Content("\n").join(lines))
+
+    def _update_log(self) -> None:
+        path = self.run_dir / "logs" / f"rank{self.log_rank}.log"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        if size == self._log_size and self._log_rank_shown == self.log_rank:
+            return
+        self._log_size, self._log_rank_shown = size, self.log_rank
+        self.query_one("#log-title", Static).update(
+            Content("").join([Content(f"log of rank {self.log_rank} ").stylize("bold"),
+                              Content(fmt.show_path(path)).stylize("$text-muted"),
+                              Content("  (r: next rank, or pick a row)").stylize("$text-muted")]))
+        text = log_tail(path, LOG_TAIL_BYTES) if size else ""
+        lines = text.splitlines()[-40:] if text else ["(no output yet)"]
+        self.query_one("#log", Static).update(Text.from_ansi("\n".join(lines), no_wrap=True, end=""))
+        self.query_one("#log", Static).scroll_end(animate=False)
+
+    def _set_banner(self, text: str, token: str) -> None:
+        banner = self.query_one("#banner", Static)
+        banner.update(Content(text).stylize(f"bold $text-{token}"))
+        banner.set_class(True, "-shown")
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    def action_toggle_smooth(self) -> None:
+        self.smoothed = not self.smoothed
+        self.query_one("#chart", LossChart).set_smoothed(self.smoothed)
+
+    def action_next_rank(self) -> None:
+        ranks = sorted(self.view.ranks) or [0]
+        i = ranks.index(self.log_rank) if self.log_rank in ranks else -1
+        self.log_rank = ranks[(i + 1) % len(ranks)]
+        table = self.query_one("#ranks", DataTable)
+        if str(self.log_rank) in {k.value for k in table.rows}:
+            table.move_cursor(row=table.get_row_index(str(self.log_rank)))
+        self._update_log()
+
+    @on(DataTable.RowHighlighted, "#ranks")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            rank = int(event.row_key.value)
+            if rank != self.log_rank:
+                self.log_rank = rank
+                self._update_log()
+
+    def action_cancel_run(self) -> None:
+        from tui.screens.modals import ConfirmScreen
+
+        if self.active is None:
+            self.notify("this dashboard is attached to a run it did not launch: cancel it where it was started",
+                        severity="warning")
+            return
+        if self.ending:
+            self.notify("the run is already ending", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes and not self.ending:
+                self.ending = True
+                self._set_banner("cancelling: ranks stop at the next step boundary…", "warning")
+                self.end_run(cancel=True)
+
+        self.app.push_screen(ConfirmScreen(f"Cancel run {self.run_id}?\nRanks stop at the next step boundary; "
+                                           "the record is finished as cancelled.", yes="Cancel run", no="Keep running",
+                                           danger=True), answer)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="end")
+    def end_run(self, cancel: bool) -> None:
+        """Cancel (if asked), wait for torchrun, finish the record, stop the sampler; posts RunEnded."""
+        active = self.active
+        record = None
+        code = -1
+        replay = None
+        error = None
+        try:
+            if cancel:
+                active.cancel()
+            code = active.wait()
+            record = active.finish(code)
+            if record is not None and self.original is not None:
+                from runner.replay import compare, tolerance
+
+                replay = compare(self.original, record, tolerance(active.spec))
+        except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
+        self.post_message(RunEnded(record, code, replay, error))
+
+    def on_run_ended(self, message: RunEnded) -> None:
+        self.record = message.record
+        self.replay = message.replay
+        self.exit_code = message.exit_code
+        self.view.poll()
+        self.refresh_view(True)
+        if message.error:
+            self._set_banner(f"could not finish the record: {message.error}", "error")
+            self.notify(message.error, title="Run end failed", severity="error", timeout=30)
+            return
+        rec = message.record or {}
+        path = self.active.record_path if self.active is not None else None
+        status = rec.get("status", "?")
+        failure = rec.get("failure")
+        if failure:
+            text = failure_sentence(failure)
+            self._set_banner(f"{status}: {text}", "error")
+            self.notify(text, title=f"Run failed: rank {failure.get('rank')}", severity="error", timeout=30)
+        else:
+            self._set_banner(f"{status}: record {fmt.show_path(path)}  (u: summary)",
+                             "success" if status == "succeeded" else "warning")
+        self.app.show_summary(rec, path, message.replay)
+
+    def action_summary(self) -> None:
+        if self.record is None:
+            self.notify("the summary is ready when the run has ended", severity="information")
+            return
+        self.app.show_summary(self.record, self.active.record_path if self.active else None, self.replay)
+
+    def action_back(self) -> None:
+        if self.active is not None and not self.ending:
+            self.notify("the run is still going: cancel it (c) or wait for the end", severity="warning")
+            return
+        self.app.back_from(self)
+
+
+def failure_sentence(failure: dict[str, Any]) -> str:
+    """"rank 1 failed at step 4: signal: killed by signal 9 (SIGKILL) (log: runs/…/rank1.log)"."""
+    log = failure.get("log")
+    return (f"rank {failure.get('rank')} failed at step {failure.get('last_step', '?')}: {failure.get('cause')}: "
+            f"{failure.get('message')}" + (f" (log: {fmt.show_path(log)})" if log else ""))

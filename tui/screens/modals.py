@@ -1,0 +1,87 @@
+"""Small modal dialogs: a yes/no confirmation and a path prompt (save or load a recipe)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Dismisses with True (y / the first button) or False (n / escape / the second button)."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n", "answer(False)", "No"),
+        Binding("escape", "answer(False)", "No", show=False),
+    ]
+
+    def __init__(self, question: str, yes: str = "Yes", no: str = "No", danger: bool = False) -> None:
+        super().__init__()
+        self.question = question
+        self.yes = yes
+        self.no = no
+        self.danger = danger
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, classes="dialog-text", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self.yes} (y)", id="yes", variant="error" if self.danger else "primary")
+                yield Button(f"{self.no} (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no" if self.danger else "#yes", Button).focus()
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+
+class PathPrompt(ModalScreen["str | None"]):
+    """Asks for a recipe name or file path; `choices` (recipe names) can be picked from a list."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, value: str = "", choices: list[str] | None = None, action: str = "OK") -> None:
+        super().__init__()
+        self.title_text = title
+        self.value = value
+        self.choices = choices or []
+        self.action_label = action
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-text")
+            yield Input(self.value, id="path")
+            if self.choices:
+                yield OptionList(*self.choices, id="choices")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(self.action_label, id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#path", Input).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(str(event.option.prompt))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value.strip() or None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "ok":
+            self.dismiss(self.query_one("#path", Input).value.strip() or None)
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

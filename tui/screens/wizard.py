@@ -1,0 +1,819 @@
+"""The wizard: Model → Dataset → Hardware → Method → Plan → Launch over one spec dict, validated live by runner.spec."""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Button, ContentSwitcher, DataTable, Footer, Header, OptionList, Static
+from textual.widgets.option_list import Option
+from textual.worker import get_current_worker
+
+from runner.errors import Problem, UserError
+from runner.spec import RunSpec, field_docs, validate
+from tui import format as fmt
+from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
+from tui.specform import get_path, plan_resolve, problems_of, set_path
+from tui.widgets.fields import Kind, SpecField
+from tui.widgets.membar import MemoryBar
+
+STEPS = (("model", "Model"), ("dataset", "Dataset"), ("hardware", "Hardware"), ("method", "Method"),
+         ("plan", "Plan"), ("launch", "Launch"))
+STEP_IDS = [s for s, _ in STEPS]
+
+# (dotted path, label, kind) per step; options of selects come from the schema's Literal types.
+FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
+    "model": [
+        ("model.id", "hub id / name", "text"),
+        ("model.path", "local path", "optional"),
+        ("model.revision", "revision", "optional"),
+        ("model.dtype", "dtype", "select"),
+        ("model.attn_implementation", "attention", "select"),
+        ("model.loader", "loader", "select"),
+        ("model.trust_remote_code", "trust remote code", "switch"),
+    ],
+    "dataset": [
+        ("dataset.id", "hub id / name", "optional"),
+        ("dataset.path", "local path", "optional"),
+        ("dataset.revision", "revision", "optional"),
+        ("dataset.split", "split", "text"),
+        ("dataset.messages_field", "messages column", "text"),
+    ],
+    "hardware": [
+        ("hardware.device", "device", "select"),
+        ("hardware.gpu", "GPU type", "select"),
+        ("hardware.nproc_per_node", "ranks per node", "int_or_auto"),
+        ("hardware.nodes", "nodes", "int"),
+        ("hardware.rdzv_endpoint", "rendezvous host:port", "text"),
+    ],
+    "method": [
+        ("engine", "engine", "select"),
+        ("method.kind", "method", "select"),
+        ("method.lora.r", "LoRA r", "int"),
+        ("method.lora.alpha", "LoRA alpha", "int"),
+        ("method.lora.target_modules", "LoRA targets", "modules"),
+        ("train.seq_len", "tokens per block", "int"),
+        ("train.micro_batch", "micro batch", "int"),
+        ("train.grad_accum", "grad accumulation", "int"),
+        ("train.lr", "learning rate", "float"),
+        ("train.schedule", "schedule", "select"),
+        ("train.warmup_steps", "warmup steps", "int"),
+        ("train.max_steps", "max steps", "optional_int"),
+        ("train.epochs", "epochs (no max)", "float"),
+        ("train.activation_checkpointing", "act. checkpointing", "switch"),
+        ("output.save", "save at end", "select"),
+    ],
+    "launch": [
+        ("name", "run name", "text"),
+        ("description", "description", "text"),
+    ],
+}
+ALL_FIELDS = [p for fields in FIELDS.values() for p, _, _ in fields]
+STEP_OF_FIELD = {p: step for step, fields in FIELDS.items() for p, _, _ in fields}
+LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules")
+# Which panes' background work an edit makes stale.
+ARCH_INPUTS = ("model.",)
+DATA_INPUTS = ("model.", "dataset.", "train.seq_len")
+DEBOUNCE_S = 0.4
+
+
+def literal_options(path: str) -> list[Any]:
+    """The allowed values of a Literal-typed spec field, from the schema itself."""
+    model: Any = RunSpec
+    ann: Any = None
+    for part in path.split("."):
+        ann = model.model_fields[part].annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            model = ann
+    out: list[Any] = []
+    for arg in typing.get_args(ann) or ():
+        out += list(typing.get_args(arg)) if typing.get_origin(arg) is typing.Literal else []
+    if typing.get_origin(ann) is typing.Literal:
+        out = list(typing.get_args(ann))
+    return out
+
+
+def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
+    flat = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(data, "")
+    return json.dumps({k: v for k, v in flat.items() if any(k.startswith(p) for p in prefixes)}, sort_keys=True,
+                      default=str)
+
+
+def theme_color(app: Any, name: str, fallback: str = "default") -> str:
+    """A design-token colour as a hex string, for Rich renderables (DataTable cells) that cannot take `$name`."""
+    try:
+        return app.get_css_variables().get(name, fallback)
+    except Exception:  # noqa: BLE001 - before the app is running there is no theme yet
+        return fallback
+
+
+VERDICT_TOKEN = {"fits": "success", "tight": "warning", "does not fit": "error"}
+
+
+class WizardScreen(Screen):
+    """The spec being built lives in `self.data` (a full raw dict); every edit revalidates the whole of it."""
+
+    BINDINGS = [
+        Binding("ctrl+n", "next_step", "Next", priority=True),
+        Binding("ctrl+p", "prev_step", "Back", priority=True),
+        Binding("ctrl+l", "launch", "Launch", priority=True),
+        Binding("ctrl+s", "save_recipe", "Save recipe", priority=True),
+        Binding("ctrl+o", "load_recipe", "Load recipe", priority=True),
+    ]
+
+    @dataclass
+    class PlanReady(Message):
+        key: str
+        plan: dict[str, Any]
+
+    @dataclass
+    class SweepReady(Message):
+        key: str
+        sweep: dict[str, Any]
+
+    @dataclass
+    class ArchReady(Message):
+        key: str
+        arch: dict[str, Any] | None
+        error: str | None
+
+    @dataclass
+    class DataReady(Message):
+        key: str
+        preview: dict[str, Any] | None
+        error: str | None
+
+    @dataclass
+    class GpusReady(Message):
+        gpus: list[dict[str, Any]]
+
+    def __init__(self, data: dict[str, Any], step: str = "model") -> None:
+        super().__init__()
+        self.data = data
+        self.step = step if step in STEP_IDS else "model"
+        self.docs = {p: (doc, default) for p, doc, default in field_docs()}
+        self.problems: list[Problem] = []
+        self.gpus: list[dict[str, Any]] | None = None
+        self.plan: dict[str, Any] | None = None
+        self._keys: dict[str, str] = {}  # pane -> spec key its content was computed for
+        self._timers: dict[str, Timer] = {}
+        self.launching = False
+
+    # -- layout ------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal(id="wizard-body"):
+            yield OptionList(*[Option(self._step_prompt(i, s, label), id=s) for i, (s, label) in enumerate(STEPS)],
+                             id="steps")
+            with Vertical(id="wizard-main"):
+                with ContentSwitcher(initial=f"pane-{self.step}", id="panes"):
+                    with VerticalScroll(id="pane-model", classes="pane"):
+                        yield Static("Model", classes="pane-title")
+                        yield from self._fields("model")
+                        yield Static("", id="arch", classes="info")
+                    with VerticalScroll(id="pane-dataset", classes="pane"):
+                        yield Static("Dataset", classes="pane-title")
+                        yield from self._fields("dataset")
+                        yield Static("", id="data-detect", classes="info")
+                        yield Static("", id="data-preview", classes="preview")
+                        yield Static("", id="data-packing", classes="info")
+                    with VerticalScroll(id="pane-hardware", classes="pane"):
+                        yield Static("Hardware", classes="pane-title")
+                        yield Static("detecting GPUs…", id="gpus-detected", classes="info")
+                        yield from self._fields("hardware")
+                        yield Static("", id="hw-summary", classes="info")
+                    with VerticalScroll(id="pane-method", classes="pane"):
+                        yield Static("Method", classes="pane-title")
+                        yield from self._fields("method")
+                    with VerticalScroll(id="pane-plan", classes="pane"):
+                        yield Static("Plan", classes="pane-title")
+                        yield Static("computing the plan…", id="plan-verdict")
+                        yield MemoryBar(id="plan-bar")
+                        yield Static("", id="plan-time", classes="info")
+                        yield Static("", id="plan-suggestion")
+                        yield Static("what-if: peak GiB per GPU by tokens per block × GPU type", id="sweep-title",
+                                     classes="section")
+                        yield DataTable(id="sweep", cursor_type="none", zebra_stripes=False, show_cursor=False)
+                        yield Static("command", classes="section")
+                        yield Static("", id="plan-commands", classes="command", markup=False)
+                    with VerticalScroll(id="pane-launch", classes="pane"):
+                        yield Static("Launch", classes="pane-title")
+                        yield from self._fields("launch")
+                        yield Static("", id="launch-summary", classes="info")
+                        with Horizontal(id="launch-buttons"):
+                            yield Button("Launch ^l", id="launch", variant="success", compact=True)
+                            yield Button("Save recipe ^s", id="save", compact=True)
+                            yield Button("Load recipe ^o", id="load", compact=True)
+                with Horizontal(id="wizard-nav"):
+                    yield Button("◀ Back ^p", id="back", compact=True)
+                    yield Static("", id="problems")
+                    yield Button("Next ^n ▶", id="next", compact=True)
+        yield Static("", id="help", markup=False)
+        yield Footer()
+
+    def _fields(self, step: str) -> ComposeResult:
+        for path, label, kind in FIELDS[step]:
+            doc, default = self.docs.get(path, ("", None))
+            options: list[Any] | None = None
+            if kind == "select":
+                options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else literal_options(path)
+            field = SpecField(path, label, get_path(self.data, path), kind, doc=f"{path}: {doc} (default {default!r})",
+                              options=options)
+            if path in LORA_FIELDS:
+                field.add_class("lora-only")
+            yield field
+
+    @staticmethod
+    def _step_prompt(i: int, step: str, label: str, bad: int = 0) -> Content:
+        mark = Content(f" ✗{bad}").stylize("$text-error") if bad else Content("")
+        return Content(f"{i + 1} {label}") + mark
+
+    def on_mount(self) -> None:
+        self.sub_title = "new run"
+        steps = self.query_one("#steps", OptionList)
+        steps.highlighted = STEP_IDS.index(self.step)
+        self.revalidate()
+        self._show_lora()
+        self.detect_gpus()
+        self._on_step_shown()
+
+    # -- navigation --------------------------------------------------------------------------------
+
+    def go(self, step: str) -> None:
+        if step not in STEP_IDS:
+            return
+        self.step = step
+        self.query_one("#panes", ContentSwitcher).current = f"pane-{step}"
+        steps = self.query_one("#steps", OptionList)
+        if steps.highlighted != STEP_IDS.index(step):
+            steps.highlighted = STEP_IDS.index(step)
+        self.query_one("#back", Button).disabled = step == STEP_IDS[0]
+        self.query_one("#next", Button).disabled = step == STEP_IDS[-1]
+        self._on_step_shown()
+
+    def action_next_step(self) -> None:
+        i = STEP_IDS.index(self.step)
+        self.go(STEP_IDS[min(i + 1, len(STEP_IDS) - 1)])
+
+    def action_prev_step(self) -> None:
+        i = STEP_IDS.index(self.step)
+        self.go(STEP_IDS[max(i - 1, 0)])
+
+    @on(OptionList.OptionHighlighted, "#steps")
+    def _step_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id and event.option.id != self.step:
+            self.go(event.option.id)
+
+    @on(Button.Pressed, "#next")
+    def _next_pressed(self) -> None:
+        self.action_next_step()
+
+    @on(Button.Pressed, "#back")
+    def _back_pressed(self) -> None:
+        self.action_prev_step()
+
+    def _on_step_shown(self) -> None:
+        if self.step == "model":
+            self._schedule("arch", 0)
+        elif self.step == "dataset":
+            self._schedule("data", 0)
+        elif self.step in ("plan", "launch"):
+            self._schedule("plan", 0)
+        self._update_hardware()
+        self._update_launch()
+
+    # -- editing and validation --------------------------------------------------------------------
+
+    def on_spec_field_changed(self, event: SpecField.Changed) -> None:
+        if get_path(self.data, event.path) == event.value:
+            return
+        set_path(self.data, event.path, event.value)
+        self.revalidate()
+        if event.path == "method.kind":
+            self._show_lora()
+        if event.path.startswith(ARCH_INPUTS) and self.step == "model":
+            self._schedule("arch")
+        if event.path.startswith(DATA_INPUTS) and self.step == "dataset":
+            self._schedule("data")
+        if self.step in ("plan", "launch"):
+            self._schedule("plan")
+        self._update_hardware()
+        self._update_launch()
+
+    def on_spec_field_focused(self, event: SpecField.Focused) -> None:
+        self.query_one("#help", Static).update(event.doc)
+
+    def _show_lora(self) -> None:
+        lora = get_path(self.data, "method.kind") == "lora"
+        for field in self.query(".lora-only"):
+            field.display = lora
+
+    def revalidate(self) -> None:
+        self.problems = problems_of(self.data)
+        by_field: dict[str, list[Problem]] = {p: [] for p in ALL_FIELDS}
+        unplaced: list[Problem] = []
+        for problem in self.problems:
+            f = problem.field and _field_of(problem.field)
+            (by_field[f] if f else unplaced).append(problem)
+        for field in self.query(SpecField):
+            field.set_problems(by_field.get(field.path, []))
+        bad_per_step = {s: sum(len(by_field[p]) for p, _, _ in FIELDS.get(s, [])) for s in STEP_IDS}
+        steps = self.query_one("#steps", OptionList)
+        for i, (s, label) in enumerate(STEPS):
+            steps.replace_option_prompt_at_index(i, self._step_prompt(i, s, label, bad_per_step[s]))
+        bar = self.query_one("#problems", Static)
+        if not self.problems:
+            bar.update(Content("✓ spec is valid").stylize("$text-success"))
+        else:
+            first = self.problems[0]
+            n = len(self.problems)
+            text = f"✗ {n} problem{'s' if n != 1 else ''}: {first}"
+            bar.update(Content(text).stylize("$text-error"))
+        self.query_one("#launch", Button).disabled = bool(self.problems) or self.launching
+        self.bad_per_step = bad_per_step
+        self.unplaced = unplaced
+
+    # -- background work ---------------------------------------------------------------------------
+
+    def _schedule(self, what: str, delay_s: float = DEBOUNCE_S) -> None:
+        timer = self._timers.pop(what, None)
+        if timer is not None:
+            timer.stop()
+        self._timers[what] = self.set_timer(delay_s, lambda: self._start(what))
+
+    def _start(self, what: str) -> None:
+        self._timers.pop(what, None)
+        if what == "arch":
+            key = spec_key(self.data, ARCH_INPUTS)
+            if self._keys.get("arch") != key:
+                self._keys["arch"] = key
+                self.query_one("#arch", Static).update(Content("reading the architecture…").stylize("$text-muted"))
+                self.load_arch(dict(self.data), key)
+        elif what == "data":
+            key = spec_key(self.data, DATA_INPUTS)
+            if self._keys.get("data") != key:
+                self._keys["data"] = key
+                self.query_one("#data-detect", Static).update(
+                    Content("loading the tokenizer and a sample…").stylize("$text-muted"))
+                self.load_preview(dict(self.data), key)
+        elif what == "plan":
+            key = spec_key(self.data)
+            if self._keys.get("plan") != key:
+                self._keys["plan"] = key
+                self.query_one("#plan-verdict", Static).update(Content("computing the plan…").stylize("$text-muted"))
+                self.compute_plan(json.loads(json.dumps(self.data)), key)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="gpus")
+    def detect_gpus(self) -> None:
+        self.post_message(self.GpusReady(self.app.detected_gpus()))
+
+    def on_wizard_screen_gpus_ready(self, message: GpusReady) -> None:
+        self.gpus = message.gpus
+        if self.step in ("plan", "launch"):
+            self._keys.pop("plan", None)
+            self._schedule("plan", 0)
+        self._update_hardware()
+        self._update_launch()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="arch")
+    def load_arch(self, data: dict[str, Any], key: str) -> None:
+        try:
+            spec = validate(data)
+            arch = self.app.backends.load_arch(spec)
+            self.post_message(self.ArchReady(key, arch, None))
+        except (UserError, EstimatorUnavailable) as e:
+            self.post_message(self.ArchReady(key, None, str(e)))
+        except Exception as e:  # noqa: BLE001 - shown to the user, the wizard stays usable
+            self.post_message(self.ArchReady(key, None, f"{type(e).__name__}: {e}"))
+
+    def on_wizard_screen_arch_ready(self, message: ArchReady) -> None:
+        if message.key != self._keys.get("arch"):
+            return
+        widget = self.query_one("#arch", Static)
+        if message.error:
+            widget.update(Content(f"architecture: {message.error}").stylize("$text-muted"))
+            return
+        widget.update(render_arch(message.arch or {}))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="data")
+    def load_preview(self, data: dict[str, Any], key: str) -> None:
+        from tui.preview import tokenizer_preview
+
+        try:
+            spec = validate(data)
+            self.post_message(self.DataReady(key, tokenizer_preview(spec), None))
+        except UserError as e:
+            self.post_message(self.DataReady(key, None, str(e)))
+        except Exception as e:  # noqa: BLE001 - a bad file or tokenizer is shown, not raised
+            self.post_message(self.DataReady(key, None, f"{type(e).__name__}: {e}"))
+
+    def on_wizard_screen_data_ready(self, message: DataReady) -> None:
+        if message.key != self._keys.get("data"):
+            return
+        detect_w = self.query_one("#data-detect", Static)
+        preview_w = self.query_one("#data-preview", Static)
+        packing_w = self.query_one("#data-packing", Static)
+        if message.error:
+            detect_w.update(Content(f"✗ {message.error}").stylize("$text-error"))
+            preview_w.update("")
+            packing_w.update("")
+            return
+        p = message.preview or {}
+        detect_w.update(render_detect(p.get("detect") or {}))
+        preview_w.update(render_tokens(p) if p.get("tokens") else "")
+        packing_w.update(render_packing(p) if p.get("pack") else "")
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="plan")
+    def compute_plan(self, data: dict[str, Any], key: str) -> None:
+        """Resolve for this machine (or the planned target), estimate, torchrun commands; then the sweep."""
+        worker = get_current_worker()
+        plan: dict[str, Any] = {}
+        try:
+            spec = validate(data)
+            gpus = self.app.detected_gpus()
+            resolved, planned = plan_resolve(spec, len(gpus))
+        except UserError as e:
+            self.post_message(self.PlanReady(key, {"error": str(e)}))
+            return
+        plan.update(spec=resolved, planned=planned)
+        try:
+            plan["estimate"] = self.app.backends.estimate(resolved)
+        except EstimatorUnavailable as e:
+            plan["estimate_error"] = str(e)
+        except UserError as e:
+            plan["estimate_error"] = str(e)
+        except Exception as e:  # noqa: BLE001
+            plan["estimate_error"] = f"the estimator failed: {type(e).__name__}: {e}"
+        try:
+            from runner.launch import build_command, command_line
+
+            plan["commands"] = [command_line(build_command(resolved, Path("runs/<id>/spec.json"), "<id>", n))
+                                for n in range(resolved.hardware.nodes)]
+        except Exception as e:  # noqa: BLE001
+            plan["command_error"] = f"{type(e).__name__}: {e}"
+        self.post_message(self.PlanReady(key, plan))
+        if worker.is_cancelled or "estimate_error" in plan and "unavailable" in plan["estimate_error"]:
+            return
+        self.post_message(self.SweepReady(key, self._sweep(resolved, spec)))
+
+    def _sweep(self, resolved: RunSpec, spec: RunSpec) -> dict[str, Any]:
+        gpu_types = list(SWEEP_GPU_TYPES)
+        if resolved.hardware.gpu != "auto" and resolved.hardware.gpu not in gpu_types:
+            gpu_types.append(resolved.hardware.gpu)
+        axes = [("train.seq_len", list(SWEEP_SEQ_LENS)), ("hardware.gpu", gpu_types)]
+        target = resolved
+        if resolved.hardware.device == "cpu":
+            # The what-if is about GPUs: the same run on as many GPUs per node as it has ranks.
+            d = resolved.to_dict()
+            d["hardware"]["device"] = "cuda"
+            if spec.model.dtype == "auto":
+                d["model"]["dtype"] = "bfloat16"
+            target = RunSpec.model_validate(d)
+        try:
+            rows = self.app.backends.sweep(target, axes)
+        except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title
+            return {"error": str(e) if isinstance(e, (UserError, EstimatorUnavailable)) else
+                    f"{type(e).__name__}: {e}"}
+        return {"axes": axes, "grid": sweep_grid(rows, axes), "ranks": target.hardware.nproc_per_node}
+
+    def on_wizard_screen_plan_ready(self, message: PlanReady) -> None:
+        if message.key != self._keys.get("plan"):
+            return
+        self.plan = message.plan
+        render_plan(self, message.plan)
+        self._update_launch()
+
+    def on_wizard_screen_sweep_ready(self, message: SweepReady) -> None:
+        if message.key != self._keys.get("plan"):
+            return
+        render_sweep(self, message.sweep, self.plan or {})
+
+    # -- hardware and launch panes -----------------------------------------------------------------
+
+    def _update_hardware(self) -> None:
+        detected = self.query_one("#gpus-detected", Static)
+        if self.gpus is None:
+            detected.update(Content("detecting GPUs…").stylize("$text-muted"))
+        elif not self.gpus:
+            detected.update(Content.from_markup(
+                "[b]no GPU detected[/b]: runs here use CPU ranks (gloo). To plan a GPU run, set device to [b]cuda[/b] "
+                "and pick a GPU type; save the recipe and launch it where those GPUs are."))
+        else:
+            names = {}
+            for g in self.gpus:
+                names[g.get("name")] = names.get(g.get("name"), 0) + 1
+            listing = ", ".join(f"{n} × {name} ({fmt.gib(self.gpus[0].get('mem_total_gib'))} GiB)"
+                                for name, n in names.items())
+            detected.update(Content(f"detected: {listing}"))
+        h = self.data.get("hardware") or {}
+        nodes, nproc, device = h.get("nodes"), h.get("nproc_per_node"), h.get("device")
+        gpu = h.get("gpu")
+        what = gpu if device != "cpu" and gpu != "auto" else ("CPU ranks" if device == "cpu" else "GPUs (detected)")
+        text = f"plan: {nodes} node{'s' if nodes != 1 else ''} × {nproc} ranks per node of {what}"
+        if isinstance(nodes, int) and isinstance(nproc, int):
+            text += f" = {nodes * nproc} ranks"
+        self.query_one("#hw-summary", Static).update(text)
+
+    def _update_launch(self) -> None:
+        button = self.query_one("#launch", Button)
+        summary = self.query_one("#launch-summary", Static)
+        app = self.app
+        planned = bool(self.plan and self.plan.get("planned"))
+        lines = []
+        if self.problems:
+            lines.append(Content(f"✗ {len(self.problems)} problem(s) to fix before launch:").stylize("$text-error"))
+            lines += [Content(f"  {p}") for p in self.problems[:6]]
+        elif self.plan and self.plan.get("error"):
+            lines.append(Content(f"✗ {self.plan['error']}").stylize("$text-error"))
+        elif planned:
+            lines.append(Content("planned target: this machine has no GPU for it. Save the recipe (^s) and run "
+                                 "`runner run <file>` or `sft-tui --headless --recipe <file>` there.")
+                         .stylize("$text-warning"))
+        else:
+            spec = (self.plan or {}).get("spec")
+            if spec is not None:
+                lines.append(Content(f"ready: {spec.world_size} rank(s) on {spec.hardware.device}, "
+                                     f"{spec.hardware.nodes} node(s)"))
+                if spec.hardware.nodes > 1:
+                    lines.append(Content("this node is node 0; start the other nodes with the commands on the Plan "
+                                         "step"))
+        lines.append(Content(f"runs → {fmt.show_path(app.runs_dir)}   records → {fmt.show_path(app.records_dir)}")
+                     .stylize("$text-muted"))
+        summary.update(Content("\n").join(lines))
+        button.disabled = bool(self.problems) or planned or self.launching or bool(self.plan and
+                                                                                   self.plan.get("error"))
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    @on(Button.Pressed, "#launch")
+    def _launch_pressed(self) -> None:
+        self.action_launch()
+
+    @on(Button.Pressed, "#save")
+    def _save_pressed(self) -> None:
+        self.action_save_recipe()
+
+    @on(Button.Pressed, "#load")
+    def _load_pressed(self) -> None:
+        self.action_load_recipe()
+
+    def action_launch(self) -> None:
+        if self.problems:
+            first = _field_of(self.problems[0].field) if self.problems[0].field else None
+            self.notify(f"fix {len(self.problems)} problem(s) first: {self.problems[0]}", title="Cannot launch",
+                        severity="error")
+            if first:
+                self.go(STEP_OF_FIELD.get(first, self.step))
+            return
+        if self.plan and self.plan.get("planned"):
+            self.notify("this spec plans GPUs this machine does not have: save it and launch it there",
+                        title="Cannot launch here", severity="warning")
+            return
+        if self.launching:
+            return
+        self.launching = True
+        self._update_launch()
+        self.app.start_run(validate(self.data), on_done=self._launch_done)
+
+    def _launch_done(self) -> None:
+        self.launching = False
+        self._update_launch()
+
+    def action_save_recipe(self) -> None:
+        from tui.screens.modals import PathPrompt
+
+        if self.problems:
+            self.notify(f"the spec has {len(self.problems)} problem(s): fix them before saving", severity="error",
+                        title="Not saved")
+            return
+        name = self.data.get("name") or "run"
+
+        def done(path: str | None) -> None:
+            if not path:
+                return
+            from tui.specform import save_recipe
+
+            try:
+                saved = save_recipe(self.data, Path(path).expanduser())
+            except (UserError, OSError) as e:
+                self.notify(str(e), title="Not saved", severity="error")
+                return
+            self.notify(f"saved {fmt.show_path(saved)}: run it with `sft-tui --headless --recipe {saved}`",
+                        title="Recipe saved")
+
+        self.app.push_screen(PathPrompt("Save the recipe as (YAML path):", f"{name}.yaml", action="Save"), done)
+
+    def action_load_recipe(self) -> None:
+        from runner.spec import recipe_names
+        from tui.screens.modals import PathPrompt
+
+        def done(ref: str | None) -> None:
+            if not ref:
+                return
+            from tui.specform import load_recipe_dict
+
+            try:
+                data = load_recipe_dict(ref)
+            except UserError as e:
+                self.notify(str(e), title="Not loaded", severity="error")
+                return
+            self.load_data(data)
+            self.notify(f"loaded {ref}", title="Recipe loaded")
+
+        self.app.push_screen(PathPrompt("Load a recipe (name or YAML path):", "", choices=recipe_names(),
+                                        action="Load"), done)
+
+    def load_data(self, data: dict[str, Any]) -> None:
+        self.data = data
+        for field in self.query(SpecField):
+            field.set_value(get_path(data, field.path))
+        self._keys.clear()
+        self.plan = None
+        self.revalidate()
+        self._show_lora()
+        self._on_step_shown()
+
+
+def _field_of(problem_field: str) -> str | None:
+    from tui.specform import field_of
+
+    return field_of(problem_field, ALL_FIELDS)
+
+
+# -- renderers (pure: dict in, Content out) ----------------------------------------------------------
+
+
+def render_arch(arch: dict[str, Any]) -> Content:
+    rows: list[tuple[str, str]] = []
+    label = {"model_type": "type", "params_total": "parameters", "params_active": "active parameters",
+             "layers": "layers", "num_hidden_layers": "layers", "layer_types": "layer types", "vocab": "vocab",
+             "vocab_size": "vocab", "hidden_size": "hidden size", "experts": "experts", "source": "from"}
+    seen = set()
+    for key, name in label.items():
+        if key in arch and arch[key] is not None and name not in seen:
+            seen.add(name)
+            value = arch[key]
+            if key.startswith("params"):
+                text = fmt.count(value)
+            elif isinstance(value, dict):
+                text = ", ".join(f"{k} × {v}" for k, v in value.items())
+            elif isinstance(value, (list, tuple)):
+                counts: dict[str, int] = {}
+                for v in value:
+                    counts[str(v)] = counts.get(str(v), 0) + 1
+                text = ", ".join(f"{k} × {v}" for k, v in counts.items())
+            else:
+                text = f"{value:,}" if isinstance(value, int) else str(value)
+            rows.append((name, text))
+    if not rows:
+        return Content("architecture: no details").stylize("$text-muted")
+    width = max(len(n) for n, _ in rows)
+    lines = [Content("architecture").stylize("bold")]
+    lines += [Content(f"  {n:<{width}}  ").stylize("$text-muted") + Content(v) for n, v in rows]
+    return Content("\n").join(lines)
+
+
+def render_detect(info: dict[str, Any]) -> Content:
+    if "hub" in info:
+        return Content(f"hub dataset {info['hub']}: the wizard reads local files only (no hub access); set a local "
+                       "path to preview it").stylize("$text-muted")
+    cols = ", ".join(info.get("columns") or []) or "none"
+    ok = info.get("messages_ok")
+    status = Content(" ✓ chat messages" if ok else " ✗ no {role, content} list in the messages column") \
+        .stylize("$text-success" if ok else "$text-error")
+    return Content(f"{info.get('format')} file {fmt.show_path(info.get('file'))} · columns: {cols}") + status
+
+
+def render_tokens(p: dict[str, Any]) -> Content:
+    trained, total = p.get("n_trained", 0), p.get("n_tokens", 0)
+    head = Content("").join([
+        Content("first conversation through the chat template: ").stylize("bold"),
+        Content(f"{total} tokens, {trained} trained on ({100 * trained / max(total, 1):.0f}%) · "),
+        Content("trained").stylize("bold $text-success"), Content(" / "),
+        Content("context").stylize("$text-muted"),
+        Content(f" · mask by {p.get('template')}"),
+    ])
+    parts = []
+    for text, on_loss in p.get("tokens") or []:
+        parts.append(Content(text).stylize("bold $text-success underline" if on_loss else "$text-muted"))
+    body = Content("").join(parts)
+    if p.get("truncated"):
+        body = body + Content(" …").stylize("$text-muted")
+    return Content("\n").join([head, body])
+
+
+def render_packing(p: dict[str, Any]) -> Content:
+    s = p["pack"]
+    eff = s.get("packing_efficiency")
+    share = s.get("target_share")
+    return Content(
+        f"packing on a sample of {s.get('examples')} conversations into {p.get('seq_len'):,}-token blocks: "
+        f"{s.get('blocks')} blocks, efficiency {100 * eff:.1f}%, trained-on tokens {100 * share:.1f}% of the "
+        f"block, {s.get('split_documents')} documents split across blocks, {s.get('skipped_no_assistant')} "
+        "skipped (no assistant turn)" if eff is not None else "packing: no tokens in the sample")
+
+
+def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
+    verdict_w = screen.query_one("#plan-verdict", Static)
+    bar = screen.query_one("#plan-bar", MemoryBar)
+    time_w = screen.query_one("#plan-time", Static)
+    sugg_w = screen.query_one("#plan-suggestion", Static)
+    cmd_w = screen.query_one("#plan-commands", Static)
+    if plan.get("error"):
+        verdict_w.update(Content(f"✗ {plan['error']}").stylize("$text-error"))
+        bar.set_estimate({}, None, None)
+        time_w.update("")
+        sugg_w.update("")
+        cmd_w.update("")
+        return
+    spec: RunSpec = plan["spec"]
+    where = f"{spec.world_size} rank(s) on {spec.hardware.device}"
+    if plan.get("planned"):
+        where += " (planned target; this machine has no GPU)"
+    est = plan.get("estimate")
+    if est is None:
+        err = plan.get("estimate_error") or "no estimate"
+        hint = " — pick a GPU type on the Hardware step to plan for one" if "hardware.gpu" in err else ""
+        verdict_w.update(Content("\n").join([Content(where).stylize("$text-muted"),
+                                             Content(err + hint).stylize("$text-warning")]))
+        bar.set_estimate({}, None, None)
+        time_w.update("")
+        sugg_w.update("")
+    else:
+        verdict = est.get("verdict") or ("fits" if est.get("fits") else "does not fit")
+        token = VERDICT_TOKEN.get(verdict, "warning")
+        capacity = est.get("gpu_memory_gib")
+        device_word = "host RAM" if spec.hardware.device == "cpu" else (est.get("gpu") or "GPU")
+        line = Content("").join([
+            Content(f" {verdict.upper()} ").stylize(f"bold $text-{token} on ${token}-muted"),
+            Content(f"  {fmt.gib(est.get('per_gpu_gib'))} GiB per {'rank' if spec.hardware.device == 'cpu' else 'GPU'}"
+                    f" of {fmt.gib(capacity)} GiB {device_word}, headroom {fmt.gib(est.get('headroom_gib'))} GiB"),
+            Content(" (approximate)").stylize("$text-warning") if est.get("approximate") else Content(""),
+        ])
+        verdict_w.update(Content("\n").join([Content(where).stylize("$text-muted"), line]))
+        bar.set_estimate(est.get("breakdown"), est.get("per_gpu_gib"), capacity, device_word)
+        time_w.update(Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
+                              f"≈ {fmt.duration(est.get('total_s'))}"))
+        suggestion = est.get("suggestion")
+        if suggestion and verdict != "fits":
+            sugg_w.update(Content(f"suggestion: {suggestion}").stylize("$text-warning"))
+        else:
+            sugg_w.update("")
+    if plan.get("commands"):
+        n = len(plan["commands"])
+        cmd_w.update("\n".join(f"# node {i}\n{c}" if n > 1 else c for i, c in enumerate(plan["commands"])))
+    else:
+        cmd_w.update(f"command unavailable: {plan.get('command_error')}")
+
+
+def render_sweep(screen: WizardScreen, sweep: dict[str, Any], plan: dict[str, Any]) -> None:
+    table = screen.query_one("#sweep", DataTable)
+    title = screen.query_one("#sweep-title", Static)
+    table.clear(columns=True)
+    if sweep.get("error"):
+        title.update(Content(f"what-if table unavailable: {sweep['error']}").stylize("$text-muted"))
+        table.display = False
+        return
+    table.display = True
+    (_, seq_lens), (_, gpu_types) = sweep["axes"]
+    title.update(f"what-if: peak GiB per GPU, {sweep.get('ranks')} GPU(s) per node, by tokens per block × GPU type")
+    spec: RunSpec | None = plan.get("spec")
+    table.add_column("GPU", key="gpu")
+    for s in seq_lens:
+        mark = " •" if spec is not None and spec.train.seq_len == s else ""
+        table.add_column(f"{s:,}{mark}", key=str(s))
+    colors = {v: theme_color(screen.app, k) for v, k in (("fits", "success"), ("tight", "warning"),
+                                                        ("does not fit", "error"))}
+    for g in gpu_types:
+        cells: list[Any] = [g]
+        for s in seq_lens:
+            row = sweep["grid"].get((s, g))
+            if row is None:
+                cells.append("-")
+                continue
+            verdict = row.get("verdict") or ("fits" if row.get("fits") else "does not fit")
+            mark = {"fits": "✓", "tight": "~", "does not fit": "✗"}.get(verdict, "?")
+            cells.append(Text(f"{fmt.gib(row.get('per_gpu_gib'))} {mark}", style=colors.get(verdict, "")))
+        table.add_row(*cells)
