@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records-dir", type=Path, default=Path("records"))
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("bench", help="benchmark engines side by side; results under benchmarks/")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--engines", default="native,trl", help="comma-separated engines (default: native,trl)")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="sweep a field, e.g. --sweep train.seq_len=8192,32768 (repeatable)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per row (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps not measured (default 3)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for the JSON and Markdown results")
+    p.add_argument("--name", help="file stem of the results (default: bench-<time>)")
+
     p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
     _add_spec_args(p)
 
@@ -178,6 +189,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runner.bench import bench
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ("native", "trl")]
+    if bad:
+        raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use native and/or trl")
+    result = bench(args.spec, args.overrides, engines, args.sweep, args.steps, args.warmup, args.out, args.runs_dir,
+                   args.records_dir, args.name)
+    return EXIT_OK if all(r.get("status") == "succeeded" for r in result["rows"]) else EXIT_FAILED
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
@@ -224,6 +247,7 @@ COMMANDS = {
     "diff": cmd_diff,
     "list": cmd_list,
     "show": cmd_show,
+    "bench": cmd_bench,
     "fields": cmd_fields,
     "recipes": cmd_recipes,
 }

@@ -1,0 +1,208 @@
+"""`runner bench`: engines side by side on the same model, data, block size and seed; results under benchmarks/."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import platform
+import shlex
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from runner import run as run_mod
+from runner.errors import UserError
+from runner.events import read_events
+from runner.spec import RunSpec, load_spec, resolve
+
+VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel", "flash-attn", "datasets")
+
+
+def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
+    out = []
+    for s in sweeps:
+        if "=" not in s or not s.split("=", 1)[1].strip():
+            raise UserError(f"--sweep expects field=v1,v2,..., got '{s}' (e.g. --sweep train.seq_len=8192,32768)")
+        key, values = s.split("=", 1)
+        out.append((key.strip(), [v.strip() for v in values.split(",") if v.strip()]))
+    return out
+
+
+def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps."""
+    axes = [[f"engine={e}" for e in engines]] + [[f"{k}={v}" for v in vals] for k, vals in sweeps]
+    return [list(c) for c in itertools.product(*axes)]
+
+
+def flops_per_token(spec: RunSpec) -> tuple[float | None, int, int]:
+    """(6·N per token, full-attention layers, attention width) from the architecture; N = active parameters
+    without the input embedding (a lookup, no matmul)."""
+    try:
+        from runner.catalog import load_arch
+
+        arch = load_arch(spec).arch
+    except Exception:  # noqa: BLE001 - an unknown architecture only loses the MFU column
+        return None, 0, 0
+    full_layers = sum(1 for i in range(arch.layers) if arch.layer_type(i) == "full_attention")
+    return 6.0 * arch.params_flops, full_layers, arch.q_dim
+
+
+def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float | None) -> dict[str, Any]:
+    """Per-step timings after warm-up, tokens/s per GPU, MFU, peak memory and the share of time spent on data."""
+    per_rank = []
+    peaks_alloc, peaks_res = [], []
+    for r in range(spec.world_size):
+        evs = read_events(events_dir / f"rank{r}.jsonl")
+        steps = [e for e in evs if "event" not in e and "step" in e and e["step"] > warmup]
+        end = next((e for e in evs if e.get("event") == "end"), {})
+        peak = end.get("peak_mem_gib") or {}
+        if "allocated" in peak:
+            peaks_alloc.append(peak["allocated"])
+            peaks_res.append(peak["reserved"])
+        if steps:
+            per_rank.append(steps)
+    if not per_rank:
+        return {"error": "no steps after warm-up"}
+    step_s = [statistics.median(e["step_s"] for e in s) for s in per_rank]
+    rank0 = per_rank[0]
+    times = [e["step_s"] for e in rank0]
+    tokens = [e["tokens"] for e in rank0]
+    tokens_per_s_gpu = statistics.mean(sum(e["tokens"] for e in s) / sum(e["step_s"] for e in s) for s in per_rank)
+    data_s = [e.get("data_s") for e in rank0 if e.get("data_s") is not None]
+    row: dict[str, Any] = {
+        "steps_measured": len(rank0),
+        "step_s_median": round(max(step_s), 4),
+        "step_s_spread": round((max(times) - min(times)) / statistics.median(times), 4) if len(times) > 1 else 0.0,
+        "tokens_per_step": int(statistics.mean(tokens)),
+        "tokens_per_s": round(tokens_per_s_gpu, 1),
+        "data_wait_share": round(sum(data_s) / sum(times), 4) if data_s else None,
+        "peak_alloc_gib": max(peaks_alloc) if peaks_alloc else None,
+        "peak_reserved_gib": max(peaks_res) if peaks_res else None,
+        "mfu": None,
+    }
+    fpt, full_layers, width = flops_per_token(spec)
+    if fpt and peak_tflops:
+        # MFU = (6·N·tokens + 6·L_attn·width·Σ doc_len²) / (step time · peak); causal attention counts half the
+        # square. Recompute for activation checkpointing is not useful work and is not counted.
+        attn = [e.get("doc_len_sq") for e in rank0]
+        attn_flops = 6.0 * full_layers * width * statistics.mean(a for a in attn) if all(attn) else 0.0
+        flops = fpt * row["tokens_per_step"] + attn_flops
+        row["mfu"] = round(flops / (row["step_s_median"] * peak_tflops * 1e12), 4)
+        row["flops_formula"] = "6*N_active_nonembed*tokens + 6*L_full_attn*q_width*sum(doc_len^2)"
+    return row
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return out
+
+
+def gpu_info() -> dict[str, Any]:
+    from runner.pins import gpu_pins
+
+    g = gpu_pins()
+    return {"name": g["names"][0] if g["names"] else None, "count": g["count"], "driver": g["driver"]}
+
+
+def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[str], steps: int, warmup: int,
+          out_dir: Path, runs_dir: Path, records_dir: Path, name: str | None = None,
+          console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    parsed = parse_sweeps(sweeps)
+    rows = []
+    peak = None
+    for combo in combos(engines, parsed):
+        spec = resolve(load_spec(spec_ref, [*overrides, *combo, f"train.max_steps={warmup + steps}",
+                                            "train.log_every=1", "output.save=none"]))
+        if peak is None:
+            peak = _peak_tflops(spec)
+        console.print(f"bench: {' '.join(combo)}")
+        active = run_mod.start(spec, runs_dir, records_dir)
+        code = run_mod.watch(active)
+        rec = active.finish(code) or {}
+        row: dict[str, Any] = {"engine": spec.engine, "model": spec.model.id, "seq_len": spec.train.seq_len,
+                               "method": spec.method.kind, "overrides": combo, "status": rec.get("status"),
+                               "record": str(active.record_path)}
+        if rec.get("status") == "succeeded":
+            row.update(summarize(spec, active.paths.events, warmup, peak))
+        elif rec.get("failure"):
+            row["failure"] = {k: rec["failure"].get(k) for k in ("rank", "cause", "message")}
+        rows.append(row)
+    result = {
+        "command": shlex.join(["runner", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else None,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_info(), "peak_tflops": peak, "versions": versions(), "warmup_steps": warmup, "steps": steps,
+        "rows": rows,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or f"bench-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text(markdown(result))
+    print_table(result, console)
+    console.print(f"wrote {out_dir / stem}.json and .md")
+    return result
+
+
+def _peak_tflops(spec: RunSpec) -> float | None:
+    if spec.hardware.device != "cuda":
+        return None
+    try:
+        from runner.catalog import detect_gpu
+
+        found = detect_gpu()
+        return found[0].ceiling_tflops if found else None
+    except Exception:  # noqa: BLE001 - no catalog entry: no MFU
+        return None
+
+
+COLUMNS = ("engine", "seq_len", "tokens_per_s", "mfu", "step_s_median", "step_s_spread", "data_wait_share",
+           "peak_alloc_gib", "peak_reserved_gib", "status")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    gpu = result["gpu"]
+    lines = [f"# Benchmark {result['created']}", "",
+             f"- command: `{result['command']}`",
+             f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}; ceiling for MFU "
+             f"{result['peak_tflops']} TFLOP/s",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}",
+             f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU", "",
+             "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
+    for r in result["rows"]:
+        lines.append(f"| {r['model']} | " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if v < 10 else f"{v:,.0f}"
+    return str(v)
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    table = Table(show_edge=False)
+    for c in COLUMNS:
+        table.add_column(c)
+    for r in result["rows"]:
+        table.add_row(*[_cell(r.get(c)) for c in COLUMNS])
+    console.print(table)
