@@ -8,7 +8,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ class GpuType:
     """Dense bf16 tensor-core peak from the datasheet (no sparsity)."""
     matmul_tflops: float | None = None
     """Measured practical bf16 matmul ceiling, where known."""
+    hbm_tb_s: float = 3.35
+    """Memory bandwidth from the datasheet (TB/s), for memory-bound work such as merging LoRA into expert stacks."""
     nvml_patterns: tuple[str, ...] = ()
     """Regexes matched (case-insensitively) against NVML device names to detect this type."""
     source: str = ""
@@ -46,26 +48,32 @@ class GpuType:
 
 
 GPUS: dict[str, GpuType] = {g.name: g for g in (
-    GpuType("A100-40GB", 40960 / MIB_PER_GIB, 312.0, None, (r"A100.*40\s*GB",),
+    GpuType("A100-40GB", 40960 / MIB_PER_GIB, 312.0, None, 1.555, (r"A100.*40\s*GB",),
             "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 40960 MiB reported"),
-    GpuType("A100-80GB", 81920 / MIB_PER_GIB, 312.0, None, (r"A100.*80\s*GB",),
+    GpuType("A100-80GB", 81920 / MIB_PER_GIB, 312.0, None, 2.039, (r"A100.*80\s*GB",),
             "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 81920 MiB reported"),
-    GpuType("L40S", 46068 / MIB_PER_GIB, 362.05, None, (r"L40S",),
+    GpuType("L40S", 46068 / MIB_PER_GIB, 362.05, None, 0.864, (r"L40S",),
             "NVIDIA L40S datasheet (362 TFLOP/s dense bf16, 733 with sparsity); 46068 MiB reported"),
-    GpuType("RTX-4090", 24564 / MIB_PER_GIB, 165.2, None, (r"RTX\s*4090",),
+    GpuType("RTX-4090", 24564 / MIB_PER_GIB, 165.2, None, 1.008, (r"RTX\s*4090",),
             "NVIDIA Ada whitepaper (165 TFLOP/s dense bf16 with fp32 accumulate); 24564 MiB reported"),
-    GpuType("H100-80GB", 81559 / MIB_PER_GIB, 989.4, None, (r"H100(?!.*NVL)", r"H800"),
+    GpuType("H100-80GB", 81559 / MIB_PER_GIB, 989.4, None, 3.35, (r"H100(?!.*NVL)", r"H800"),
             "NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16); 81559 MiB reported"),
-    GpuType("H200", 143771 / MIB_PER_GIB, 989.4, 790.0, (r"H200",),
-            "NVIDIA H200 datasheet (989 TFLOP/s dense bf16); 143771 MiB reported; 790 TFLOP/s measured (references.md)"),
-    GpuType("B200", 183359 / MIB_PER_GIB, 2250.0, None, (r"B200",),
+    GpuType("H200", 143771 / MIB_PER_GIB, 989.4, 790.0, 4.8, (r"H200",),
+            "NVIDIA H200 datasheet (989 TFLOP/s dense bf16); 143771 MiB reported; "
+            "790 TFLOP/s measured (references.md)"),
+    GpuType("B200", 183359 / MIB_PER_GIB, 2250.0, None, 8.0, (r"B200",),
             "NVIDIA HGX B200 datasheet (36 PFLOP/s sparse bf16 per 8 GPUs = 2.25 dense each); 183359 MiB reported"),
-    GpuType("B300", 275040 / MIB_PER_GIB, 2250.0, None, (r"B300",),
+    GpuType("B300", 275040 / MIB_PER_GIB, 2250.0, None, 8.0, (r"B300",),
             "NVIDIA HGX B300 datasheet (2.25 PFLOP/s dense bf16 per GPU); 275040 MiB reported by a "
             "'B300 SXM6 AC' (288 GB HBM3e)"),
-    GpuType("MI300X", 205822885888 / 1024**3, 1307.4, None, (r"MI300X",),
+    GpuType("MI300X", 205822885888 / 1024**3, 1307.4, None, 5.3, (r"MI300X",),
             "AMD Instinct MI300X datasheet (1307 TFLOP/s dense bf16); 205822885888 B reported by ROCm"),
 )}
+
+
+def gpu_names() -> list[str]:
+    """The GPU type names `hardware.gpu` accepts for planning."""
+    return list(GPUS)
 
 
 def _norm_gpu(name: str) -> str:
@@ -115,7 +123,8 @@ def detect_gpu() -> tuple[GpuType, int] | None:
     g = match_gpu_name(name, mem)
     if g is None:
         ref = GPUS["H100-80GB"]
-        g = GpuType(f"unknown:{name}", float(mem or 0.0), ref.bf16_tflops, None, (), "detected; throughput assumed H100")
+        g = GpuType(f"unknown:{name}", float(mem or 0.0), ref.bf16_tflops, None, ref.hbm_tb_s, (),
+                    "detected; throughput assumed H100")
     return g, len(found)
 
 
@@ -235,7 +244,8 @@ class Arch:
         if self.layer_type(i) == LAYER_LINEAR:
             kd, vd, vh = self.linear_key_dim, self.linear_value_dim, self.linear_value_heads
             if self.model_type == "qwen3_next":
-                out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd), Linear("linear_attn.in_proj_ba", h, 2 * vh)]
+                out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd),
+                        Linear("linear_attn.in_proj_ba", h, 2 * vh)]
             else:
                 out += [Linear("linear_attn.in_proj_qkv", h, 2 * kd + vd), Linear("linear_attn.in_proj_z", h, vd),
                         Linear("linear_attn.in_proj_b", h, vh), Linear("linear_attn.in_proj_a", h, vh)]
@@ -253,14 +263,16 @@ class Arch:
                         Linear("mlp.shared_expert.down_proj", s, h), Linear("mlp.shared_expert_gate", h, 1)]
         else:
             im, mb = self.intermediate, self.mlp_bias
-            out += [Linear("mlp.gate_proj", h, im, mb), Linear("mlp.up_proj", h, im, mb), Linear("mlp.down_proj", im, h, mb)]
+            out += [Linear("mlp.gate_proj", h, im, mb), Linear("mlp.up_proj", h, im, mb),
+                    Linear("mlp.down_proj", im, h, mb)]
         return out
 
     def expert_tensors(self, i: int) -> list[ExpertTensor]:
         if not self.is_moe_layer(i):
             return []
         e, h, im, b = self.num_experts, self.hidden, self.expert_intermediate, self.expert_bias
-        return [ExpertTensor("mlp.experts.gate_up_proj", e, h, 2 * im, b), ExpertTensor("mlp.experts.down_proj", e, im, h, b)]
+        return [ExpertTensor("mlp.experts.gate_up_proj", e, h, 2 * im, b),
+                ExpertTensor("mlp.experts.down_proj", e, im, h, b)]
 
     def other_layer_params(self, i: int) -> int:
         """Norms, convolution, gates and other non-Linear parameters of layer i."""
@@ -368,7 +380,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     for k in ("tie_word_embeddings",):
         if k not in cfg and k in top:
             cfg[k] = top[k]
-    model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
+    # A VLM is named by its top-level type (qwen3_5), a plain LM by its own.
+    model_type = str((top.get("model_type") if text is not None else None) or cfg.get("model_type") or "unknown")
     reasons: list[str] = []
 
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
@@ -378,7 +391,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         where = "text_config" if text is not None else "config.json"
         raise UserError(f"cannot model {name or 'this model'}: its {where} has no {' or '.join(missing)}",
                         [Problem("model", f"config fields missing: {', '.join(missing)}",
-                                 "give model.path a directory whose config.json has hidden_size and num_hidden_layers")])
+                                 "give model.path a directory whose config.json has hidden_size and "
+                                 "num_hidden_layers")])
     hidden, layers = int(hidden), int(layers)
     heads = int(_first(cfg, "num_attention_heads", "n_head", default=max(1, hidden // 128)))
     if "num_attention_heads" not in cfg and "n_head" not in cfg:
@@ -469,7 +483,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     if isinstance(vision, dict) and vision:
         vparams, vlinears, vreason = _vision_params(vision)
         reasons2 = list(arch.approximate_reasons) + ([vreason] if vreason else [])
-        arch = _replace(arch, vision_params=vparams, vision_linears=tuple(vlinears), approximate_reasons=tuple(reasons2))
+        arch = _replace(arch, vision_params=vparams, vision_linears=tuple(vlinears),
+                        approximate_reasons=tuple(reasons2))
     return arch
 
 
@@ -573,6 +588,11 @@ CATALOG: dict[str, dict[str, Any]] = {
     "mistralai/Mistral-7B-v0.3": {**_llama(4096, 32, 32, 14336, vocab=32768), "model_type": "mistral",
                                   "sliding_window": None},
 }
+# Said with every estimate that uses the entry.
+CATALOG_NOTES = {
+    "Qwen/Qwen3.8-27B": "built-in config is Qwen3.5-27B's (the same architecture family); the pinned revision's own "
+                        "config.json wins when it is cached or the hub is reachable",
+}
 # Instruct / base variants share the architecture.
 _ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B",
             "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B",
@@ -618,10 +638,12 @@ class LoadedArch:
     """Where config.json came from: path, cache, hub or catalog."""
     config_dir: Path | None = None
     """The local directory holding config.json (and maybe tokenizer.json), when there is one."""
+    note: str = ""
 
 
 def load_arch(spec: Any) -> LoadedArch:
-    """The model's architecture: config.json from model.path, else the HF cache, else the hub (online), else the catalog."""
+    """The model's architecture: config.json from model.path, else the HF cache, else the hub (when online), else the
+    built-in catalog."""
     m = spec.model
     if m.path:
         from runner.spec import resolve_embedded
@@ -641,7 +663,7 @@ def load_arch(spec: Any) -> LoadedArch:
             return LoadedArch(parse_arch(cfg, name=m.id), "hub")
     cfg = catalog_config(m.id)
     if cfg is not None:
-        return LoadedArch(parse_arch(cfg, name=m.id), "catalog")
+        return LoadedArch(parse_arch(cfg, name=m.id), "catalog", note=CATALOG_NOTES.get(m.id, ""))
     close = difflib.get_close_matches(m.id, list(CATALOG), n=1, cutoff=0.5)
     fix = f"did you mean '{close[0]}'?" if close else "set model.path to a local model directory, or go online once"
     raise UserError(f"cannot find config.json for '{m.id}': not under model.path, not in the HF cache, "

@@ -1,0 +1,915 @@
+"""Per-GPU memory and time before launch."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.catalog import (
+    LAYER_LINEAR,
+    LAYER_SLIDING,
+    Arch,
+    GpuType,
+    LoadedArch,
+    detect_gpu,
+    gpu_type,
+    load_arch,
+)
+from runner.errors import Problem, UserError
+from runner.spec import RunSpec, apply_override, load_spec
+
+GIB = 1024**3
+
+# =============================================================================================
+# Constants. Each is named once here with its source (benchmarks/estimator-notes.md has the derivations);
+# calibration against measured peaks changes these numbers, not the formulas.
+
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+ADAM_STATES_PER_PARAM = 2
+"""torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype."""
+TRL_TRAINABLE_BYTES = 4
+"""accelerate's FSDP2 preparation upcasts every trainable parameter to fp32 when mixed precision is on
+(accelerate/utils/fsdp_utils.py, fsdp2_prepare_model): fp32 master + fp32 grad + 2 fp32 Adam states = 16 B."""
+NATIVE_REDUCE_BYTES = 4
+"""runner/train/model.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): reduce-scatter input in fp32."""
+TRL_REDUCE_BYTES = 2
+"""accelerate's bf16 FSDP2 policy reduces in bf16 (utils/dataclasses.py: param_dtype = reduce_dtype = bf16)."""
+
+LOGITS_BYTES_PER_ELEM = 14.0
+"""Peak bytes per (token × vocab) of a full cross-entropy. Counted: bf16 logits (2) + fp32 upcast (4) + log_softmax
+output (4) in forward; in backward the saved log_softmax output (4) + its incoming grad (4) + the upcast's grad (4)
+= 12, plus the bf16 logits (2) when the loop still holds the model output (the 27B notebook's `out`). Calibrated
+to 14: the H200 plain-loop peaks (Qwen3 1.72B, 36.5 GiB at 8k and 88.0 GiB at 32k) rise by 2.25 MB per token."""
+CHUNKED_LOSS_BYTES_PER_ELEM = 12.0
+"""The same per (token × vocab) figure for one chunk of the chunked loss (the chunk's logits are freed after it)."""
+TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA = 16.0
+"""TRL ≥ 1.16 SFTTrainer computes the loss with its fused LM head (trl/trainer/utils.py add_fused_lm_head: chunked
+log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: what remains per token is the gathered
+hidden state and a few per-token outputs (log-prob, entropy, top-1 flag)."""
+CHUNK_LOGIT_BYTES = 2**28
+"""Mirrors runner/train/loss.py: a chunk holds about 256 MiB of fp32 logits (256..8192 tokens, multiples of 256)."""
+
+
+def loss_chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk of the native engine's chunked loss (runner/train/loss.py chunk_tokens_for)."""
+    n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab))
+    return max(256, min(8192, n // 256 * 256))
+
+ACTIVATION_CALIBRATION = 1.18
+"""Measured / counted per-layer activations: the H200 reference (Qwen3 1.72B, flex, 8k tokens) lost 29.6 GiB when
+activation checkpointing went on, i.e. 142.7 KB per token per layer, against 121 KB counted tensor by tensor."""
+NORM_UPCAST_BYTES = 4
+"""HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
+GDN_CHUNK = 64
+"""Chunk length of the gated-delta-rule kernels (flash-linear-attention chunk_gated_delta_rule)."""
+SDPA_MASK_BYTES_PER_ELEM = 7.0
+"""sdpa on packed documents: transformers builds a dense s × s mask for the step (bool, 1 B) and the efficient
+kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
+7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
+EAGER_SCORE_COPIES_TRANSIENT = 2.0
+"""Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
+probabilities' and scores' gradients (backward) of one layer are alive at once."""
+PARAMWRAPPER_MERGED_COPIES = 2.0
+"""peft's ParamWrapper (LoRA on 3-D expert tensors, bf16 base) materialises delta = B·A and W + delta for the whole
+expert stack of the layer it runs (peft/tuners/lora/layer.py, ParamWrapper._activate_lora / get_delta_weight);
+in backward the merged weight's gradient takes the delta's place."""
+
+CUDA_CONTEXT_GIB = 0.6
+"""CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
+NCCL_GIB = 1.0
+"""NCCL communicator buffers with more than one rank."""
+FRAGMENTATION_FRACTION = 0.07
+"""Reserved − allocated at the peak, as a share of the allocated peak (references.md: 1–3 GB plus a share)."""
+TIGHT_FRACTION = 0.05
+"""Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
+allocator pattern can tip it over."""
+
+DEFAULT_DOC_LEN = 2048
+"""Average document length for causal-attention FLOPs when the dataset cannot be sampled."""
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+"""Chat-template tokens around each message (ChatML: <|im_start|>role\\n ... <|im_end|>\\n)."""
+CHARS_PER_TOKEN = 4.0
+DATASET_SAMPLE_ROWS = 256
+
+PARAMWRAPPER_TRAFFIC = 3.0
+"""Bytes moved per byte of a layer's expert stack each time ParamWrapper merges it (write B·A, read W and the delta,
+write W + delta); it happens in the forward, in the recompute and once more for the merged weight's gradient."""
+HBM_EFFICIENCY = 0.7
+"""Share of the datasheet memory bandwidth that large elementwise kernels reach."""
+EAGER_ATTENTION_EFFICIENCY = 0.5
+"""Eager attention (two matmuls and a softmax over materialised scores) runs at this share of the matmul rate:
+an assumption until measured."""
+CALIBRATION: dict[tuple[str, str], tuple[float, str]] = {
+    ("native", "H200"): (0.33, "references.md: plain loop / native, Qwen3 1.72B flex + AC on one H200: 14.5k tok/s at "
+                               "8k (0.27 of 790 TFLOP/s counting recompute) and 19.2k at 32k (0.36)"),
+    ("trl", "H200"): (0.29, "references.md: TRL SFTTrainer flex, 8k, AC: 15.5k tok/s (0.29 of 790 counting recompute)"),
+    ("native", "B300"): (0.43, "the 27B notebook: 995 steps of 8 × 32,768 tokens in ~2.5 h with setup on 8×B300"),
+    ("native", "*"): (0.33, "the H200 figure, for lack of a measurement on this GPU"),
+    ("trl", "*"): (0.29, "the H200 figure, for lack of a measurement on this GPU"),
+}
+"""Hardware FLOPs utilisation (recompute included) against the GPU's practical matmul ceiling, by (engine, GPU)."""
+GPU_STEP_OVERHEAD_S = 0.05
+"""Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
+CPU_GFLOPS_PER_CORE = 20.0
+CPU_EFFICIENCY = 0.25
+CPU_STEP_OVERHEAD_S = 0.1
+SETUP_BASE_S = {"cuda": 90.0, "cpu": 10.0}
+"""Launch, imports, process group, tokenizer and first data before step 1."""
+LOAD_GB_PER_S = 1.5
+"""Reading a checkpoint from local disk / page cache into every rank of a node (each rank loads it all)."""
+
+KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("HuggingFaceH4/ultrachat_200k", "train_sft"): {
+        "rows": 207_865, "tokens": 995 * 8 * 32768,
+        "source": "rows: dataset card; tokens: the 27B notebook's 995 steps × 8 ranks × 32,768 tokens"},
+    ("HuggingFaceH4/Multilingual-Thinking", "train"): {
+        "rows": 1000, "tokens": 1_113_000,
+        "source": "dataset card: 1,000 rows, 8.9 MB of which about half is the messages column; 4 chars per token"},
+}
+
+PHASES = ("loss", "backward_start", "backward_end", "optimizer")
+BREAKDOWN_KEYS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora",
+                  "cuda_context_nccl", "fragmentation")
+
+
+# =============================================================================================
+# Result
+
+
+@dataclass
+class Estimate:
+    """What `runner estimate` prints and the record keeps. GiB are 2^30 bytes."""
+
+    fits: bool
+    verdict: str
+    headroom_gib: float
+    per_gpu_gib: float
+    """Predicted device memory per GPU: PyTorch's peak reserved (allocated + fragmentation) + CUDA context + NCCL."""
+    per_gpu_allocated_gib: float
+    gpu_memory_gib: float
+    gpu: str
+    world_size: int
+    breakdown: dict[str, float]
+    step_s: float
+    steps: int | None
+    total_s: float | None
+    tokens_per_step: int
+    flops_per_step: float
+    mfu_assumed: float
+    approximate: bool
+    approximate_reason: str
+    suggestion: str | None
+    arch: dict[str, Any]
+    peak_phase: str = ""
+    per_gpu_basis: str = ("peak reserved by PyTorch's allocator (allocated + fragmentation) plus CUDA context and "
+                          "NCCL buffers: what nvidia-smi would show")
+    device: str = "cuda"
+    engine: str = "native"
+    method: str = "full"
+    seq_len: int = 0
+    attn_implementation: str = ""
+    loss_impl: str = ""
+    activation_checkpointing: bool = False
+    params_trainable: int = 0
+    arch_source: str = ""
+    doc_len: int = DEFAULT_DOC_LEN
+    dataset_tokens: int | None = None
+    mfu_source: str = ""
+    phases_gib: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# =============================================================================================
+# Planning context: the spec with its `auto` fields filled for planning (no GPU needed)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: RunSpec
+    device: str
+    gpu: GpuType | None
+    nproc: int
+    world: int
+    dtype: str
+    attn: str
+    loss_impl: str
+    loaded: LoadedArch
+    reasons: tuple[str, ...]
+
+    @property
+    def arch(self) -> Arch:
+        return self.loaded.arch
+
+
+VARLEN_MIN_TOKENS = 32_768
+"""Mirrors runner/train/attention.py: auto on CUDA picks varlen from this many tokens per forward, flex below."""
+
+
+def planned_attention(spec: RunSpec, device: str) -> str:
+    """The attention backend the engine will pick, as runner/train/attention.py choose_attention does, without
+    importing torch. On CUDA flash-attn (when installed), varlen and flex cost the same memory here: no s² term."""
+    choice = spec.model.attn_implementation
+    if choice != "auto":
+        return choice
+    if device != "cuda":
+        return "sdpa"
+    return "varlen" if spec.train.seq_len * spec.train.micro_batch >= VARLEN_MIN_TOKENS else "flex_attention"
+
+
+def planned_loss(spec: RunSpec) -> str:
+    """full | chunked (native engine, runner/train/loss.py) | fused (the TRL engine: SFTTrainer's fused LM head,
+    whatever train.loss_impl says)."""
+    if spec.engine == "trl":
+        return "fused"
+    return "full" if spec.train.loss_impl == "full" else "chunked"
+
+
+def make_plan(spec: RunSpec) -> Plan:
+    hw = spec.hardware
+    reasons: list[str] = []
+    device = hw.device
+    gpu: GpuType | None = None
+    detected: tuple[GpuType, int] | None = None
+    if device != "cpu":
+        if hw.gpu != "auto":
+            gpu = gpu_type(hw.gpu)
+        else:
+            detected = detect_gpu()
+            if detected is None:
+                raise UserError("hardware.gpu=auto, but no GPU is visible on this machine to plan for",
+                                [Problem("hardware.gpu", "auto needs a visible GPU",
+                                         "name the GPU type to plan for, e.g. --set hardware.gpu=H100-80GB "
+                                         "(or hardware.device=cpu for a CPU run)")])
+            gpu = detected[0]
+            if gpu.name.startswith("unknown:"):
+                reasons.append(f"GPU '{gpu.name[8:]}' is not in the catalog: throughput assumed equal to an H100")
+        device = "cuda"
+    nproc = hw.nproc_per_node
+    if nproc == "auto":
+        if device == "cpu":
+            nproc = 2
+        else:
+            if detected is None:
+                found = detect_gpu()
+                detected = found if found and found[0].name == (gpu.name if gpu else "") else None
+            nproc = detected[1] if detected else 8
+    nproc = int(nproc)
+    if nproc < 1:
+        raise UserError("invalid spec", [Problem("hardware.nproc_per_node", f"must be at least 1, got {nproc}",
+                                                 "use 1 or more")])
+    dtype = spec.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
+    return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, planned_attention(spec, device), planned_loss(spec),
+                loaded, tuple(reasons))
+
+
+@functools.lru_cache(maxsize=64)
+def _load_arch_cached(model_id: str, revision: str | None, path: str | None) -> LoadedArch:
+    from types import SimpleNamespace
+
+    return load_arch(SimpleNamespace(model=SimpleNamespace(id=model_id, revision=revision, path=path)))
+
+
+# =============================================================================================
+# LoRA: trainable parameters and their shapes
+
+
+def _matches(name: str, targets: str | list[str]) -> bool:
+    if targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        targets = [targets]
+    return any(name == t or name.endswith("." + t) or name.split(".")[-1] == t for t in targets)
+
+
+def _rank_for(name: str, default: int, pattern: dict[str, int]) -> int:
+    for key, r in pattern.items():
+        if name == key or name.endswith(key) or key.endswith(name):
+            return int(r)
+    return default
+
+
+def lora_params(arch: Arch, lora: Any) -> tuple[int, int, list[str]]:
+    """(trainable adapter params, largest adapted expert stack of one layer in params, notes).
+
+    A linear (in → out) gets r·(in + out); an expert tensor (E × in × out) via target_parameters gets
+    r·E·(in + out) (peft ParamWrapper: lora_A = Linear(in, r·E), lora_B = Linear(r·E, out)).
+    """
+    total = 0
+    max_expert_stack = 0
+    notes: list[str] = []
+    for i in range(arch.layers):
+        for lin in arch.linears(i):
+            if _matches(lin.name, lora.target_modules):
+                total += _rank_for(lin.name, lora.r, lora.rank_pattern) * (lin.in_features + lin.out_features)
+        stack = 0
+        for t in arch.expert_tensors(i):
+            if any(t.name == p or t.name.endswith(p) or p.endswith(t.name) for p in lora.target_parameters):
+                total += _rank_for(t.name, lora.r, lora.rank_pattern) * t.experts * (t.in_features + t.out_features)
+                stack += t.experts * t.in_features * t.out_features
+        max_expert_stack = max(max_expert_stack, stack)
+    if arch.vision_linears and lora.target_modules == "all-linear":
+        total += sum(lora.r * (x.in_features + x.out_features) for x in arch.vision_linears)
+        notes.append("all-linear also adapts the vision tower's linears (counted)")
+    if lora.target_parameters and max_expert_stack == 0:
+        notes.append(f"target_parameters {lora.target_parameters} match no expert tensor of this model")
+    return total, max_expert_stack, notes
+
+
+# =============================================================================================
+# Activations (bytes per token of one layer)
+
+
+def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int) -> float:
+    """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation."""
+    h = arch.hidden
+    up = NORM_UPCAST_BYTES if b < 4 else 0
+    n = 2 * (up + b) * h  # input and post-attention RMSNorm
+    kind = arch.layer_type(i)
+    if kind == LAYER_LINEAR:
+        kd, vd, vh = arch.linear_key_dim, arch.linear_value_dim, arch.linear_value_heads
+        conv = 2 * kd + vd
+        rep = max(1, vh // max(1, arch.linear_key_heads))
+        n += b * conv * 2  # projection output (saved by the conv) and the conv + silu output
+        n += b * vd  # z gate
+        n += b * 2 * kd * rep  # q, k repeated to the value heads
+        n += 4 * 2 * vh  # g and beta (fp32)
+        n += b * vh * GDN_CHUNK  # the chunk kernel's within-chunk matrix
+        n += b * vd  # kernel output
+        n += (up + b) * vd + b * vd  # gated RMSNorm: fp32 copy, normalised output, silu(z)
+        n += b * vd  # out_proj input
+    else:
+        q, kv = arch.q_dim, arch.kv_dim
+        if arch.qk_norm:
+            n += (up + b) * (q + kv)
+        n += 2 * b * (q + kv)  # rotary: x and rotate_half(x) for q and k
+        explicit = attn in ("sdpa", "eager")
+        kv_saved = q if explicit else kv  # repeat_kv materialises k, v at the query heads with a mask
+        n += b * (q + 2 * kv_saved)  # q, k, v kept by the kernel
+        n += b * q + 4 * arch.heads  # kernel output and logsumexp
+        n += b * q  # o_proj input
+        if arch.attn_output_gate:
+            n += 2 * b * q  # the gate and its sigmoid
+        if attn == "eager":
+            n += b * arch.heads * (seq_len + (1 if arch.attention_sinks else 0))  # softmax probabilities
+    if arch.is_moe_layer(i):
+        e_im, k = arch.expert_intermediate, arch.experts_per_token
+        per_route = (8 if arch.model_type == "gpt_oss" else 4) * e_im  # gate_up out + activation intermediates
+        n += 4 * arch.num_experts  # router logits (fp32)
+        n += k * b * (per_route + 3 * h)  # gathered input, expert output, weighted output
+        if arch.shared_expert_intermediate:
+            n += 4 * b * arch.shared_expert_intermediate + 2 * b
+    else:
+        n += 4 * b * arch.intermediate  # gate out, up out, act(gate), product
+    return n * ACTIVATION_CALIBRATION
+
+
+def backward_transient_bytes(arch: Arch, b: int) -> float:
+    """Gradient tensors alive at once inside one layer's backward, per token."""
+    widest = max(arch.intermediate if not arch.num_experts else 2 * arch.expert_intermediate * arch.experts_per_token,
+                 2 * arch.linear_key_dim + arch.linear_value_dim, 2 * arch.q_dim)
+    return b * (2 * arch.hidden + 2 * widest)
+
+
+# =============================================================================================
+# Memory
+
+
+@dataclass
+class _Memory:
+    phases: dict[str, dict[str, float]]
+    peak_phase: str
+    allocated: float
+    breakdown: dict[str, float]
+    trainable: int
+    reasons: list[str]
+    expert_stack: int = 0
+
+
+def memory_model(plan: Plan) -> _Memory:
+    """Bytes per GPU (or per CPU rank) at each phase of a step; the peak phase gives the breakdown."""
+    spec, arch = plan.spec, plan.arch
+    t = spec.train
+    n = plan.world
+    reasons: list[str] = []
+    b = DTYPE_BYTES[plan.dtype]  # weights as loaded
+    cb = 2 if plan.device == "cuda" else b  # compute dtype (FSDP param_dtype) — bf16 on GPU
+    tokens = t.seq_len * t.micro_batch
+    lora = spec.method.kind == "lora"
+    trl = spec.engine == "trl"
+
+    text = arch.text_params
+    vision = arch.vision_params
+    lora_n, expert_stack, lora_notes = lora_params(arch, spec.method.lora) if lora else (0, 0, [])
+    reasons += lora_notes
+
+    # -- sharded model states -----------------------------------------------------------
+    if lora:
+        base_bytes = (text + vision) * b
+        trainable = lora_n
+        tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b
+        params_b, grads_b, opt_b = base_bytes / n, 0.0, 0.0
+        lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n  # adapter weights, grads, AdamW states
+        lora_no_grads = trainable * tb * (1 + ADAM_STATES_PER_PARAM) / n
+    else:
+        trainable = text
+        tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b
+        # The vision tower gets no gradient in text-only training: no grads, no optimizer state (AdamW skips it).
+        params_b = (text * tb + vision * tb) / n
+        grads_b = text * tb / n
+        opt_b = text * tb * ADAM_STATES_PER_PARAM / n
+        lora_b = lora_no_grads = 0.0
+
+    # -- FSDP2 unsharded working set ----------------------------------------------------
+    reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if plan.device == "cuda" else b
+    layer_u = arch.max_layer_params
+    root_u = arch.root_params
+    layer_train = 0 if lora else layer_u
+    root_train = 0 if lora else root_u
+    # The root unit stays unsharded from forward through backward (FSDP2 does not reshard the root after forward).
+    root_params_unsharded = root_u * cb
+    layer_ws = 2 * layer_u * cb + layer_train * (cb + reduce_bytes)  # current + prefetched, grads, RS input
+    lm_head_grad = (arch.lm_head_params or arch.embed_params) * cb if not lora else 0
+    root_reduce = root_train * (cb + reduce_bytes)
+    fsdp_loss = root_params_unsharded + layer_u * cb  # the backward prefetch of the last layer
+    fsdp_bwd_start = root_params_unsharded + lm_head_grad + layer_ws
+    fsdp_bwd_end = root_params_unsharded + max(layer_ws, root_reduce)
+    if n == 1:
+        reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
+
+    # -- activations --------------------------------------------------------------------
+    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len) for i in range(arch.layers)]
+    transient = backward_transient_bytes(arch, cb) * tokens
+    if t.activation_checkpointing:
+        kept = arch.layers * cb * arch.hidden * tokens
+    else:
+        kept = sum(per_layer) * tokens
+    # Backward starts by recomputing the last layer and ends with the first.
+    recompute = per_layer[-1] * tokens if t.activation_checkpointing else 0.0
+    mask = 0.0
+    score_transient = 0.0
+    if plan.attn in ("sdpa", "eager") and spec.train.packing:
+        mask = SDPA_MASK_BYTES_PER_ELEM * t.seq_len * t.seq_len * t.micro_batch
+    if plan.attn == "eager":
+        score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * t.seq_len * t.seq_len * t.micro_batch
+        mask = cb * t.seq_len * t.seq_len * t.micro_batch  # additive float mask, kept for the step
+    # -- logits and loss ----------------------------------------------------------------
+    final_norm = (NORM_UPCAST_BYTES + cb) * arch.hidden * tokens
+    if plan.loss_impl == "full":
+        logits = LOGITS_BYTES_PER_ELEM * tokens * arch.vocab
+    elif plan.loss_impl == "chunked":
+        logits = CHUNKED_LOSS_BYTES_PER_ELEM * min(tokens, loss_chunk_tokens(arch.vocab)) * arch.vocab
+    else:
+        logits = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
+    if plan.device == "cpu":
+        reasons.append("CPU run: host RAM per rank, fp32 throughout; allocator behaviour differs from CUDA")
+    logits_loss = logits + final_norm
+    # -- LoRA on expert stacks (ParamWrapper) -------------------------------------------
+    paramwrapper = PARAMWRAPPER_MERGED_COPIES * expert_stack * cb if lora else 0.0
+
+    g_accum = grads_b if t.grad_accum > 1 else 0.0
+    lora_g_accum = lora_b if t.grad_accum > 1 else lora_no_grads
+    phases = {
+        "loss": {"params": params_b, "grads": g_accum, "optimizer": opt_b, "fsdp_buffers": fsdp_loss,
+                 "activations": kept + mask, "logits_loss": logits_loss, "lora": lora_g_accum},
+        "backward_start": {"params": params_b, "grads": g_accum, "optimizer": opt_b, "fsdp_buffers": fsdp_bwd_start,
+                           "activations": kept + recompute + transient + mask + score_transient,
+                           "logits_loss": 2.0 * tokens * arch.vocab * cb * (1 if plan.loss_impl == "full" else 0)
+                           + final_norm, "lora": lora_b + paramwrapper},
+        "backward_end": {"params": params_b, "grads": grads_b, "optimizer": opt_b, "fsdp_buffers": fsdp_bwd_end,
+                         "activations": per_layer[0] * tokens + transient + mask, "logits_loss": 0.0,
+                         "lora": lora_b + paramwrapper},
+        "optimizer": {"params": params_b, "grads": grads_b, "optimizer": opt_b, "fsdp_buffers": 0.0,
+                      "activations": 0.0, "logits_loss": 0.0, "lora": lora_b},
+    }
+    if trl and not lora:
+        reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
+    totals = {k: sum(v.values()) for k, v in phases.items()}
+    peak_phase = max(totals, key=lambda k: totals[k])
+    allocated = totals[peak_phase]
+    breakdown = dict(phases[peak_phase])
+    return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
+                   expert_stack)
+
+
+# =============================================================================================
+# Time
+
+
+def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
+    """(hardware FLOPs of one optimizer step over all ranks, the attention part of it)."""
+    arch, t = plan.arch, plan.spec.train
+    ac = t.activation_checkpointing
+    n_flops = arch.params_flops
+    if plan.spec.method.kind == "lora":
+        # Frozen weights: forward + input gradients only (no weight gradients); adapters are negligible.
+        per_token = (4 + (2 if ac else 0)) * n_flops
+    else:
+        per_token = (6 + (2 if ac else 0)) * n_flops
+    passes = 3 + (1 if ac else 0)  # attention: forward, two backward matmuls' worth, recompute
+    s = t.seq_len
+    d = max(1, min(doc_len, s))
+    # Eager attention computes the whole score matrix of each sequence; sdpa does too when a packed block needs a
+    # dense mask. Without packing a sequence is one document.
+    square = plan.attn == "eager" or (plan.attn == "sdpa" and t.packing)
+    square_len = s if t.packing else d
+    attn_per_token = 0.0
+    for i in range(arch.layers):
+        kind = arch.layer_type(i)
+        if kind == LAYER_LINEAR:
+            vh, dk, dv = arch.linear_value_heads, arch.linear_key_head_dim, arch.linear_value_head_dim
+            attn_per_token += passes * 2 * vh * (4 * dk * dv + GDN_CHUNK * (dk + dv))
+            continue
+        q = arch.q_dim
+        if square:
+            attn_per_token += passes * 4 * square_len * q
+        else:
+            span = d
+            if kind == LAYER_SLIDING and arch.sliding_window:
+                span = min(d, arch.sliding_window)
+            causal = 0.5 if span == d else 1.0
+            attn_per_token += passes * 4 * span * q * causal
+    total = (per_token + attn_per_token) * tokens_per_step
+    return total, attn_per_token * tokens_per_step
+
+
+def calibration(plan: Plan) -> tuple[float, str]:
+    name = plan.gpu.name if plan.gpu else "cpu"
+    key = (plan.spec.engine, name)
+    if key in CALIBRATION:
+        return CALIBRATION[key]
+    return CALIBRATION[(plan.spec.engine, "*")]
+
+
+# =============================================================================================
+# Dataset size
+
+
+@dataclass(frozen=True)
+class DataSize:
+    rows: int | None
+    tokens: int | None
+    avg_tokens: float | None
+    source: str
+
+
+def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
+    d = spec.dataset
+    if d.path:
+        from runner.spec import resolve_embedded
+
+        return _local_size(str(resolve_embedded(d.path)), d.messages_field, str(loaded.config_dir or ""))
+    known = KNOWN_DATASETS.get((d.id or "", d.split))
+    if known:
+        return DataSize(known["rows"], known["tokens"], known["tokens"] / known["rows"], known["source"])
+    return DataSize(None, None, None, "")
+
+
+@functools.lru_cache(maxsize=16)
+def _local_size(path: str, field_name: str, model_dir: str) -> DataSize:
+    p = Path(path)
+    files = sorted(x for x in p.rglob("*") if x.suffix in (".jsonl", ".json", ".parquet")) if p.is_dir() else [p]
+    rows: list[dict[str, Any]] = []
+    n_rows = 0
+    for f in files:
+        try:
+            if f.suffix == ".jsonl":
+                size = f.stat().st_size
+                with f.open("rb") as fh:
+                    head = [line for _, line in zip(range(DATASET_SAMPLE_ROWS), fh) if line.strip()]
+                rows += [json.loads(x) for x in head]
+                if size <= 64 << 20:
+                    with f.open("rb") as fh:
+                        n_rows += sum(1 for line in fh if line.strip())
+                else:
+                    n_rows += int(size / max(1.0, sum(map(len, head)) / max(1, len(head))))
+            elif f.suffix == ".json":
+                data = json.loads(f.read_text())
+                data = data if isinstance(data, list) else data.get("data", [])
+                rows += data[:DATASET_SAMPLE_ROWS]
+                n_rows += len(data)
+            else:
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(f)
+                n_rows += meta.metadata.num_rows
+                rows += meta.read_row_group(0).slice(0, DATASET_SAMPLE_ROWS).to_pylist()
+        except Exception:
+            continue
+    if not rows or not n_rows:
+        return DataSize(None, None, None, "")
+    texts: list[str] = []
+    messages = 0
+    for r in rows:
+        conv = r.get(field_name) if isinstance(r, dict) else None
+        if isinstance(conv, list):
+            for m in conv:
+                if isinstance(m, dict):
+                    texts.append(str(m.get("content") or ""))
+                    messages += 1
+    if not texts:
+        return DataSize(n_rows, None, None, "")
+    tokens, how = _count_tokens(texts, model_dir)
+    per_row = (tokens + TEMPLATE_TOKENS_PER_MESSAGE * messages) / len(rows)
+    return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows")
+
+
+def _count_tokens(texts: list[str], model_dir: str) -> tuple[int, str]:
+    tok_file = Path(model_dir) / "tokenizer.json" if model_dir else None
+    if tok_file and tok_file.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tok_file))
+            return sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)), "model tokenizer"
+        except Exception:
+            pass
+    return int(sum(len(x) for x in texts) / CHARS_PER_TOKEN), "chars/4"
+
+
+# =============================================================================================
+# The estimate
+
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 2)
+
+
+def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) -> Estimate:
+    """Predict per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running)."""
+    plan = make_plan(spec)
+    arch, t = plan.arch, spec.train
+    mem = memory_model(plan)
+    reasons = list(arch.approximate_reasons) + list(plan.reasons) + mem.reasons
+    if arch.num_experts:
+        reasons.append("MoE step time assumes dense-matmul efficiency for the experts (not calibrated)")
+
+    if plan.device == "cuda":
+        assert plan.gpu is not None
+        capacity = plan.gpu.memory_gib * GIB
+        context = (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB
+        fragmentation = FRAGMENTATION_FRACTION * mem.allocated
+        gpu_name = plan.gpu.name
+    else:
+        import psutil
+
+        capacity = psutil.virtual_memory().total / plan.nproc
+        context = 0.3 * GIB  # interpreter, torch and gloo per rank
+        fragmentation = FRAGMENTATION_FRACTION * mem.allocated
+        gpu_name = "cpu"
+    per_gpu = mem.allocated + fragmentation + context
+    breakdown = {k: _gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS}
+    breakdown["cuda_context_nccl"] = _gib(context)
+    breakdown["fragmentation"] = _gib(fragmentation)
+    headroom = capacity - per_gpu
+    if headroom < 0:
+        verdict = "does not fit"
+    elif headroom < TIGHT_FRACTION * capacity:
+        verdict = "tight"
+    else:
+        verdict = "fits"
+
+    # -- time ---------------------------------------------------------------------------
+    data = dataset_size(spec, plan.loaded)
+    if doc_len is None:
+        doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
+    packed = spec.engine == "native" or t.packing
+    per_rank_seqs = t.micro_batch * t.grad_accum
+    if packed:
+        tokens_per_step = t.seq_len * per_rank_seqs * plan.world
+    else:
+        tokens_per_step = min(doc_len, t.seq_len) * per_rank_seqs * plan.world
+    flops, attn_flops = flops_per_step(plan, doc_len, tokens_per_step)
+    mfu, mfu_source = calibration(plan)
+    if plan.device == "cuda":
+        assert plan.gpu is not None
+        rate = plan.world * plan.gpu.ceiling_tflops * 1e12 * mfu
+        if plan.attn == "eager":
+            step_s = (flops - attn_flops) / rate + attn_flops / (rate * EAGER_ATTENTION_EFFICIENCY)
+        else:
+            step_s = flops / rate
+        if spec.method.kind == "lora" and mem.expert_stack:
+            uses = (3 if t.activation_checkpointing else 2) * t.grad_accum
+            moved = PARAMWRAPPER_TRAFFIC * uses * mem.expert_stack * 2 * sum(
+                1 for i in range(arch.layers) if arch.is_moe_layer(i))
+            step_s += moved / (plan.gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+        step_s += GPU_STEP_OVERHEAD_S
+    else:
+        cores = max(1, (os.cpu_count() or 2))
+        step_s = flops / (cores * CPU_GFLOPS_PER_CORE * 1e9 * CPU_EFFICIENCY) + CPU_STEP_OVERHEAD_S
+        mfu, mfu_source = CPU_EFFICIENCY, "CPU: an assumed share of 20 GFLOP/s per core"
+    if t.max_steps is not None:
+        steps: int | None = t.max_steps
+    elif packed and data.tokens:
+        steps = max(1, math.ceil(data.tokens * t.epochs / tokens_per_step))
+    elif not packed and data.rows:
+        steps = max(1, math.ceil(data.rows * t.epochs / (per_rank_seqs * plan.world)))
+    else:
+        steps = None
+        reasons.append("dataset size unknown offline: set train.max_steps for a total time")
+    if data.source and t.max_steps is None:
+        reasons.append(f"dataset size: {data.source}")
+    setup_s = SETUP_BASE_S[plan.device] + arch.params_total * DTYPE_BYTES[plan.dtype] / (LOAD_GB_PER_S * 1e9)
+    total_s = None if steps is None else setup_s + steps * step_s
+
+    approx_reasons = [r for r in reasons if not r.startswith("dataset size:") and not r.startswith("one rank")]
+    if plan.loaded.note:
+        reasons.append(plan.loaded.note)
+    approximate = bool(approx_reasons) or plan.device == "cpu"
+    est = Estimate(
+        fits=verdict != "does not fit", verdict=verdict, headroom_gib=_gib(headroom), per_gpu_gib=_gib(per_gpu),
+        per_gpu_allocated_gib=_gib(mem.allocated), gpu_memory_gib=round(capacity / GIB, 2), gpu=gpu_name,
+        world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
+        total_s=None if total_s is None else round(total_s, 1), tokens_per_step=tokens_per_step,
+        flops_per_step=float(f"{flops:.4g}"), mfu_assumed=mfu, approximate=approximate,
+        approximate_reason="; ".join(reasons), suggestion=None,
+        arch={"model_type": arch.model_type, "params_total": arch.params_total, "params_active": arch.params_active,
+              "layers": arch.layers, "vocab": arch.vocab},
+        peak_phase=mem.peak_phase, device=plan.device, engine=spec.engine, method=spec.method.kind,
+        seq_len=t.seq_len, attn_implementation=plan.attn, loss_impl=plan.loss_impl,
+        activation_checkpointing=t.activation_checkpointing, params_trainable=mem.trainable,
+        arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, mfu_source=mfu_source,
+        phases_gib={k: _gib(sum(v.values())) for k, v in mem.phases.items()},
+    )
+    if suggest and verdict != "fits":
+        est.suggestion = suggestion(spec, est, doc_len)
+    return est
+
+
+# =============================================================================================
+# What-if: the cheapest change that fits
+
+
+def _candidates(spec: RunSpec, plan_world: int, nproc: int) -> list[tuple[str, list[str]]]:
+    t, hw = spec.train, spec.hardware
+    out: list[tuple[str, list[str]]] = []
+    if spec.engine == "native" and planned_loss(spec) == "full":
+        out.append(("chunked loss", ["train.loss_impl=chunked"]))
+    if not t.activation_checkpointing:
+        out.append(("activation checkpointing on", ["train.activation_checkpointing=true"]))
+    s = t.seq_len // 2
+    while s >= 256:
+        out.append((f"{s:,} tokens per block", [f"train.seq_len={s}"]))
+        s //= 2
+    if spec.method.kind == "full":
+        out.append(("LoRA", ["method.kind=lora"]))
+    if hw.device != "cpu":
+        n = 1
+        while n <= nproc:
+            n *= 2
+        if nproc < 8:
+            out.append((f"{min(n, 8)} GPUs per node", [f"hardware.nproc_per_node={min(n, 8)}"]))
+        for nodes in (2, 4, 8, 16):
+            if nodes > hw.nodes:
+                out.append((f"{nodes} nodes", [f"hardware.nproc_per_node={max(nproc, 1)}", f"hardware.nodes={nodes}"]))
+    return out
+
+
+def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
+    target = "fits" if est.verdict == "tight" else ("fits", "tight")
+    base = spec.to_dict()
+    nproc = est.world_size // spec.hardware.nodes
+    tried: list[tuple[str, Estimate]] = []
+    for label, overrides in _candidates(spec, est.world_size, nproc):
+        try:
+            alt = estimate(load_spec(base, overrides), doc_len=doc_len, suggest=False)
+        except UserError:
+            continue
+        tried.append((label, alt))
+        if alt.verdict in target:
+            return (f"{label} ({' '.join('--set ' + o for o in overrides)}): predicted {alt.per_gpu_gib:.1f} of "
+                    f"{alt.gpu_memory_gib:.1f} GiB per GPU")
+    if est.verdict == "tight":
+        return "tight: no single change makes room; consider more GPUs or fewer tokens per block"
+    return "no single change fits: combine them (e.g. LoRA with fewer tokens per block) or plan for a larger GPU"
+
+
+# =============================================================================================
+# Sweeps and the CLI
+
+
+def parse_sweep(arg: str) -> tuple[str, list[Any]]:
+    """`train.seq_len=8192,32768` → ('train.seq_len', [8192, 32768]); bad syntax or fields are UserErrors."""
+    if "=" not in arg:
+        raise UserError("bad --sweep", [Problem("--sweep", f"'{arg}' has no '='",
+                                                "write it as train.seq_len=8192,32768")])
+    key, raw = arg.split("=", 1)
+    key = key.strip()
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not key:
+        raise UserError("bad --sweep", [Problem("--sweep", f"'{arg}' names no field", "write it as field=v1,v2")])
+    if not values:
+        raise UserError("bad --sweep", [Problem(key, f"--sweep {arg} has no values", f"write it as {key}=v1,v2")])
+    apply_override({}, f"{key}={values[0]}")  # unknown fields raise SpecError naming the field
+    return key, values
+
+
+def sweep(spec: RunSpec, sweeps: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    """The estimate for every combination of the swept values; each row carries the values it used."""
+    base = spec.to_dict()
+    rows: list[dict[str, Any]] = []
+    keys = [k for k, _ in sweeps]
+    for combo in itertools.product(*(vals for _, vals in sweeps)):
+        overrides = [f"{k}={v}" for k, v in zip(keys, combo)]
+        row_spec = load_spec(base, overrides)
+        est = estimate(row_spec).to_dict()
+        values = {}
+        for k in keys:
+            node: Any = row_spec.to_dict()
+            for part in k.split("."):
+                node = node[part]
+            values[k] = node
+        rows.append({**values, "swept": values, **est})
+    return rows
+
+
+def estimate_cli(spec_ref: str, overrides: list[str], sweeps: list[str], as_json: bool) -> int:
+    parsed = [parse_sweep(s) for s in sweeps]
+    spec = load_spec(spec_ref, overrides)
+    if parsed:
+        rows = sweep(spec, parsed)
+        if as_json:
+            print(json.dumps(rows))
+        else:
+            _print_sweep(spec, rows, [k for k, _ in parsed])
+        return 0
+    est = estimate(spec)
+    if as_json:
+        print(json.dumps(est.to_dict()))
+    else:
+        _print_estimate(spec, est)
+    return 0
+
+
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def _hours(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _print_estimate(spec: RunSpec, est: Estimate) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    a = est.arch
+    active = f", {_count(a['params_active'])} active" if a["params_active"] != a["params_total"] else ""
+    console.print(f"[bold]{spec.name}[/bold]: {spec.model.id} ({a['model_type']}, {_count(a['params_total'])} params"
+                  f"{active}), {est.engine} {est.method}, {est.world_size} × {est.gpu}, "
+                  f"{est.seq_len:,} tokens per block, "
+                  f"{est.attn_implementation}, loss {est.loss_impl}, checkpointing "
+                  f"{'on' if est.activation_checkpointing else 'off'}")
+    table = Table(title=f"per-{'GPU' if est.device == 'cuda' else 'rank'} memory at the peak ({est.peak_phase})",
+                  show_header=True)
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for k, v in est.breakdown.items():
+        table.add_row(k, f"{v:.2f}")
+    table.add_row("[bold]total (reserved + context)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+    table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    console.print(table)
+    style = VERDICT_STYLE[est.verdict]
+    console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.1f} of {est.gpu_memory_gib:.1f} GiB "
+                  f"(headroom {est.headroom_gib:.1f} GiB)")
+    console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
+                  f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
+                  f"{est.flops_per_step:.3g} FLOP/step, utilisation {est.mfu_assumed:.2f} assumed)")
+    if est.suggestion:
+        console.print(f"suggestion: {est.suggestion}")
+    if est.approximate_reason:
+        console.print(f"[dim]{'approximate: ' if est.approximate else 'notes: '}{est.approximate_reason}[/dim]")
+
+
+def _print_sweep(spec: RunSpec, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: {spec.model.id}")
+    short = [k.split(".")[-1] for k in keys]
+    for k, name in zip(keys, short):
+        table.add_column(name if short.count(name) == 1 else k, no_wrap=True)
+    for col in ("GiB/GPU", "of GiB", "verdict", "s/step", "total h"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        style = VERDICT_STYLE[r["verdict"]]
+        total = "-" if r["total_s"] is None else f"{r['total_s'] / 3600:.2f}"
+        table.add_row(*[str(r["swept"][k]) for k in keys], f"{r['per_gpu_gib']:.1f}", f"{r['gpu_memory_gib']:.1f}",
+                      f"[{style}]{r['verdict']}[/{style}]", f"{r['step_s']:.2f}", total)
+    Console(highlight=False).print(table)

@@ -1,0 +1,378 @@
+"""Estimator: catalog parameter counts, the notebooks' memory claims, monotonic properties, and `runner estimate`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner import catalog
+from runner.catalog import CATALOG, PUBLISHED_PARAMS, catalog_arch, gpu_type, load_arch, match_gpu_name, parse_arch
+from runner.cli import main
+from runner.errors import UserError
+from runner.estimate import estimate, lora_params, parse_sweep, sweep
+from runner.spec import RECIPES_DIR, load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+R27 = "qwen3.8-27b-full-8xb300"
+R120 = "gpt-oss-120b-lora-8xh100"
+R17 = "qwen3-1.7b-full-h200"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub must not be called with HF_HUB_OFFLINE=1")
+
+    monkeypatch.setattr(catalog, "_from_hub", no_hub)
+    # An empty cache: every hub id resolves through the built-in catalog.
+    monkeypatch.setattr(catalog, "_from_cache", lambda model_id, revision: None)
+    from runner import estimate as est_mod
+
+    est_mod._load_arch_cached.cache_clear()
+
+
+def est(ref: str, *overrides: str, **kw):
+    return estimate(load_spec(ref, list(overrides)), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter counts
+
+
+@pytest.mark.parametrize("model_id", ["Qwen/Qwen3-8B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-14B", "Qwen/Qwen3-32B",
+                                      "Qwen/Qwen3-30B-A3B", "openai/gpt-oss-120b", "openai/gpt-oss-20b",
+                                      "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B",
+                                      "mistralai/Mistral-7B-v0.3"])
+def test_catalog_params_match_published_totals_within_1pct(model_id):
+    got = catalog_arch(model_id).params_total
+    assert abs(got - PUBLISHED_PARAMS[model_id]) / PUBLISHED_PARAMS[model_id] < 0.01, (model_id, got)
+
+
+def test_exact_counts_equal_transformers_module_counts():
+    # Counted from transformers' own modules on the meta device (transformers 5.24) when the catalog was built.
+    exact = {"Qwen/Qwen3-8B": 8_190_735_360, "Qwen/Qwen3-1.7B": 1_720_574_976, "openai/gpt-oss-120b": 116_829_156_672,
+             "openai/gpt-oss-20b": 20_914_757_184, "Qwen/Qwen3-30B-A3B": 30_532_122_624,
+             "meta-llama/Llama-3.1-8B": 8_030_261_248, "Qwen/Qwen3.8-27B": 27_356_728_560}
+    for model_id, n in exact.items():
+        assert catalog_arch(model_id).params_total == n, model_id
+
+
+def test_moe_active_params():
+    a = catalog_arch("openai/gpt-oss-120b")
+    # OpenAI's 5.1B active excludes the 0.58B input embedding.
+    assert abs((a.params_active - a.embed_params) - 5.13e9) / 5.13e9 < 0.01
+    q = catalog_arch("Qwen/Qwen3-30B-A3B")
+    assert abs(q.params_active - 3.3e9) / 3.3e9 < 0.02
+
+
+def test_embedded_model_count_equals_its_safetensors():
+    from safetensors import safe_open
+
+    model_dir = RECIPES_DIR / "embedded" / "model"
+    arch = parse_arch(json.loads((model_dir / "config.json").read_text()))
+    with safe_open(str(model_dir / "model.safetensors"), "np") as f:
+        names = list(f.keys())
+        numel = sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    if arch.tied_embeddings and "lm_head.weight" in names:
+        numel -= arch.embed_params  # a tied head stored twice is one parameter
+    assert arch.params_total == numel
+
+
+def test_hybrid_vlm_config_is_parsed_from_text_config():
+    a = catalog_arch("Qwen/Qwen3.8-27B")
+    assert (a.model_type, a.hidden, a.layers, a.vocab) == ("qwen3_5", 5120, 64, 248320)
+    assert a.layer_types.count("linear_attention") == 48 and a.layer_types.count("full_attention") == 16
+    assert a.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert a.vision_params == 460_730_096  # counted, never trained: text-only SFT
+    assert a.params_total - a.vision_params == a.text_params
+    assert not a.approximate
+
+
+def test_gpt_oss_layers_alternate_sliding_and_full():
+    a = catalog_arch("openai/gpt-oss-120b")
+    assert a.layer_types[:2] == ("sliding_attention", "full_attention") and a.sliding_window == 128
+    assert (a.num_experts, a.experts_per_token, a.attention_sinks) == (128, 4, True)
+
+
+def test_unknown_model_type_is_approximate_with_reason():
+    a = parse_arch({"model_type": "mystery", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                    "intermediate_size": 1024, "vocab_size": 1000})
+    assert a.approximate and "mystery" in a.approximate_reasons[0]
+
+
+def test_config_without_hidden_size_names_the_missing_fields():
+    with pytest.raises(UserError, match="hidden_size"):
+        parse_arch({"model_type": "x", "num_hidden_layers": 4})
+    with pytest.raises(UserError, match="hidden_size or num_hidden_layers"):
+        parse_arch({"text_config": {"model_type": "x"}})
+
+
+def test_lora_params_follow_peft_shapes():
+    a = catalog_arch("openai/gpt-oss-120b")
+    spec = load_spec(R120)
+    n, stack, _ = lora_params(a, spec.method.lora)
+    attn = 32 * ((2880 + 4096) + 2 * (2880 + 512) + (4096 + 2880))  # q, k, v, o at r 32
+    experts = 8 * 128 * ((2880 + 5760) + (2880 + 2880))  # ParamWrapper: r·E·(in + out) per expert tensor, r 8
+    assert n == 36 * (attn + experts)
+    assert stack == 128 * (2880 * 5760 + 2880 * 2880)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU types
+
+
+def test_gpu_types_and_errors():
+    assert gpu_type("h100-80gb").name == "H100-80GB" and gpu_type("H100").name == "H100-80GB"
+    assert gpu_type("B300").memory_gib == pytest.approx(268.59, abs=0.01)
+    assert gpu_type("H200").ceiling_tflops == 790.0
+    with pytest.raises(UserError, match="did you mean 'H200'"):
+        gpu_type("H2000")
+    with pytest.raises(UserError, match="A100-40GB"):
+        gpu_type("A100")  # ambiguous family: the message lists the names
+    assert match_gpu_name("NVIDIA H100 80GB HBM3").name == "H100-80GB"
+    assert match_gpu_name("NVIDIA B300 SXM6 AC").name == "B300"
+    assert match_gpu_name("NVIDIA A100-SXM4-40GB").name == "A100-40GB"
+    assert match_gpu_name("Tesla T4") is None
+
+
+def test_gpu_auto_without_a_gpu_asks_for_a_type(monkeypatch):
+    monkeypatch.setattr("runner.sampler.detect_gpus", lambda: [])
+    with pytest.raises(UserError, match="hardware.gpu=H100-80GB"):
+        est(R27, "hardware.gpu=auto", "hardware.device=auto")
+
+
+def test_gpu_auto_detects_type_and_count(monkeypatch):
+    gpus = [{"index": i, "name": "NVIDIA H200", "mem_total_gib": 140.4} for i in range(4)]
+    monkeypatch.setattr("runner.sampler.detect_gpus", lambda: gpus)
+    e = est(R17, "hardware.gpu=auto", "hardware.nproc_per_node=auto")
+    assert (e.gpu, e.world_size) == ("H200", 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks' claims, from the catalog alone
+
+
+def test_27b_fits_8k_not_32k_on_h100_and_32k_on_b300():
+    assert est(R27, "hardware.gpu=H100-80GB", "train.seq_len=8192").fits
+    h100_32k = est(R27, "hardware.gpu=H100-80GB")
+    assert not h100_32k.fits and h100_32k.verdict == "does not fit"
+    assert "chunked" in h100_32k.suggestion
+    b300 = est(R27)
+    assert b300.fits and b300.gpu == "B300" and b300.world_size == 8
+    assert b300.arch["params_total"] == 27_356_728_560
+
+
+def test_27b_full_pass_is_995_steps_in_about_2_5_hours():
+    e = est(R27)
+    assert e.steps == 995 and e.tokens_per_step == 8 * 32768
+    assert 2.2 * 3600 < e.total_s < 2.8 * 3600
+
+
+def test_gpt_oss_120b_lora_fits_8xh100_and_full_does_not():
+    lora = est(R120)
+    assert lora.fits and lora.gpu == "H100-80GB" and lora.world_size == 8
+    assert lora.breakdown["lora"] > 0 and lora.breakdown["grads"] == 0
+    full = est(R120, "method.kind=full")
+    assert not full.fits
+
+
+def test_precision_model_per_engine():
+    a = catalog_arch("Qwen/Qwen3-8B")
+    n = 8
+    states = lambda e: (e.breakdown["params"] + e.breakdown["optimizer"]) * 2**30  # noqa: E731 (grads may be freed)
+    native = est(R17, "model.id=Qwen/Qwen3-8B", f"hardware.nproc_per_node={n}", "hardware.gpu=H100-80GB",
+                 "train.seq_len=2048", "train.grad_accum=2")
+    trl = est(R17, "model.id=Qwen/Qwen3-8B", f"hardware.nproc_per_node={n}", "hardware.gpu=H100-80GB",
+              "train.seq_len=2048", "train.grad_accum=2", "engine=trl")
+    # grad_accum > 1 keeps the sharded grads through the forward: params + grads + AdamW at the peak.
+    assert (native.breakdown["params"] + native.breakdown["grads"] + native.breakdown["optimizer"]) == \
+        pytest.approx(8 * a.params_total / n / 2**30, rel=0.01)
+    assert (trl.breakdown["params"] + trl.breakdown["grads"] + trl.breakdown["optimizer"]) == \
+        pytest.approx(16 * a.params_total / n / 2**30, rel=0.01)
+    assert states(trl) > states(native)
+
+
+def test_cpu_run_estimates_host_memory():
+    e = est("tiny-cpu")
+    assert e.device == "cpu" and e.gpu == "cpu" and e.approximate and e.fits
+    assert e.world_size == 2 and e.steps == 150
+
+
+def test_sdpa_on_packed_blocks_costs_memory_and_time():
+    flex = est(R17, "model.attn_implementation=flex_attention")
+    sdpa = est(R17, "model.attn_implementation=sdpa")
+    assert sdpa.per_gpu_gib > flex.per_gpu_gib and sdpa.step_s > 2 * flex.step_s
+
+
+def test_reference_h200_peaks_within_5pct():
+    # references.md, the H200 plain loop: fp32 weights with bf16 compute, full loss, flex attention.
+    ref = {8192: 36.5, 32768: 88.0}
+    for seq, measured in ref.items():
+        e = est(R17, "model.dtype=float32", "train.loss_impl=full", f"train.seq_len={seq}")
+        assert abs(e.per_gpu_allocated_gib - measured) / measured < 0.05, (seq, e.per_gpu_allocated_gib)
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties
+
+MODELS = ["Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B", "openai/gpt-oss-20b", "Qwen/Qwen3.8-27B",
+          "meta-llama/Llama-3.1-8B"]
+spec_args = st.fixed_dictionaries({
+    "model": st.sampled_from(MODELS),
+    "gpu": st.sampled_from(["H100-80GB", "H200", "B300", "A100-40GB"]),
+    "engine": st.sampled_from(["native", "trl"]),
+    "attn": st.sampled_from(["flex_attention", "sdpa", "eager", "flash_attention_2"]),
+    "loss": st.sampled_from(["auto", "full", "chunked"]),
+    "ac": st.booleans(),
+    "method": st.sampled_from(["full", "lora"]),
+    "seq": st.integers(min_value=256, max_value=65536),
+    "nproc": st.sampled_from([2, 4, 8]),
+})
+
+
+def _spec(a, **change):
+    a = {**a, **change}
+    return load_spec(R17, [f"model.id={a['model']}", f"hardware.gpu={a['gpu']}", f"engine={a['engine']}",
+                           f"model.attn_implementation={a['attn']}", f"train.loss_impl={a['loss']}",
+                           f"train.activation_checkpointing={str(a['ac']).lower()}", f"method.kind={a['method']}",
+                           f"train.seq_len={a['seq']}", f"hardware.nproc_per_node={a['nproc']}",
+                           "train.max_steps=10"])
+
+
+def _gib(a, **change) -> float:
+    return estimate(_spec(a, **change), suggest=False).per_gpu_gib
+
+
+PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPS
+@given(spec_args, st.integers(min_value=256, max_value=65536))
+def test_memory_rises_with_tokens_per_block(a, other):
+    lo, hi = sorted((a["seq"], other))
+    assert _gib(a, seq=lo) <= _gib(a, seq=hi)
+
+
+@PROPS
+@given(spec_args)
+def test_memory_falls_with_more_gpus(a):
+    values = [_gib(a, nproc=n) for n in (2, 4, 8)]
+    assert values == sorted(values, reverse=True)
+
+
+@PROPS
+@given(spec_args)
+def test_checkpointing_never_increases_memory(a):
+    assert _gib(a, ac=True) <= _gib(a, ac=False)
+
+
+@PROPS
+@given(spec_args)
+def test_lora_never_uses_more_than_full(a):
+    assert _gib(a, method="lora") <= _gib(a, method="full")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the architecture
+
+
+def test_load_arch_order(monkeypatch, tmp_path):
+    spec = load_spec("tiny-cpu")
+    assert load_arch(spec).source == "path"
+    spec = load_spec(R27)
+    assert load_arch(spec).source == "catalog"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(CATALOG["Qwen/Qwen3-1.7B"]))
+    monkeypatch.setattr(catalog, "_from_cache", lambda model_id, revision: cfg)
+    loaded = load_arch(spec)
+    assert loaded.source == "cache" and loaded.arch.hidden == 2048
+    monkeypatch.setattr(catalog, "_from_cache", lambda model_id, revision: None)
+    with pytest.raises(UserError, match="not in the built-in catalog"):
+        load_arch(load_spec(R27, ["model.id=someone/unknown-model"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+REQUIRED = {"fits", "verdict", "headroom_gib", "per_gpu_gib", "per_gpu_allocated_gib", "gpu_memory_gib", "gpu",
+            "world_size", "breakdown", "step_s", "steps", "total_s", "tokens_per_step", "flops_per_step",
+            "mfu_assumed", "approximate", "approximate_reason", "suggestion", "arch"}
+PARTS = {"params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora", "cuda_context_nccl",
+         "fragmentation"}
+
+
+def test_cli_json_keys(capsys):
+    assert main(["estimate", R27, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert REQUIRED <= set(out) and set(out["breakdown"]) == PARTS
+    assert out["per_gpu_gib"] == pytest.approx(sum(out["breakdown"].values()), abs=0.05)
+    assert set(out["arch"]) >= {"model_type", "params_total", "params_active", "layers", "vocab"}
+
+
+def test_cli_sweep_gives_every_combination(capsys):
+    assert main(["estimate", R27, "--json", "--sweep", "train.seq_len=2048,8192,32768",
+                 "--sweep", "hardware.gpu=H100-80GB,B300"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 6
+    assert [(r["train.seq_len"], r["hardware.gpu"]) for r in rows] == \
+        [(s, g) for s in (2048, 8192, 32768) for g in ("H100-80GB", "B300")]
+    fits = {(r["train.seq_len"], r["hardware.gpu"]): r["fits"] for r in rows}
+    assert fits[(8192, "H100-80GB")] and not fits[(32768, "H100-80GB")] and fits[(32768, "B300")]
+
+
+def test_cli_table(capsys):
+    assert main(["estimate", R120]) == 0
+    out = capsys.readouterr().out
+    assert "fits" in out and "fsdp_buffers" in out and "s/step" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "hardware.gpu=H1000"], "unknown GPU type 'H1000'"),
+    (["--set", "hardware.nproc_per_node=0"], "hardware.nproc_per_node"),
+    (["--sweep", "train.seq_len="], "has no values"),
+    (["--sweep", "train.seq_length=1,2"], "train.seq_length"),
+    (["--sweep", "seq_len"], "has no '='"),
+    (["--sweep", "train.seq_len=0,8"], "train.seq_len"),
+])
+def test_cli_bad_input_exits_2_without_traceback(capsys, args, message):
+    assert main(["estimate", R27, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_config_missing_fields_exits_2(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "odd", "vocab_size": 100}))
+    assert main(["estimate", R17, "--set", f"model.path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "hidden_size or num_hidden_layers" in err and "Traceback" not in err
+
+
+def test_parse_sweep_types_values():
+    assert parse_sweep("train.seq_len=8192,32768") == ("train.seq_len", ["8192", "32768"])
+    rows = sweep(load_spec(R17), [parse_sweep("train.activation_checkpointing=true,false")])
+    assert [r["train.activation_checkpointing"] for r in rows] == [True, False]
+
+
+def test_cli_is_fast_offline_without_gpu():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    code = ("import sys, runner.cli; rc = runner.cli.main(['estimate', %r, '--json']); "
+            "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules), file=sys.stderr); "
+            "sys.exit(rc)") % R27
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["gpu"] == "B300"
+    assert proc.stderr.strip().splitlines()[-1] == "[]"  # no torch, transformers or textual on the default path
+    assert elapsed < 4.0, f"runner estimate took {elapsed:.2f} s"  # loose guard; ~0.5 s measured on 2 cores
