@@ -19,18 +19,24 @@ from runner.spec import RunSpec, resolve
 EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
 
 
-def preflight_estimate(spec: RunSpec, force: bool) -> dict[str, Any] | None:
-    """The estimate kept in the record; refuses a run predicted not to fit unless forced."""
+def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
+    """The estimate kept in the record; refuses a run predicted not to fit unless forced, warns when tight."""
+    from runner.estimate import estimate
+
     try:
-        from runner.estimate import estimate
-    except ImportError:
+        result = estimate(spec).to_dict()
+    except UserError as e:
+        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
+        if console is not None:
+            console.print(f"[yellow]no estimate: {e}[/yellow]")
         return None
-    est = estimate(spec)
-    result = est.to_dict() if hasattr(est, "to_dict") else est
     if spec.hardware.device == "cuda" and result.get("fits") is False and not force:
         raise UserError(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per GPU of "
-                        f"{result.get('gpu_memory_gib')} GiB ({result.get('suggestion') or 'see runner estimate'}); "
+                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
                         "pass --force to launch anyway")
+    if console is not None and result.get("verdict") == "tight":
+        console.print(f"[yellow]tight: {result.get('per_gpu_gib')} of {result.get('gpu_memory_gib')} GiB per GPU "
+                      f"predicted ({result.get('headroom_gib')} GiB headroom)[/yellow]")
     return result
 
 
@@ -92,7 +98,7 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
 def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool = False, plain: bool = False,
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    estimate = preflight_estimate(spec, force)
+    estimate = preflight_estimate(spec, force, console)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
