@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for the JSON and Markdown results")
     p.add_argument("--name", help="file stem of the results (default: bench-<time>)")
 
+    p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
     _add_spec_args(p)
 
@@ -201,6 +205,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.get("status") == "succeeded" for r in result["rows"]) else EXIT_FAILED
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from runner.calibrate import calibration_rows, print_calibration
+
+    rows = calibration_rows(args.records_dir)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_calibration(rows)
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
@@ -248,6 +263,7 @@ COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
     "bench": cmd_bench,
+    "calibrate": cmd_calibrate,
     "fields": cmd_fields,
     "recipes": cmd_recipes,
 }

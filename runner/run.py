@@ -57,7 +57,8 @@ class ActiveRun:
             return None
         rec = dict(self.record)
         h = self.spec.hardware
-        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device)
+        fpt, peak = _flops_and_peak(self.spec)
+        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device, fpt, peak)
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
@@ -70,6 +71,17 @@ class ActiveRun:
         rec["exit_code"] = exit_code
         self.record = records.save(self.record_path, rec)
         return self.record
+
+
+def _flops_and_peak(spec: RunSpec) -> tuple[float | None, float | None]:
+    """Model FLOPs per token (6·N) and the GPU's practical peak, for the record's MFU; (None, None) on CPU."""
+    if spec.hardware.device != "cuda":
+        return None, None
+    from runner.bench import _peak_tflops, flops_per_token
+
+    fpt, _, _ = flops_per_token(spec)
+    peak = _peak_tflops(spec)
+    return fpt, peak * 1e12 if peak else None
 
 
 def _any_error(paths: RunPaths, world_size: int) -> bool:
@@ -131,8 +143,11 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         pins = pins_mod.capture(spec, REPO_DIR)
         diff = pins["git"].pop("diff", "")
         if diff:
-            (paths.run_dir / "git.diff").write_text(diff)
-            pins["git"]["diff_file"] = str(paths.run_dir / "git.diff")
+            # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.
+            diff_path = records_dir / f"{run_id}.diff"
+            records_dir.mkdir(parents=True, exist_ok=True)
+            diff_path.write_text(diff)
+            pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
                   "env": pins_mod.relevant_env(env)}
