@@ -1,0 +1,52 @@
+"""Replay rules that need no run: trust_remote_code consent, drift rows, tolerance; calibration rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner import records
+from runner.calibrate import calibration_rows
+from runner.errors import UserError
+from runner.replay import drift, spec_from_record, tolerance
+from runner.spec import load_spec
+
+
+def test_trust_remote_code_needs_consent():
+    rec = {"id": "r", "spec": load_spec("tiny-cpu", ["model.trust_remote_code=true"]).to_dict()}
+    with pytest.raises(UserError, match="--trust-remote-code"):
+        spec_from_record(rec)
+    assert spec_from_record(rec, trust_remote_code=True).model.trust_remote_code
+
+
+def test_drift_rows_mark_strict_pins():
+    a = {"python": "3.11.7", "torch": "2.13.0", "packages": {"trl": "1.16.0", "rich": "15"},
+         "model": {"content_sha256": "a"}, "git": {"commit": "c1"}}
+    b = {"python": "3.11.7", "torch": "2.13.0", "packages": {"trl": "1.17.0", "rich": "15"},
+         "model": {"content_sha256": "b"}, "git": {"commit": "c2"}}
+    rows = {r["pin"]: r for r in drift(a, b)}
+    assert set(rows) == {"package trl", "model content_sha256", "git commit"}
+    assert rows["package trl"]["strict"] and rows["model content_sha256"]["strict"]
+    assert not rows["git commit"]["strict"]
+
+
+def test_cpu_tolerance_is_exact():
+    assert tolerance(load_spec("tiny-cpu")) == 0.0
+
+
+def test_calibration_rows_compare_estimate_and_measured(tmp_path: Path):
+    rec = records.new_record("g1", load_spec("tiny-cpu").to_dict(), {}, {}, {
+        "per_gpu_gib": 12.0, "per_gpu_allocated_gib": 9.0, "breakdown": {"cuda_context_nccl": 1.0}}, tmp_path)
+    rec["status"] = "succeeded"
+    rec["metrics"] = {"per_rank": {"0": {"peak_mem": {"allocated": 10.0, "reserved": 10.5}},
+                                   "1": {"peak_mem": {"allocated": 9.5, "reserved": 11.0}}}}
+    records.save(tmp_path / "g1.json", rec)
+    cpu = records.new_record("c1", load_spec("tiny-cpu").to_dict(), {}, {}, {"per_gpu_gib": 1.0}, tmp_path)
+    cpu["metrics"] = {"per_rank": {"0": {"peak_mem": {"rss": 0.5}}}}
+    records.save(tmp_path / "c1.json", cpu)
+    rows = calibration_rows(tmp_path)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["allocated_gib"] == 10.0 and r["reserved_gib"] == 11.0 and r["est_reserved_gib"] == 11.0
+    assert r["error_allocated"] == pytest.approx(-0.1) and r["error_reserved"] == 0.0
