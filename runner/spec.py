@@ -106,6 +106,8 @@ class TrainSpec(_Section):
     """LR schedule after warmup."""
     warmup_steps: int = Field(0, ge=0)
     """Linear warmup steps."""
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    """Warmup as a share of all steps, used when warmup_steps is 0 (the 120B recipe uses 0.03)."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
     weight_decay: float = Field(0.0, ge=0)

@@ -76,7 +76,8 @@ def make_config_only(out_dir: Path, sizes: dict | None = None) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="folder that receives gpt-oss-tiny/ and gpt-oss-reduced/")
+    parser.add_argument("--out", type=Path, default=HERE,
+                        help="folder that receives gpt-oss-tiny/ and gpt-oss-reduced/")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 

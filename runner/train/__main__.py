@@ -19,6 +19,8 @@ from runner.spec import RunSpec
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.train", description=__doc__)
     parser.add_argument("--spec", required=True, type=Path, help="resolved spec written by the launcher")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest complete checkpoint in the spec's run directory")
     args = parser.parse_args(argv)
 
     run_dir = args.spec.parent
@@ -38,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         if spec.engine == "trl":
             from runner.train.trl_engine import train
+
+            summary = train(spec, rt, events)
         else:
             from runner.train.native import train
-        summary = train(spec, rt, events)
+
+            summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.event("end", step=step, **summary)
         print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)

@@ -85,24 +85,55 @@ def flex_available() -> bool:
     return True
 
 
-def choose_attention(requested: str, device: str, tokens_per_forward: int) -> AttentionChoice:
-    """Pick the attention backend that keeps packed documents apart, fastest first, on this device."""
+def supported_attention(model_cls: Any) -> set[str] | None:
+    """The HF implementations a model class declares it supports (None when unknown, e.g. remote code)."""
+    if model_cls is None:
+        return None
+    flags = {"flash_attention_2": "_supports_flash_attn", "flex_attention": "_supports_flex_attn",
+             "sdpa": "_supports_sdpa"}
+    out = {"eager", VARLEN}  # varlen is registered as a custom function: any model that calls the interface
+    out |= {impl for impl, flag in flags.items() if getattr(model_cls, flag, False)}
+    return out
+
+
+def concrete_model_class(auto_cls: Any, config: Any) -> Any:
+    """The class an Auto* class would build for this config (None for remote code or unknown configs)."""
+    try:
+        return auto_cls._model_mapping[type(config)]
+    except Exception:  # noqa: BLE001 - remote-code configs are not in the mapping
+        return None
+
+
+def choose_attention(requested: str, device: str, tokens_per_forward: int,
+                     supported: set[str] | None = None) -> AttentionChoice:
+    """Pick the attention backend that keeps packed documents apart, fastest first, on this device.
+
+    `supported` is what the model class declares (None = assume everything): hybrid models such as qwen3_5 have
+    no flex attention, so they get varlen at every length.
+    """
     if requested != "auto":
         return AttentionChoice(requested, "set by model.attn_implementation")
+
+    def ok(impl: str) -> bool:
+        return supported is None or impl in supported
+
     if device != "cuda":
-        return AttentionChoice("sdpa", "CPU: sdpa with the block-diagonal mask transformers builds from the "
-                                       "restarting position_ids (varlen and flash kernels are CUDA-only)")
-    if flash_attn_available():
+        impl = "sdpa" if ok("sdpa") else "eager"
+        return AttentionChoice(impl, f"CPU: {impl} with the block-diagonal mask transformers builds from the "
+                                     "restarting position_ids (varlen and flash kernels are CUDA-only)")
+    if flash_attn_available() and ok("flash_attention_2"):
         return AttentionChoice("flash_attention_2", "flash-attn is installed: varlen kernel fed cu_seqlens")
     if varlen_available() and tokens_per_forward >= VARLEN_MIN_TOKENS:
         return AttentionChoice(VARLEN, f"{tokens_per_forward} tokens per forward >= {VARLEN_MIN_TOKENS}: "
                                        "torch varlen_attn fed cu_seqlens, no mask materialised")
-    if flex_available():
+    if flex_available() and ok("flex_attention"):
         return AttentionChoice("flex_attention", f"{tokens_per_forward} tokens per forward: flex attention with "
                                                  "a document block mask")
     if varlen_available():
-        return AttentionChoice(VARLEN, "flex attention unavailable: torch varlen_attn fed cu_seqlens")
-    return AttentionChoice("sdpa", "no varlen, flash or flex kernel: sdpa with a dense block-diagonal mask (slow)")
+        return AttentionChoice(VARLEN, "torch varlen_attn fed cu_seqlens (flex attention unavailable for this "
+                                       "model)")
+    impl = "sdpa" if ok("sdpa") else "eager"
+    return AttentionChoice(impl, f"no varlen, flash or flex kernel: {impl} with a dense block-diagonal mask (slow)")
 
 
 def attention_problem(impl: str, device: str) -> str | None:
@@ -282,7 +313,7 @@ def _gated_delta_classes(module: Any) -> list[type]:
 def _patch_targets(module: Any) -> tuple[str, str] | None:
     """(conv name, chunk-rule name): the module-level functions the gated-delta forward calls, if recognisable."""
     for cls in _gated_delta_classes(module):
-        names = set(cls.forward.__code__.co_names)
+        names = set(inspect.unwrap(cls.forward).__code__.co_names)
         conv = "causal_conv1d_fn" if "causal_conv1d_fn" in names else None
         chunk = next((n for n in ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule") if n in names), None)
         if conv and chunk and callable(getattr(module, conv, None)) and callable(getattr(module, chunk, None)):

@@ -1,9 +1,31 @@
-"""SFT data: stream this rank's shard, tokenise with an assistant-only loss mask, pack into exact-length blocks."""
+"""SFT data: stream this rank's shard, tokenise with an assistant-only loss mask, pack into exact-length blocks.
+
+Rules, in the order the data meets them:
+
+* Sharding: every (rank, DataLoader worker) stream reads a disjoint shard, `split_dataset_by_node` over
+  rank * workers + worker of world * workers (the same for hub datasets and local files). The order is
+  deterministic for a given seed, world size and `train.data_workers`, which is what resume relies on.
+* Tokenisation: templates with `{% generation %}` markers give ids and mask in one render; any other template is
+  bracketed turn by turn (the prefix method, below). Examples without a trained assistant token are skipped and
+  counted (`skipped_no_assistant`).
+* Packing (`train.packing=true`): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
+  a block each document is a segment: position_ids restart at 0, `cu_seqlens` / `seq_idx` / `max_len` give the
+  boundaries, and the label of a segment's first token is -100 so the shifted loss never predicts across a
+  boundary. A document longer than the room left in a block is cut at the block end and continues at the start
+  of the next block as a new segment (positions restart, its first token there is not a target, the context
+  before the cut is not visible): `split_documents` counts such documents. The last partial block is padded
+  with its own padding segment and no targets.
+* No packing (`train.packing=false`): one document per block, padded to seq_len; a longer document is split into
+  seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,18 +33,30 @@ from typing import Any
 import torch
 
 IGNORE = -100
+Example = tuple[list[int], list[bool]]
 
 
 # ---------------------------------------------------------------------------------------------
 # Tokenisation
 
 
-def tokenize_sft(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
-    """Token ids of a conversation and a mask that is True only on assistant responses.
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
-    Each assistant turn is bracketed by templating the conversation up to just before it (with the
-    generation prompt) and through it: the tokens in between are the response. This works for any chat
-    template whose renders are prefix-consistent, without `{% generation %}` markers.
+
+def tokenize_sft(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+    """Token ids of a conversation and a mask that is True only on assistant responses (any chat template).
+
+    Each assistant turn is bracketed by two renders: the conversation up to just before it with the generation
+    prompt, and the conversation through it. The response is what lies between where each render stops agreeing
+    with the full conversation: measuring agreement (a common prefix) rather than render length keeps the mask
+    right for templates whose generation prompt adds tokens the full render lacks (a prefilled `<think>`). The
+    generation prompt itself is never a target: the model is given it at inference time.
     """
     full = _ids(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
     mask = [False] * len(full)
@@ -30,22 +64,29 @@ def tokenize_sft(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[i
         if msg.get("role") != "assistant":
             continue
         prefix = _ids(tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False))
+                                                    return_dict=False)) if i else []
         through = _ids(tokenizer.apply_chat_template(messages[: i + 1], tokenize=True, return_dict=False))
-        for j in range(len(prefix), min(len(through), len(full))):
+        for j in range(_common_prefix(prefix, full), _common_prefix(through, full)):
             mask[j] = True
     return full, mask
 
 
-def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
+def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
     """Fast path for templates with `{% generation %}` markers: one render gives ids and mask."""
     out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
 
 
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
 def has_generation_markers(tokenizer: Any) -> bool:
     template = getattr(tokenizer, "chat_template", None) or ""
-    return isinstance(template, str) and "{% generation %}" in template.replace("{%- generation %}", "{% generation %}")
+    return isinstance(template, str) and bool(_GENERATION_TAG.search(template))
+
+
+def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[list[int], list[bool]]]:
+    return tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
 
 
 def _ids(x: Any) -> list[int]:
@@ -56,7 +97,7 @@ def _ids(x: Any) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Packing
+# Blocks
 
 
 @dataclass
@@ -70,21 +111,34 @@ class PackedBlock:
     cu_seqlens: torch.Tensor  # [segments + 1] int32; segment boundaries (varlen attention)
     max_len: int
     real_tokens: int  # tokens that are not padding
+    # What the stream consumed to produce this block, so statistics add up wherever the block was built
+    # (a DataLoader worker's counters never reach the training process otherwise).
+    examples: int = 0
+    skipped_no_assistant: int = 0
+    split_documents: int = 0
 
     @property
     def target_tokens(self) -> int:
         # A label at t is the target of the prediction made at t-1: count labels after the first position.
         return int((self.labels[1:] != IGNORE).sum())
 
+    def pin_memory(self) -> PackedBlock:
+        for name in ("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens"):
+            setattr(self, name, getattr(self, name).pin_memory())
+        return self
+
 
 def make_block(ids: list[int], mask: list[bool], starts: list[int], seq_len: int, pad_id: int) -> PackedBlock:
     """Build one block from ids (≤ seq_len, padded here), their loss mask and the offsets where documents begin."""
     real = len(ids)
+    if real > seq_len or len(mask) != real:
+        raise ValueError(f"a block takes at most {seq_len} ids with one mask flag each, got {real} ids and "
+                         f"{len(mask)} flags")
     pad = seq_len - real
     ids_t = torch.tensor(ids + [pad_id] * pad, dtype=torch.long)
     labels = ids_t.clone()
     labels[~torch.tensor(mask + [False] * pad, dtype=torch.bool)] = IGNORE
-    bounds = [0, *sorted({s for s in starts if 0 < s < real}), real]
+    bounds = [0, *sorted({s for s in starts if 0 < s < real}), real] if real else [0]
     if pad:
         bounds.append(seq_len)  # padding is its own segment, so it attends only to itself
     position_ids = torch.empty(seq_len, dtype=torch.long)
@@ -118,8 +172,20 @@ class PackStats:
     real_tokens: int = 0
     target_tokens: int = 0
     padded_tokens: int = 0
-    fingerprint: "hashlib._Hash" = field(default_factory=hashlib.sha256, repr=False)
+    fingerprint: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
     fingerprint_blocks: int = 0
+
+    def add(self, block: PackedBlock) -> None:
+        self.examples += block.examples
+        self.skipped_no_assistant += block.skipped_no_assistant
+        self.split_documents += block.split_documents
+        self.blocks += 1
+        self.real_tokens += block.real_tokens
+        self.padded_tokens += block.input_ids.numel() - block.real_tokens
+        self.target_tokens += block.target_tokens
+        if self.fingerprint_blocks < FINGERPRINT_BLOCKS:
+            self.fingerprint.update(block.input_ids.numpy().tobytes())
+            self.fingerprint_blocks += 1
 
     def to_dict(self) -> dict[str, Any]:
         total = self.real_tokens + self.padded_tokens
@@ -139,70 +205,91 @@ class PackStats:
 FINGERPRINT_BLOCKS = 4  # token ids of the first blocks of each rank are hashed into the data fingerprint
 
 
-def pack(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int,
-         stats: PackStats | None = None) -> Iterator[PackedBlock]:
-    """Concatenate tokenised examples and cut exact seq_len blocks, as the reference notebook does.
+def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStats | None = None,
+         packing: bool = True) -> Iterator[PackedBlock]:
+    """Concatenate tokenised examples and cut exact seq_len blocks (the rules are in the module docstring).
 
-    A document that crosses a block boundary continues in the next block as a new segment (positions restart,
-    its first token there is not a target). The final partial block is padded rather than dropped.
+    Each block carries what was consumed to build it (examples, skipped, split documents); `stats`, when
+    given, is updated as blocks are yielded.
     """
-    stats = stats if stats is not None else PackStats()
     buf: list[int] = []
     loss: list[bool] = []
-    starts: list[int] = []
+    starts: list[int] = []  # offsets in buf where documents begin; 0 may mean "a new document starts the block"
+    pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
 
     def emit(ids: list[int], mask: list[bool], st: list[int]) -> PackedBlock:
         block = make_block(ids, mask, st, seq_len, pad_id)
-        stats.blocks += 1
-        stats.real_tokens += block.real_tokens
-        stats.padded_tokens += seq_len - block.real_tokens
-        stats.target_tokens += block.target_tokens
-        if stats.fingerprint_blocks < FINGERPRINT_BLOCKS:
-            stats.fingerprint.update(block.input_ids.numpy().tobytes())
-            stats.fingerprint_blocks += 1
+        block.examples, block.skipped_no_assistant, block.split_documents = (
+            pending["examples"], pending["skipped_no_assistant"], pending["split_documents"])
+        pending.update(examples=0, skipped_no_assistant=0, split_documents=0)
+        if stats is not None:
+            stats.add(block)
         return block
 
     for ids, mask in examples:
-        stats.examples += 1
+        pending["examples"] += 1
         if not any(mask):
-            stats.skipped_no_assistant += 1
+            pending["skipped_no_assistant"] += 1
+            continue
+        if not packing:
+            if len(ids) > seq_len:
+                pending["split_documents"] += 1
+            for a in range(0, len(ids), seq_len):
+                yield emit(ids[a:a + seq_len], mask[a:a + seq_len], [0])
             continue
         starts.append(len(buf))
         buf.extend(ids)
         loss.extend(mask)
         while len(buf) >= seq_len:
-            if len(buf) > seq_len and seq_len not in starts:
-                stats.split_documents += 1  # a document crosses the cut and continues as a new segment
+            # The cut falls inside a document unless one begins exactly at it; count that document once,
+            # when it started in this block (a document spanning several blocks is one split document).
+            if len(buf) > seq_len and seq_len not in starts and any(s < seq_len for s in starts):
+                pending["split_documents"] += 1
             yield emit(buf[:seq_len], loss[:seq_len], starts)
             buf, loss = buf[seq_len:], loss[seq_len:]
-            starts = [s - seq_len for s in starts if s - seq_len > 0]
+            starts = [s - seq_len for s in starts if s >= seq_len]
     if buf:
         yield emit(buf, loss, starts)
 
 
-def collate(blocks: list[PackedBlock]) -> dict[str, torch.Tensor]:
-    """Stack micro_batch blocks as one packed row: documents stay apart because positions and cu_seqlens do."""
+def collate(blocks: list[PackedBlock]) -> dict[str, Any]:
+    """Stack micro_batch blocks as one packed row: documents stay apart because positions and cu_seqlens do.
+
+    Also gives the loss what it needs without a device sync: `target_index` (positions whose next token is a
+    target) and `target_ids` (those next tokens), computed here on the host.
+    """
     if len(blocks) == 1:
         b = blocks[0]
-        return {"input_ids": b.input_ids[None], "labels": b.labels[None], "position_ids": b.position_ids[None],
-                "seq_idx": b.seq_idx[None], "cu_seqlens": b.cu_seqlens, "max_len": torch.tensor(b.max_len)}
-    offsets = []
-    total = 0
-    for b in blocks:
-        offsets.append(b.cu_seqlens[:-1] + total)
-        total += b.input_ids.numel()
-    seq_idx, base = [], 0
-    for b in blocks:
-        seq_idx.append(b.seq_idx + base)
-        base += int(b.seq_idx.max()) + 1
-    return {
-        "input_ids": torch.cat([b.input_ids for b in blocks])[None],
-        "labels": torch.cat([b.labels for b in blocks])[None],
-        "position_ids": torch.cat([b.position_ids for b in blocks])[None],
-        "seq_idx": torch.cat(seq_idx)[None],
-        "cu_seqlens": torch.cat([*offsets, torch.tensor([total], dtype=torch.int32)]).to(torch.int32),
-        "max_len": torch.tensor(max(b.max_len for b in blocks)),
-    }
+        out: dict[str, Any] = {"input_ids": b.input_ids[None], "labels": b.labels[None],
+                               "position_ids": b.position_ids[None], "seq_idx": b.seq_idx[None],
+                               "cu_seqlens": b.cu_seqlens, "max_len": b.max_len}
+    else:
+        offsets = []
+        total = 0
+        for b in blocks:
+            offsets.append(b.cu_seqlens[:-1] + total)
+            total += b.input_ids.numel()
+        seq_idx, base = [], 0
+        for b in blocks:
+            seq_idx.append(b.seq_idx + base)
+            base += int(b.seq_idx.max()) + 1
+        out = {
+            "input_ids": torch.cat([b.input_ids for b in blocks])[None],
+            "labels": torch.cat([b.labels for b in blocks])[None],
+            "position_ids": torch.cat([b.position_ids for b in blocks])[None],
+            "seq_idx": torch.cat(seq_idx)[None],
+            "cu_seqlens": torch.cat([*offsets, torch.tensor([total], dtype=torch.int32)]).to(torch.int32),
+            "max_len": max(b.max_len for b in blocks),
+        }
+    shifted = out["labels"][0, 1:]
+    index = torch.nonzero(shifted != IGNORE).flatten()
+    out["target_index"] = index
+    out["target_ids"] = shifted[index]
+    return out
+
+
+def to_device(batch: dict[str, Any], device: str | torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +314,32 @@ def load_examples(dataset_path: Path | None, dataset_id: str | None, revision: s
     return ds
 
 
+_END = object()
+
+
+def _iterate_unsplit(ds: Any) -> Iterator[dict[str, Any]]:
+    """Iterate an HF streaming dataset inside a DataLoader worker without its own per-worker split.
+
+    `datasets` hands each DataLoader worker a share of the *files* when it sees worker info; our shard is already
+    per (rank, worker), so a second split would leave all but one worker of a one-file dataset empty. The check
+    happens once, when iteration starts: hide the worker info for that first step only.
+    """
+    it = iter(ds)
+    import torch.utils.data as tud
+
+    real = tud.get_worker_info
+    if real() is not None:
+        tud.get_worker_info = lambda: None
+    try:
+        first = next(it, _END)
+    finally:
+        tud.get_worker_info = real
+    if first is _END:
+        return
+    yield first
+    yield from it
+
+
 LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -235,3 +348,72 @@ def local_builder(path: Path) -> str:
     if builder is None:
         raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)})")
     return builder
+
+
+@dataclass
+class DataSource:
+    """Where the examples come from and how to cut them: everything a (rank, worker) stream needs."""
+
+    path: Path | None
+    dataset_id: str | None
+    revision: str | None
+    split: str
+    messages_field: str
+    seq_len: int
+    pad_id: int
+    packing: bool
+    seed: int
+    epochs: float | None  # None = repeat until the trainer stops (train.max_steps)
+
+
+class BlockStream(torch.utils.data.IterableDataset):
+    """This rank's packed blocks; under a DataLoader each worker packs its own disjoint shard.
+
+    Blocks of several workers arrive interleaved in the DataLoader's fixed round-robin order, so the stream is
+    deterministic for a given number of workers.
+    """
+
+    def __init__(self, source: DataSource, tokenizer: Any, rank: int, world_size: int):
+        super().__init__()
+        self.source = source
+        self.tokenizer = tokenizer
+        self.rank = rank
+        self.world_size = world_size
+
+    def _shard(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def _rows(self, epoch: int) -> Iterator[dict[str, Any]]:
+        s = self.source
+        shard_rank, shard_world = self._shard()
+        ds = load_examples(s.path, s.dataset_id, s.revision, s.split, shard_rank, shard_world, s.seed, epoch)
+        yield from _iterate_unsplit(ds)
+
+    def __iter__(self) -> Iterator[PackedBlock]:
+        s = self.source
+        tokenize = tokenizer_fn(self.tokenizer)
+
+        def examples() -> Iterator[Example]:
+            if s.epochs is None:
+                epochs: Iterable[int] = itertools.count()
+                whole, frac = math.inf, 0.0
+            else:
+                whole, frac = math.floor(s.epochs), s.epochs - math.floor(s.epochs)
+                epochs = range(math.ceil(s.epochs))
+            shard_rows: int | None = None
+            for epoch in epochs:
+                rows = self._rows(epoch)
+                if epoch >= whole and frac:
+                    # The last, fractional epoch: the same share of this shard's rows, counted on a full pass.
+                    if shard_rows is None:
+                        shard_rows = sum(1 for _ in self._rows(epoch))
+                    rows = itertools.islice(rows, round(frac * shard_rows))
+                n = 0
+                for row in rows:
+                    n += 1
+                    yield tokenize(self.tokenizer, row[s.messages_field])
+                shard_rows = n if epoch < whole else shard_rows
+
+        yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from runner.errors import Problem
+from runner.errors import Problem, SpecError
 from runner.spec import RunSpec
 
 ALL_LINEAR = "all-linear"
@@ -56,11 +57,14 @@ def apply_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
 
     problems = lora_problems(model, spec)
     if problems:
-        from runner.errors import SpecError
-
         raise SpecError("LoRA settings do not fit this model", problems)
     dtype = base_dtype(model)
-    peft_model = get_peft_model(model, build_lora_config(spec))
+    with warnings.catch_warnings():
+        # peft checks rank_pattern keys against adapted modules only, not adapted tensors, and warns that keys
+        # such as mlp.experts.down_proj match nothing while it applies them; lora_problems checked both above.
+        warnings.filterwarnings("ignore", message="The following rank_pattern keys did not match",
+                                category=RuntimeWarning)
+        peft_model = get_peft_model(model, build_lora_config(spec))
     for p in peft_model.parameters():
         if p.requires_grad and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -113,13 +117,14 @@ def linear_module_names(model: nn.Module) -> list[str]:
 
 
 def tensor_parameter_names(model: nn.Module) -> list[str]:
-    """Parameters `target_parameters` can adapt: 2-D or 3-D tensors held directly by a non-Linear module."""
+    """Weights `target_parameters` can adapt: 2-D or 3-D tensors held directly by a module LoRA cannot wrap
+    (MoE expert stacks, routers). Biases are left out: a low-rank update of a bias vector stack means nothing."""
     out = []
     for mod_name, module in model.named_modules():
         if isinstance(module, _adaptable_module_types()):
             continue
         for p_name, p in module.named_parameters(recurse=False):
-            if p.dim() in (2, 3):
+            if p.dim() in (2, 3) and not p_name.endswith("bias"):
                 out.append(f"{mod_name}.{p_name}" if mod_name else p_name)
     return out
 
@@ -150,36 +155,39 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
         if not linear:
             problems.append(Problem("method.lora.target_modules",
                                     f"'all-linear' matches no Linear layer in {type(model).__name__}",
-                                    "list module names instead, or adapt tensors through method.lora.target_parameters"))
+                                    "list module names, or adapt tensors through method.lora.target_parameters"))
         targeted += linear
     else:
         entries = [lo.target_modules] if isinstance(lo.target_modules, str) else list(lo.target_modules)
-        regex = isinstance(lo.target_modules, str)
+        regex = isinstance(lo.target_modules, str)  # peft reads a single string as a regex over full names
         for target in entries:
-            if regex:
-                hits = [n for n in modules if n and re.fullmatch(target, n)]
-            else:
-                hits = [n for n in modules if n and _matches_module(n, target)]
+            try:
+                hits = [n for n in modules if n and (re.fullmatch(target, n) if regex else _matches_module(n, target))]
+            except re.error as e:
+                problems.append(Problem("method.lora.target_modules", f"'{target}' is not a valid regex: {e}",
+                                        "give a list of module names, or 'all-linear'"))
+                continue
             if not hits:
                 problems.append(Problem("method.lora.target_modules",
                                         f"'{target}' matches no module of {type(model).__name__}",
                                         f"Linear layers here: {_listing(linear)} (or 'all-linear')"))
                 continue
-            unwrappable = [n for n in hits if not isinstance(modules[n], _adaptable_module_types())]
-            if unwrappable:
-                kind = type(modules[unwrappable[0]]).__name__
-                fix = f"adapt its tensors through method.lora.target_parameters: {_listing([t for t in tensors if t.startswith(unwrappable[0] + '.')])}" \
-                    if any(t.startswith(unwrappable[0] + ".") for t in tensors) else f"Linear layers here: {_listing(linear)}"
+            wrappable = [n for n in hits if isinstance(modules[n], _adaptable_module_types())]
+            other = [n for n in hits if n not in wrappable]
+            if other:
+                inside = [t for t in tensors if t.startswith(other[0] + ".")]
+                fix = (f"adapt its tensors through method.lora.target_parameters: {_listing(inside)}" if inside
+                       else f"Linear layers here: {_listing(linear)}")
                 problems.append(Problem("method.lora.target_modules",
-                                        f"'{target}' matches {kind} modules ({_short(unwrappable[0])}), which LoRA cannot wrap",
-                                        fix))
-            targeted += [n for n in hits if isinstance(modules[n], _adaptable_module_types())]
+                                        f"'{target}' matches {type(modules[other[0]]).__name__} modules "
+                                        f"({_short(other[0])}), which LoRA cannot wrap", fix))
+            targeted += wrappable
 
     for target in lo.target_parameters:
         hits = [n for n in tensors if _matches_module(n, target)]
         if not hits:
             problems.append(Problem("method.lora.target_parameters",
-                                    f"'{target}' names no 2-D/3-D parameter tensor of {type(model).__name__}",
+                                    f"'{target}' names no 2-D/3-D weight tensor of {type(model).__name__}",
                                     f"tensors that can be adapted here: {_listing(tensors)}"))
         targeted += hits
     if lo.target_parameters and lo.dropout:
@@ -188,7 +196,13 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
                                 "(peft cannot apply dropout to adapted tensors)", "set method.lora.dropout=0"))
 
     for key in lo.rank_pattern:
-        if not any(re.match(rf"(.*\.)?({key})$", n) for n in targeted):
+        try:
+            matched = any(re.match(rf"(.*\.)?({key})$", n) for n in targeted)  # peft's get_pattern_key rule
+        except re.error as e:
+            problems.append(Problem("method.lora.rank_pattern", f"key '{key}' is not a valid regex: {e}",
+                                    "use a module or tensor name suffix"))
+            continue
+        if not matched:
             problems.append(Problem("method.lora.rank_pattern",
                                     f"key '{key}' matches no adapted module or tensor",
                                     f"use a suffix of an adapted name, e.g. {_listing(targeted, 6)}"))
@@ -210,10 +224,10 @@ def meta_model(config: Any, spec: RunSpec | None = None) -> nn.Module:
         model_type = data.pop("model_type")
         config = AutoConfig.for_model(model_type, **data)
     auto: Any = AutoModelForCausalLM
-    if spec is not None and spec.model.loader == "image_text_to_text":
-        from transformers import AutoModelForImageTextToText
+    if spec is not None:
+        from runner.train.model import model_class
 
-        auto = AutoModelForImageTextToText
+        auto = model_class(spec, config)  # the loader's choice: a VLM-style checkpoint builds its whole tree
     # from_config never applies a quantization_config, so an MXFP4 checkpoint's tree is its dequantized one.
     with torch.device("meta"):
         return auto.from_config(config, trust_remote_code=trust)

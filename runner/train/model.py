@@ -1,22 +1,33 @@
-"""Load the model at its pinned revision and shard it with FSDP2: each decoder layer, then the root."""
+"""Load the model (pinned revision, or random init from its config) and shard it with FSDP2: each decoder layer,
+then the root."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from runner.spec import RunSpec, resolve_embedded
+if TYPE_CHECKING:
+    from runner.spec import RunSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def model_source(spec: RunSpec) -> tuple[str, str | None]:
     """(what from_pretrained loads, revision): a local path wins over the hub id."""
+    from runner.spec import resolve_embedded
+
     if spec.model.path:
         return str(resolve_embedded(spec.model.path)), None
     return spec.model.id, spec.model.revision
+
+
+def has_weights(path: Path) -> bool:
+    return any((path / name).is_file() for name in WEIGHT_FILES) or any(path.glob("*.safetensors"))
 
 
 def load_tokenizer(spec: RunSpec) -> Any:
@@ -29,49 +40,78 @@ def load_tokenizer(spec: RunSpec) -> Any:
     return tok
 
 
-def choose_attention(spec: RunSpec, device: str) -> str:
-    """The HF attention implementation that keeps packed documents apart on this device.
-
-    sdpa and eager get a block-diagonal mask that transformers builds from the reset position_ids (the
-    explicit-mask fallback); flash/varlen kernels get cu_seqlens directly.
-    """
-    choice = spec.model.attn_implementation
-    if choice != "auto":
-        return choice
-    return "sdpa"
-
-
-def load_model(spec: RunSpec, device: str) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_config(spec: RunSpec) -> Any:
+    from transformers import AutoConfig
 
     src, rev = model_source(spec)
-    dtype = DTYPES[spec.model.dtype]
-    kwargs: dict[str, Any] = dict(revision=rev, dtype=dtype, trust_remote_code=spec.model.trust_remote_code,
-                                  attn_implementation=choose_attention(spec, device))
-    loader = spec.model.loader
-    if loader == "image_text_to_text":
-        from transformers import AutoModelForImageTextToText
+    return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
 
-        model = AutoModelForImageTextToText.from_pretrained(src, **kwargs)
+
+def is_vlm_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
+
+
+def model_class(spec: RunSpec, config: Any) -> Any:
+    """AutoModelForImageTextToText for VLM-style checkpoints (loader image_text_to_text, or auto with a vision
+    tower in the config), else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    loader = spec.model.loader
+    if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_model(spec: RunSpec, attn_impl: str, seed: int = 0) -> nn.Module:
+    """The HF model in spec.model.dtype on CPU: the checkpoint's weights, or random ones drawn with `seed`.
+
+    Every rank loads the whole model and FSDP keeps its shard (the notebook's way: simple, and fine up to the
+    host memory of one node); random init draws the same weights on every rank from the same seed.
+    """
+    from runner.train.attention import VARLEN, register_varlen
+
+    if attn_impl == VARLEN:
+        register_varlen()
+    src, rev = model_source(spec)
+    dtype = DTYPES.get(spec.model.dtype, torch.float32)
+    config = load_config(spec)
+    cls = model_class(spec, config)
+    if spec.model.init == "random":
+        torch.manual_seed(seed)
+        model = cls.from_config(config, dtype=dtype, attn_implementation=attn_impl,
+                                trust_remote_code=spec.model.trust_remote_code)
     else:
-        model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+        model = cls.from_pretrained(src, revision=rev, dtype=dtype, attn_implementation=attn_impl,
+                                    trust_remote_code=spec.model.trust_remote_code)
+    disable_cache(model)
+    return model
+
+
+def disable_cache(model: nn.Module) -> None:
+    # The KV cache only helps generation; in training it wastes memory and conflicts with checkpointing.
     model.config.use_cache = False
     text_config = getattr(model.config, "text_config", None)
     if text_config is not None:
         text_config.use_cache = False
-    return model
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks FSDP shards one by one, found from the model's own _no_split_modules."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
+    """The repeated blocks FSDP shards one by one, found from the model's own _no_split_modules.
+
+    For a VLM-style checkpoint these are the language tower's layers (`model.model.language_model.layers`)
+    and the vision tower's blocks.
+    """
+    names: set[str] = set()
+    for m in model.modules():
+        names |= set(getattr(m, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise RuntimeError(f"{type(model).__name__} declares no _no_split_modules; cannot find its decoder layers")
     return layers
 
 
-def shard_model(model: nn.Module, device: str, activation_checkpointing: bool) -> nn.Module:
+def shard_model(model: nn.Module, device: str, activation_checkpointing: bool, compile_layers: bool = False) -> nn.Module:
+    """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -82,7 +122,16 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool) -
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device == "cuda" else \
         MixedPrecisionPolicy()
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model)
+    for layer in layers:
+        if compile_layers and device == "cuda":
+            # Blocks have one fixed length but the number of documents (cu_seqlens' length) varies: default
+            # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
+            layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,158 +1,52 @@
-"""The native engine: a plain PyTorch FSDP2 training loop over packed blocks, one process per rank."""
+"""The native engine: a plain PyTorch FSDP2 training loop over packed blocks, one process per rank.
+
+One optimizer step = grad_accum micro-batches of micro_batch blocks per rank. The loss is the sum of token
+cross-entropies divided by the number of target tokens of the whole global batch (every rank, every micro-batch),
+so the update does not depend on how the tokens fell across ranks or micro-batches. Before each step the ranks
+agree, on the host, whether any ran out of data or was asked to stop, so all stop on the same step and none waits
+alone in a collective.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from runner.events import EventWriter
-from runner.spec import RunSpec, resolve_embedded
-from runner.train.data import (
-    IGNORE,
-    PackedBlock,
-    PackStats,
-    collate,
-    empty_block,
-    has_generation_markers,
-    load_examples,
-    pack,
-    tokenize_sft,
-    tokenize_sft_generation,
-)
-from runner.train.model import load_model, load_tokenizer, shard_model
-from runner.train.runtime import Runtime
+from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_device
+from runner.train.loss import loss_sum
+
+if TYPE_CHECKING:
+    from runner.events import EventWriter
+    from runner.spec import RunSpec
+    from runner.train.runtime import Runtime
 
 
 def lr_at(spec: RunSpec, step: int, total_steps: int | None) -> float:
-    """Learning rate for optimizer step `step` (1-based): linear warmup, then the schedule."""
+    """Learning rate for optimizer step `step` (1-based): linear warmup to the peak, then the schedule.
+
+    After warmup the first step runs at the peak and the decay reaches 0 one step after the last (as
+    transformers' schedulers do), so no step is spent at a zero learning rate.
+    """
     t = spec.train
     if t.warmup_steps and step <= t.warmup_steps:
         return t.lr * step / t.warmup_steps
     if t.schedule == "constant" or not total_steps:
         return t.lr
-    progress = min(1.0, (step - t.warmup_steps) / max(1, total_steps - t.warmup_steps))
+    progress = min(1.0, (step - 1 - t.warmup_steps) / max(1, total_steps - t.warmup_steps))
     if t.schedule == "cosine":
         return t.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
     return t.lr * (1.0 - progress)
 
 
-def block_stream(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> Iterator[PackedBlock]:
-    """This rank's packed blocks over all epochs (a fractional epoch count stops mid-way through the last)."""
-    d = spec.dataset
-    path = resolve_embedded(d.path) if d.path else None
-    tokenize = tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
-    field = d.messages_field
-    # With max_steps the data repeats (reshuffled) until the step count is reached; else whole epochs, rounded up.
-    epochs = math.ceil(spec.train.epochs) if spec.train.max_steps is None else 10**9
-    for epoch in range(epochs):
-        ds = load_examples(path, d.id, d.revision, d.split, rt.rank, rt.world_size, spec.train.seed, epoch)
-        yield from pack((tokenize(tokenizer, ex[field]) for ex in ds), spec.train.seq_len, tokenizer.pad_token_id,
-                        stats)
-
-
-def train(spec: RunSpec, rt: Runtime, events: EventWriter) -> dict[str, Any]:
-    """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
-    t = spec.train
-    tokenizer = load_tokenizer(spec)
-    torch.manual_seed(t.seed)
-    model = load_model(spec, rt.device)
-    model = shard_model(model, rt.device, t.activation_checkpointing)
-    model.to(rt.device)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
-                            fused=rt.device == "cuda")
-
-    stats = PackStats()
-    blocks = block_stream(spec, tokenizer, rt, stats)
-    pad_id = tokenizer.pad_token_id
-    micro_per_step = t.grad_accum
-    total_steps = t.max_steps
-    events.event("train_begin", max_steps=total_steps, params=sum(p.numel() for p in model.parameters()))
-
-    step = 0
-    tokens_total = 0
-    last_loss = None
-    loop_start = time.perf_counter()
-    while True:
-        step_start = time.perf_counter()
-        micro: list[list[PackedBlock]] = []
-        ran_out = 0
-        for _ in range(micro_per_step):
-            group = []
-            for _ in range(t.micro_batch):
-                block = next(blocks, None)
-                if block is None:
-                    ran_out = 1
-                    block = empty_block(t.seq_len, pad_id)
-                group.append(block)
-            micro.append(group)
-        # Ranks hold different amounts of data: all agree on whether this is the last step, so none waits
-        # alone in a collective. A cancel request travels in the same all-reduce.
-        agree = torch.tensor([ran_out, int(rt.stop_requested)], dtype=torch.int64, device=rt.device)
-        dist.all_reduce(agree, op=dist.ReduceOp.MAX)
-        count = torch.tensor([sum(b.target_tokens for g in micro for b in g)], dtype=torch.float64, device=rt.device)
-        dist.all_reduce(count, op=dist.ReduceOp.SUM)
-        ran_out_any, cancel_any = (bool(x) for x in agree.tolist())
-        n_targets = float(count.item())
-        if cancel_any or n_targets == 0:
-            break
-
-        lr = lr_at(spec, step + 1, total_steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-        rank_targets = 0
-        step_tokens = 0
-        for group in micro:
-            batch = {k: v.to(rt.device, non_blocking=True) for k, v in collate(group).items()}
-            ce_sum = forward_loss_sum(model, batch)
-            # FSDP averages gradients over ranks; scaling by world size makes the result a sum over
-            # ranks, so the update is the mean over every target token of the global batch.
-            (ce_sum * (rt.world_size / n_targets)).backward()
-            loss_sum += ce_sum.detach().double()
-            rank_targets += sum(b.target_tokens for b in group)
-            step_tokens += sum(b.real_tokens for b in group)
-        grad_norm = clip_grad_norm(model, t.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens_total += step_tokens
-
-        if step % t.log_every == 0 or ran_out_any or step == total_steps:
-            global_loss = loss_sum.clone()
-            dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
-            rank_loss = float(loss_sum.item()) / rank_targets if rank_targets else float("nan")
-            last_loss = float(global_loss.item()) / n_targets
-            events.step(step=step, loss=rank_loss, lr=lr, grad_norm=float(grad_norm), tokens=step_tokens,
-                        step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
-                        global_loss=last_loss, target_tokens=rank_targets)
-        if ran_out_any or (total_steps is not None and step >= total_steps):
-            break
-
-    rt.synchronize()
-    elapsed = time.perf_counter() - loop_start
-    return {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3), "final_loss": last_loss,
-            "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(), "reason": "cancelled" if rt.stop_requested
-            else "done"}
-
-
-def forward_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of token cross-entropies over the targets of one packed micro-batch (float32)."""
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
-    logits = out.logits[:, :-1].float()
-    targets = batch["labels"][:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE,
-                           reduction="sum")
-
-
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Global gradient norm over every shard (DTensor-aware), clipped when max_norm > 0."""
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Global gradient norm over every shard (DTensor-aware), clipped when max_norm > 0; a tensor, no host sync."""
     params = [p for p in model.parameters() if p.grad is not None]
     if max_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -160,4 +54,221 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return float(norm)
+    return norm
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[dict[str, Any]],
+               global_targets: int, world_size: int, loss_impl: str, max_grad_norm: float,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over this rank's micro-batches (already on the device).
+
+    Returns (this rank's summed token loss, global grad norm before clipping) as device tensors: nothing here
+    waits for the GPU.
+    """
+    # FSDP averages gradients over ranks; scaling by world size makes that a sum over ranks, so the update is
+    # the mean over every target token of the global batch.
+    scale = world_size / global_targets
+    total = None
+    for batch in micro_batches:
+        ce = loss_sum(model, batch, loss_impl)
+        (ce * scale).backward()
+        total = ce.detach() if total is None else total + ce.detach()
+    grad_norm = clip_grad_norm(model, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    assert total is not None
+    return total, grad_norm
+
+
+def block_source(spec: RunSpec, tokenizer: Any):
+    from runner.spec import resolve_embedded
+    from runner.train.data import DataSource
+
+    d, t = spec.dataset, spec.train
+    # With max_steps the data repeats (reshuffled each pass) until the step count is reached.
+    return DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
+                      split=d.split, messages_field=d.messages_field, seq_len=t.seq_len, pad_id=tokenizer.pad_token_id,
+                      packing=t.packing, seed=t.seed, epochs=None if t.max_steps is not None else t.epochs)
+
+
+def block_iterator(spec: RunSpec, tokenizer: Any, rank: int, world_size: int, device: str) -> Iterator[PackedBlock]:
+    """This rank's blocks, from the training process or from train.data_workers DataLoader workers."""
+    from runner.train.data import BlockStream
+
+    stream = BlockStream(block_source(spec, tokenizer), tokenizer, rank, world_size)
+    workers = spec.train.data_workers
+    if workers == 0:
+        return iter(stream)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=device == "cuda",
+                                         prefetch_factor=4)
+    return iter(loader)
+
+
+def _agree(flags: list[int], targets: int, group: dist.ProcessGroup | None) -> tuple[list[bool], int]:
+    """All-reduce (MAX of flags, SUM of target count) on the host-side group: no device sync."""
+    f = torch.tensor(flags, dtype=torch.int64)
+    n = torch.tensor([targets], dtype=torch.int64)
+    dist.all_reduce(f, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(n, op=dist.ReduceOp.SUM, group=group)
+    return [bool(x) for x in f.tolist()], int(n.item())
+
+
+def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
+    """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
+    from runner.train.attention import (
+        choose_attention,
+        concrete_model_class,
+        install_document_reset,
+        recurrent_layer_types,
+        supported_attention,
+    )
+    from runner.train.loss import attach_chunked_loss, resolve_loss_impl
+    from runner.train.model import load_config, load_model, load_tokenizer, model_class, param_count, shard_model
+
+    t = spec.train
+    tokenizer = load_tokenizer(spec)
+    config = load_config(spec)
+    supported = supported_attention(concrete_model_class(model_class(spec, config), config))
+    attn = choose_attention(spec.model.attn_implementation, rt.device, t.seq_len * t.micro_batch, supported)
+    loss_impl, loss_reason = resolve_loss_impl(t.loss_impl, config)
+    model = load_model(spec, attn.impl, seed=t.seed)
+    recurrent = bool(recurrent_layer_types(model.config))
+    # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
+    # one document per block, and only position_ids.
+    pass_boundaries = t.packing or not recurrent
+    packing_mechanism = install_document_reset(model) if (t.packing and recurrent) else None
+    if spec.method.kind == "lora":
+        from runner.train.lora import apply_lora
+
+        model = apply_lora(model, spec)
+    params = param_count(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile)
+    model.to(rt.device)
+    model.train()
+    if loss_impl == "chunked":
+        attach_chunked_loss(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
+                            weight_decay=t.weight_decay, fused=rt.device == "cuda")
+    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,
+            "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
+            else "off: one document per block",
+            "params": params, "trainable_params": trainable, "model_type": model.config.model_type}
+    return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
+            "pass_boundaries": pass_boundaries, "info": info}
+
+
+def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
+          resume: bool = False) -> dict[str, Any]:
+    """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
+    from runner.train import checkpoint as ckpt
+    from runner.train.export import export
+
+    t = spec.train
+    run_dir = run_dir or Path(".")
+    parts = build(spec, rt)
+    model, opt, tokenizer = parts["model"], parts["optimizer"], parts["tokenizer"]
+    # Host-side agreement goes over gloo even on GPU, so deciding to stop never waits for the device.
+    control = dist.new_group(backend="gloo") if rt.device == "cuda" else None
+
+    stats = PackStats()
+    blocks = block_iterator(spec, tokenizer, rt.rank, rt.world_size, rt.device)
+    pad_id = tokenizer.pad_token_id
+    total_steps = t.max_steps
+    step = 0
+    blocks_consumed = 0
+    resumed_from = None
+    if resume:
+        path = ckpt.latest_checkpoint(run_dir)
+        if path is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {ckpt.checkpoints_root(run_dir)}")
+        saved = ckpt.load(path, model, opt, rt.rank, rt.world_size, rt.device)
+        step = saved["step"]
+        # The stream is deterministic: replaying the consumed blocks also rebuilds the data statistics.
+        for block in itertools.islice(blocks, saved["blocks_consumed"]):
+            stats.add(block)
+            blocks_consumed += 1
+        resumed_from = str(path)
+        events.event("resume", step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
+    events.event("train_begin", max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
+                 resumed_from=resumed_from)
+
+    def save_checkpoint(at_blocks: int) -> None:
+        ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device,
+                  {"blocks_consumed": at_blocks}, group=control)
+        events.event("checkpoint", step=step, path=str(ckpt.step_dir(run_dir, step)))
+
+    tokens_total = 0
+    last_loss = None
+    last_saved = step if resumed_from else None
+    cancelled = False
+    loop_start = time.perf_counter()
+    while total_steps is None or step < total_steps:
+        step_start = time.perf_counter()
+        consumed_before = blocks_consumed
+        micro: list[list[PackedBlock]] = []
+        ran_out = 0
+        for _ in range(t.grad_accum):
+            group = []
+            for _ in range(t.micro_batch):
+                block = next(blocks, None)
+                if block is None:
+                    ran_out = 1
+                    block = empty_block(t.seq_len, pad_id)
+                else:
+                    blocks_consumed += 1
+                    stats.add(block)
+                group.append(block)
+            micro.append(group)
+        rank_targets = sum(b.target_tokens for g in micro for b in g)
+        (ran_out_any, cancel_any), n_targets = _agree([ran_out, int(rt.stop_requested)], rank_targets, control)
+        if cancel_any or n_targets == 0:
+            cancelled = cancel_any
+            blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
+            break
+
+        lr = lr_at(spec, step + 1, total_steps)
+        for group_ in opt.param_groups:
+            group_["lr"] = lr
+        batches = []
+        for group in micro:
+            batch = collate(group)
+            if not parts["pass_boundaries"]:
+                batch.pop("cu_seqlens")
+                batch.pop("seq_idx")
+            batches.append(to_device(batch, rt.device))
+        loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
+                                           t.max_grad_norm)
+        step += 1
+        step_tokens = sum(b.real_tokens for g in micro for b in g)
+        tokens_total += step_tokens
+
+        last_step = ran_out_any or (total_steps is not None and step >= total_steps)
+        if step % t.log_every == 0 or last_step:
+            global_loss = loss_sum_t.detach().double()
+            local = float(global_loss.item())
+            dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
+            last_loss = float(global_loss.item()) / n_targets
+            events.step(step=step, loss=local / rank_targets if rank_targets else float("nan"), lr=lr,
+                        grad_norm=float(grad_norm), tokens=step_tokens,
+                        step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
+                        global_loss=last_loss, target_tokens=rank_targets)
+        if t.checkpoint_every and step % t.checkpoint_every == 0 and not last_step:
+            save_checkpoint(blocks_consumed)
+            last_saved = step
+        if ran_out_any:
+            break
+
+    if t.checkpoint_every and last_saved != step and step > 0:
+        save_checkpoint(blocks_consumed)
+    rt.synchronize()
+    elapsed = time.perf_counter() - loop_start
+    exported = None
+    if not cancelled and spec.output.save != "none":
+        exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank)
+    summary: dict[str, Any] = {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3),
+                               "final_loss": last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
+                               "reason": "cancelled" if cancelled else "done"}
+    if exported is not None:
+        summary["export"] = exported
+    return summary

@@ -1,0 +1,657 @@
+"""The TRL engine: TRL SFTTrainer + accelerate FSDP2 + peft LoRA (the 120B notebook's stack) on this rank's blocks.
+
+Choices, recorded in the `train_begin` event:
+- Data. Each rank builds its blocks with `runner.train.data` (its own shard, assistant-only mask from the template's
+  `{% generation %}` markers or by bracketing each assistant turn, exact `seq_len` blocks with `train.packing`, one
+  document per block without), exactly as the native engine does, and hands them to TRL pre-tokenised
+  (`input_ids`, `labels`, `seq_lengths`). TRL's padding-free collator rebuilds the per-document position_ids and
+  cu_seqlens, so both engines see the same tokens, targets and document boundaries. TRL's own tokenisation and
+  packing are skipped (`skip_prepare_dataset`): it would shard, pack and mask differently, and `assistant_only_loss`
+  needs generation markers that many templates lack. The trainer gets this rank's loader as is: every rank already
+  read its own shard, so nothing is sharded twice.
+- Documents stay apart. Models whose forward builds its attention mask without position_ids (GPT-OSS and others in
+  transformers 5.x) would let packed documents attend to each other under eager/sdpa/flex attention: a pre-hook on
+  the decoder builds the mask of every layer type from the position_ids instead (flash and varlen kernels read
+  cu_seqlens).
+- Attention. GPT-OSS has attention sinks: `auto` picks eager on CPU (flex cannot apply sinks there) and
+  flex_attention on CUDA; sdpa, varlen and flash-attn are refused for it. Other models follow the native choice.
+- FSDP2 through accelerate (`fsdp_config` version 2, decoder-layer classes from `_no_split_modules`, reshard after
+  forward, FSDP's own activation checkpointing). accelerate only enables FSDP on accelerator devices; on CPU ranks
+  the trainer's accelerator is switched to FSDP2 after creation, so the same code path runs under gloo, on the
+  process group that runtime.py initialised.
+- Loss. TRL's chunked LM head, normalised by the target count of the whole step over every rank (the native
+  engine's normalisation). The MoE router's auxiliary loss is off (`router_aux_loss_coef=0`), as in the notebook
+  and the native engine. Learning-rate schedules are transformers' (warmup starts at 0, one step earlier than the
+  native engine's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runner.errors import Problem, SpecError, UserError
+from runner.events import EventWriter
+from runner.spec import RunSpec, resolve_embedded
+from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
+from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
+from runner.train.runtime import Runtime
+
+MXFP4 = "mxfp4"
+# Kernels that take document boundaries from cu_seqlens and need no mask.
+BOUNDARY_KERNELS = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "varlen")
+# Model types whose attention adds per-head sink logits; only eager (any device) and flex (CUDA) apply them here.
+SINK_MODEL_TYPES = frozenset({"gpt_oss"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before any weight is read (preflight calls `trl_problems`)
+
+
+def is_mxfp4(config: Any) -> bool:
+    q = getattr(config, "quantization_config", None)
+    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
+    return str(getattr(method, "value", method) or "").lower() == MXFP4
+
+
+def mxfp4_dequantize_available() -> tuple[bool, str]:
+    """Whether this environment can dequantize an MXFP4 checkpoint to bf16 (transformers' own check)."""
+    try:
+        from transformers import Mxfp4Config
+        from transformers.integrations import mxfp4 as _mxfp4  # noqa: F401 - the dequantizer lives here
+        from transformers.quantizers.quantizer_mxfp4 import Mxfp4HfQuantizer
+    except ImportError as e:
+        return False, f"this transformers has no MXFP4 support ({e})"
+    try:
+        Mxfp4HfQuantizer(Mxfp4Config(dequantize=True)).validate_environment()
+    except (ImportError, ValueError, RuntimeError) as e:
+        return False, str(e).splitlines()[0]
+    return True, ""
+
+
+def concrete_class(config: Any, spec: RunSpec) -> type | None:
+    """The class the loader builds for this config (None for remote code or unknown configs)."""
+    from runner.train.model import model_class
+
+    try:
+        return model_class(spec, config)._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return None
+
+
+def has_sinks(config: Any) -> bool:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "model_type", getattr(config, "model_type", "")) in SINK_MODEL_TYPES
+
+
+def choose_attention(spec: RunSpec, device: str, config: Any) -> tuple[str, str]:
+    """(implementation, why) for this model on this device; an explicit choice is kept as given."""
+    choice = spec.model.attn_implementation
+    if choice != "auto":
+        return choice, "set by model.attn_implementation"
+    if has_sinks(config):
+        if device == "cuda":
+            return "flex_attention", "attention sinks: flex attention applies them on CUDA, with a document mask"
+        return "eager", "attention sinks: only eager applies them on CPU"
+    from runner.train.attention import choose_attention as native_choice
+
+    pick = native_choice("auto", device, spec.train.seq_len * spec.train.micro_batch)
+    cls = concrete_class(config, spec)
+    if pick.impl == "sdpa" and getattr(cls, "_supports_sdpa", True) is False:
+        return "eager", f"{cls.__name__} does not support sdpa"
+    return pick.impl, pick.reason
+
+
+def attention_problems(spec: RunSpec, device: str, config: Any) -> list[Problem]:
+    impl, _ = choose_attention(spec, device, config)
+    cls = concrete_class(config, spec)
+    name = getattr(cls, "__name__", getattr(config, "model_type", "this model"))
+    field = "model.attn_implementation"
+    if has_sinks(config):
+        if impl in ("sdpa", "varlen", "flash_attention_2"):
+            return [Problem(field, f"{name} adds attention-sink logits, which {impl} does not apply",
+                            "use eager, or flex_attention on CUDA")]
+        if impl == "flex_attention" and device != "cuda":
+            return [Problem(field, f"{name} has attention sinks, which flex attention cannot apply on CPU",
+                            "use eager on CPU")]
+    if impl == "sdpa" and getattr(cls, "_supports_sdpa", True) is False:
+        return [Problem(field, f"{name} does not support sdpa", "use eager or flex_attention")]
+    from runner.train.attention import attention_problem
+
+    why = attention_problem(impl, device)
+    return [Problem(field, why, "use auto")] if why else []
+
+
+def trl_problems(spec: RunSpec, config: Any = None, device: str | None = None, lora: bool = True) -> list[Problem]:
+    """Everything the trl engine can find wrong before any weight is read: MXFP4 support, attention, LoRA targets.
+
+    Runs on the meta device (no weights, no memory), so preflight can call it before launching and bad input
+    exits 2; `lora=False` leaves out the LoRA checks when the caller runs lora_problems_from_config itself.
+    """
+    from runner.train.model import load_config
+
+    config = config if config is not None else load_config(spec)
+    if device is None:
+        device = spec.hardware.device if spec.hardware.device != "auto" else \
+            ("cuda" if torch.cuda.is_available() else "cpu")
+    problems: list[Problem] = []
+    if is_mxfp4(config) and spec.model.init != "random":
+        ok, why = mxfp4_dequantize_available()
+        if not ok:
+            problems.append(Problem("model.path" if spec.model.path else "model.id",
+                                    f"the checkpoint is MXFP4-quantized and cannot be dequantized to bf16 here: {why}",
+                                    "install a transformers with MXFP4 support and the packages it names, or use a "
+                                    "bf16 checkpoint"))
+    problems += attention_problems(spec, device, config)
+    if lora and spec.method.kind == "lora":
+        problems += lora_problems_from_config(config, spec)
+    return problems
+
+
+def check(spec: RunSpec, config: Any = None, device: str | None = None) -> None:
+    """Raise SpecError (exit code 2) listing every trl_problems entry."""
+    problems = trl_problems(spec, config, device)
+    if problems:
+        raise SpecError("the trl engine cannot run this spec", problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.Module:
+    """The model through runner.train.model.load_model; MXFP4 checkpoints dequantized to bf16 at load.
+
+    A random-init model is created on the GPU it runs on: drawing billions of weights on the host takes minutes.
+    """
+    from runner.train import model as model_mod
+
+    if is_mxfp4(config) and spec.model.init != "random":
+        from transformers import Mxfp4Config
+
+        src, rev = model_mod.model_source(spec)
+        cls = model_mod.model_class(spec, config)
+        model = cls.from_pretrained(src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn,
+                                    quantization_config=Mxfp4Config(dequantize=True),
+                                    trust_remote_code=spec.model.trust_remote_code)
+        model_mod.disable_cache(model)
+        return model
+    where = torch.device("cuda") if device == "cuda" and spec.model.init == "random" else contextlib.nullcontext()
+    with where:
+        return model_mod.load_model(spec, attn, seed=spec.train.seed)
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under a causal LM (and under a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, getattr(base, "base_model_prefix", "model"), base)
+
+
+def _mask_arguments(build: Any, config: Any, stub: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments for a transformers mask builder, whose names changed across 5.x releases (no cache here)."""
+    params = inspect.signature(build).parameters
+    out: dict[str, Any] = {"config": config, "attention_mask": None, "position_ids": position_ids,
+                           ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): stub}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            out[name] = None
+    if "cache_position" in params:
+        out["cache_position"] = torch.arange(stub.shape[1], device=stub.device)
+    return out
+
+
+def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Keep packed documents apart in models whose forward ignores position_ids when it builds attention masks.
+
+    A forward pre-hook on the decoder: when a packed row arrives (position_ids restart inside it) with no attention
+    mask, it builds the mask of every layer type from the position_ids with transformers' own builders (a
+    block-diagonal causal mask for eager/sdpa, a document BlockMask for flex, sliding windows included). Kernels
+    that read cu_seqlens need no mask, so nothing is installed for them. Returns whether the hook was installed.
+    """
+    from transformers import masking_utils as mu
+
+    body = backbone(model)
+    config = getattr(body, "config", None)
+    if config is None or getattr(config, "_attn_implementation", "") in BOUNDARY_KERNELS:
+        return False
+    builders = {"full_attention": mu.create_causal_mask,
+                "sliding_attention": getattr(mu, "create_sliding_window_causal_mask", mu.create_causal_mask)}
+    layer_types = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
+
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("attention_mask") is not None:
+            return None
+        pos = kwargs.get("position_ids")
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if pos is None or ids is None or mu.find_packed_sequence_indices(pos) is None:
+            return None
+        stub = torch.empty((ids.shape[0], ids.shape[1], 0), dtype=dtype, device=ids.device)  # shape, dtype, device
+        kwargs["attention_mask"] = {}
+        for lt in layer_types:
+            build = builders.get(lt, mu.create_causal_mask)
+            kwargs["attention_mask"][lt] = build(**_mask_arguments(build, config, stub, pos))
+        return args, kwargs
+
+    body.register_forward_pre_hook(hook, with_kwargs=True)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: this rank's blocks, the same tokens and targets as the native engine
+
+
+def block_row(block: PackedBlock) -> dict[str, Any]:
+    """A block as TRL's padding-free collator takes it: ids, labels (-100 off target) and segment lengths."""
+    return {"input_ids": block.input_ids.tolist(), "labels": block.labels.tolist(),
+            "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens}
+
+
+def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> list[dict[str, Any]]:
+    """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps."""
+    from runner.train.data import BlockStream, DataSource
+
+    d, t = spec.dataset, spec.train
+    source = DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
+                        split=d.split, messages_field=d.messages_field, seq_len=t.seq_len,
+                        pad_id=tokenizer.pad_token_id, packing=t.packing, seed=t.seed,
+                        epochs=1.0 if t.max_steps is not None else t.epochs)
+    rows = []
+    for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
+        stats.add(block)
+        rows.append(block_row(block))
+    return rows
+
+
+def equalise_rows(rows: list[dict[str, Any]], seq_len: int, pad_id: int, device: str) -> int:
+    """Pad every rank to the same number of rows with all-masked blocks, so every rank runs the same steps."""
+    count = torch.tensor([len(rows)], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    target = int(count.item())
+    while len(rows) < target:
+        rows.append(block_row(empty_block(seq_len, pad_id)))
+    return target
+
+
+class EpochOrder(torch.utils.data.Sampler):
+    """The shard's stream order in the first pass; a seeded permutation of it in each later one."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if self.epoch == 0:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+class RankLoader(torch.utils.data.DataLoader):
+    """This rank's rows in order. The trainer uses it as is: accelerate must not shard it a second time."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+class CountingCollator:
+    """TRL's padding-free collator plus the batch's real-token count (popped again before the forward)."""
+
+    def __init__(self, pad_token_id: int):
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        self.inner = DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        keep = ("input_ids", "labels", "seq_lengths")
+        batch = self.inner([{k: ex[k] for k in keep} for ex in examples])
+        batch["real_tokens"] = sum(int(ex["real_tokens"]) for ex in examples)
+        return batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer configuration
+
+
+def lr_scheduler_type(spec: RunSpec) -> str:
+    kind = spec.train.schedule
+    if kind == "constant":
+        return "constant_with_warmup" if warmup(spec) else "constant"
+    return kind
+
+
+def warmup(spec: RunSpec) -> float:
+    """Warmup steps, or a fraction of the run below 1 (transformers' convention) from train.warmup_ratio."""
+    t = spec.train
+    ratio = getattr(t, "warmup_ratio", None)
+    return float(ratio) if not t.warmup_steps and ratio else t.warmup_steps
+
+
+def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
+    """accelerate's FSDP2 settings, under the `fsdp_config` keys transformers reads."""
+    from runner.train.model import decoder_layers
+
+    return {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": sorted({type(m).__name__ for m in decoder_layers(model)}),
+        "reshard_after_forward": True,
+        "activation_checkpointing": spec.train.activation_checkpointing,
+        "state_dict_type": "FULL_STATE_DICT",
+        "cpu_ram_efficient_loading": False,
+    }
+
+
+def sft_config(spec: RunSpec, rt: Runtime, out_dir: Path, fsdp: dict[str, Any] | None, bf16: bool) -> Any:
+    from trl import SFTConfig
+
+    t = spec.train
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=t.micro_batch,
+        gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.lr,
+        lr_scheduler_type=lr_scheduler_type(spec),
+        warmup_steps=warmup(spec),
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        optim="adamw_torch_fused" if rt.device == "cuda" else "adamw_torch",
+        max_steps=t.max_steps or -1,
+        # Counted in epochs, the rows already hold every epoch (rank_rows): the trainer makes one pass over them.
+        num_train_epochs=1,
+        seed=t.seed,
+        data_seed=t.seed,
+        max_length=t.seq_len,
+        # The trainer logs every step, so its loss window is one step; the callback writes every log_every steps.
+        logging_strategy="steps",
+        logging_steps=1,
+        save_strategy="steps" if t.checkpoint_every else "no",
+        save_steps=t.checkpoint_every or 500,
+        report_to="none",
+        disable_tqdm=True,
+        bf16=bf16,
+        use_cpu=rt.device == "cpu",
+        # Blocks arrive packed and the engine's loader applies TRL's padding-free collator; TRL's own packing and
+        # padding-free switches would re-pack the rows and refuse that collator.
+        packing=False,
+        padding_free=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+        remove_unused_columns=False,
+        assistant_only_loss=False,  # the labels carry the assistant-only mask already
+        completion_only_loss=False,
+        router_aux_loss_coef=0.0,
+        average_tokens_across_devices=True,
+        ddp_find_unused_parameters=False,
+        dataloader_pin_memory=rt.device == "cuda",
+    )
+    if fsdp is not None:
+        kwargs.update(fsdp=True, fsdp_config=fsdp)
+    # TRL turns gradient checkpointing on by default; it follows the spec here. Under FSDP the recomputation is
+    # FSDP's own (fsdp_config above): the trainer's would add an all-gather per layer in backward. Newer
+    # transformers call it activation_checkpointing and keep the old name as an alias.
+    recompute = t.activation_checkpointing and fsdp is None
+    kwargs["gradient_checkpointing"] = recompute
+    if "activation_checkpointing" in {f.name for f in dataclasses.fields(SFTConfig)}:
+        kwargs["activation_checkpointing"] = recompute
+    return SFTConfig(**kwargs)
+
+
+def _trainer_class() -> type:
+    from accelerate.utils import DistributedType
+    from trl import SFTTrainer
+
+    class RunnerSFTTrainer(SFTTrainer):
+        """SFTTrainer over this rank's own loader, FSDP2 on CPU ranks too, with exact per-rank loss sums."""
+
+        def __init__(self, *args: Any, rank_loader: Any, cpu_fsdp_plugin: Any = None, **kwargs: Any):
+            self._rank_loader = rank_loader
+            self._cpu_fsdp_plugin = cpu_fsdp_plugin
+            self.ce_sum = 0.0
+            self.targets = 0
+            self.real_tokens = 0
+            super().__init__(*args, **kwargs)
+            # TRL patched the causal LM's forward with its fused LM head; wrapping that patch gives this rank's
+            # exact token-loss sum and target count per micro-batch, whatever normalisation the trainer applies.
+            inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            fused = inner.forward
+
+            def recording_forward(*a: Any, **k: Any) -> Any:
+                out = fused(*a, **k)
+                log_probs = getattr(out, "log_probs", None)
+                if log_probs is not None and torch.is_grad_enabled():
+                    self.ce_sum += float(-log_probs.detach().double().sum())
+                    self.targets += int(out.label_mask.sum())
+                return out
+
+            inner.forward = recording_forward
+
+        def create_accelerator_and_postprocess(self) -> None:
+            super().create_accelerator_and_postprocess()
+            plugin = self._cpu_fsdp_plugin
+            if plugin is not None and self.accelerator.distributed_type == DistributedType.MULTI_CPU:
+                # accelerate enables FSDP only on accelerator devices; switching the process-wide state after
+                # creation runs the same FSDP2 preparation, state-dict gathering and checkpointing on gloo. Both
+                # shared states change: AcceleratorState copies PartialState's type whenever it is built again.
+                # accelerate's collectives choose their gloo variants from the backend, not from this type.
+                from accelerate.state import PartialState
+
+                PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+                self.accelerator.state.distributed_type = DistributedType.FSDP
+                self.accelerator.state.fsdp_plugin = plugin
+                self.is_fsdp_enabled = True
+
+        def get_train_dataloader(self) -> Any:
+            return self._rank_loader
+
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            self.real_tokens += int(inputs.pop("real_tokens", 0))
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    return RunnerSFTTrainer
+
+
+def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref: list) -> Any:
+    from transformers import TrainerCallback
+
+    class EventCallback(TrainerCallback):
+        """Writes the runner's per-step events and stops every rank together on a cancel request."""
+
+        def __init__(self) -> None:
+            self.mark = time.perf_counter()
+            self.pending: dict[str, Any] | None = None
+            self.tokens_total = 0
+            self.last_loss: float | None = None
+            self.cancelled = False
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+            tr = trainer_ref[0]
+            now = time.perf_counter()
+            step = state.global_step
+            self.tokens_total += tr.real_tokens
+            # One small all-reduce per step: the global loss sum and target count, and whether any rank was asked
+            # to stop (so all ranks stop after the same step).
+            agree = torch.tensor([tr.ce_sum, float(tr.targets), float(rt.stop_requested)], dtype=torch.float64,
+                                 device=rt.device)
+            dist.all_reduce(agree, op=dist.ReduceOp.SUM)
+            ce, n, stop = (float(x) for x in agree.tolist())
+            self.last_loss = ce / n if n else float("nan")
+            if step % spec.train.log_every == 0 or step >= state.max_steps or stop:
+                self.pending = dict(step=step, loss=tr.ce_sum / tr.targets if tr.targets else float("nan"),
+                                    tokens=tr.real_tokens, step_s=round(now - self.mark, 6), mem_gib=rt.mem_gib(),
+                                    global_loss=self.last_loss, target_tokens=tr.targets)
+            tr.ce_sum, tr.targets, tr.real_tokens = 0.0, 0, 0
+            self.mark = now
+            if stop:
+                self.cancelled = True
+                control.should_training_stop = True
+            return control
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> Any:
+            # The trainer logs after on_step_end; its logs carry the step's grad norm and learning rate.
+            if self.pending is None or not logs or "loss" not in logs:
+                return control
+            p, self.pending = self.pending, None
+            grad_norm = logs.get("grad_norm")
+            events.step(step=p.pop("step"), loss=p.pop("loss"), lr=float(logs.get("learning_rate", 0.0)),
+                        grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=p.pop("tokens"),
+                        step_s=p.pop("step_s"), mem_gib=p.pop("mem_gib"), **p)
+            return control
+
+    return EventCallback()
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: Any) -> dict[str, Any] | None:
+    """output.save through the trainer: the adapter (peft files) or the full model (LoRA merged) as safetensors.
+
+    Collective (FSDP gathers the weights); rank 0 writes and returns {dir, kind, files: {name: sha256}}.
+    """
+    from runner.train.export import EXPORT_DIR, file_hashes
+
+    if spec.output.save == "none":
+        return None
+    out = run_dir / EXPORT_DIR
+    if spec.output.save == "full" and spec.method.kind == "lora":
+        _export_merged(trainer, spec, rt, out)
+    else:
+        trainer.save_model(str(out))  # a peft model saves its adapter; a full fine-tune, the model
+    if rt.rank == 0:
+        tokenizer.save_pretrained(str(out))
+        training_args = out / "training_args.bin"  # a pickle of the trainer's arguments, not part of a model
+        training_args.unlink(missing_ok=True)
+    dist.barrier()
+    if rt.rank != 0:
+        return None
+    return {"dir": str(out), "kind": spec.output.save, "files": file_hashes(out)}
+
+
+def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path) -> None:
+    # The sharded LoRA model is gathered once; rank 0 rebuilds it unsharded on the host, merges and saves.
+    from runner.train.model import load_config
+
+    state = trainer.accelerator.get_state_dict(trainer.model)
+    if rt.rank != 0:
+        return
+    config = load_config(spec)
+    attn, _ = choose_attention(spec, "cpu", config)
+    peft_model = apply_lora(load_model(spec, "cpu", config, attn), spec)
+    _, unexpected = peft_model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise RuntimeError(f"merged export: {len(unexpected)} gathered tensors have no place in the model, "
+                           f"e.g. {unexpected[:3]}")
+    out.mkdir(parents=True, exist_ok=True)
+    peft_model.merge_and_unload().save_pretrained(str(out), safe_serialization=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def _run_dir(events: EventWriter) -> Path:
+    return Path(events._f.name).resolve().parent.parent  # runs/<id>/events/rank<r>.jsonl
+
+
+def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
+          resume: bool = False) -> dict[str, Any]:
+    """Train with TRL to the end of the data or max_steps; returns the rank's summary for its end event.
+
+    resume: continue from the latest trainer checkpoint under run_dir/checkpoints (model, optimizer, scheduler,
+    RNG and data position).
+    """
+    from datasets import Dataset
+
+    from runner.train.model import DTYPES, load_config, load_tokenizer
+
+    t = spec.train
+    run_dir = Path(run_dir) if run_dir is not None else _run_dir(events)
+    config = load_config(spec)
+    check(spec, config, rt.device)
+    attn, attn_reason = choose_attention(spec, rt.device, config)
+    tokenizer = load_tokenizer(spec)
+    torch.manual_seed(t.seed)
+    model = load_model(spec, rt.device, config, attn)
+    if spec.method.kind == "lora":
+        model = apply_lora(model, spec)
+    n_params = sum(p.numel() for p in model.parameters())
+    bf16 = rt.device == "cuda" and spec.model.dtype != "float32"
+    packed_mask = install_packed_mask(model, torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
+
+    stats = PackStats()
+    rows = rank_rows(spec, tokenizer, rt, stats)
+    own_rows = len(rows)
+    n_rows = equalise_rows(rows, t.seq_len, tokenizer.pad_token_id, rt.device)
+    if n_rows == 0:
+        raise UserError(f"dataset {spec.dataset.path or spec.dataset.id}: no example with an assistant turn on any "
+                        f"rank (split {spec.dataset.split!r}, field {spec.dataset.messages_field!r})")
+    dataset = Dataset.from_list(rows)
+    loader = RankLoader(dataset, batch_size=t.micro_batch, sampler=EpochOrder(n_rows, t.seed),
+                        collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
+                        pin_memory=rt.device == "cuda")
+
+    # One process on the CPU has nothing to shard (and accelerate refuses FSDP outside distributed training).
+    fsdp = fsdp_settings(model, spec) if (rt.world_size > 1 or rt.device == "cuda") else None
+    args = sft_config(spec, rt, run_dir / "checkpoints", fsdp, bf16)
+    cpu_plugin = None
+    if fsdp is not None and rt.device == "cpu":
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        cpu_plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    trainer_ref: list = []
+    callback = _event_callback(spec, rt, events, trainer_ref)
+    trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                               callbacks=[callback], rank_loader=loader, cpu_fsdp_plugin=cpu_plugin)
+    trainer_ref.append(trainer)
+
+    n_trainable = trainable_params(model)
+    data_mode = ("packed: exact seq_len blocks" if t.packing else "one document per block") + \
+        " (runner.train.data), TRL padding-free collator"
+    begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
+                 model_type=getattr(config, "model_type", None), init=spec.model.init,
+                 mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
+                 attn=attn, attn_reason=attn_reason, packed_mask_hook=packed_mask,
+                 packing=data_mode, fsdp="fsdp2 (accelerate)" if fsdp else "none (one CPU process)",
+                 precision="bf16 autocast, fp32 adapters" if bf16 else str(next(model.parameters()).dtype),
+                 lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
+                 tokenisation="generation markers" if has_generation_markers(tokenizer) else "prefix bracketing")
+    events.event("train_begin", **begin)
+    if rt.rank == 0:
+        print(f"[trl] params {n_params:,}, trainable params {n_trainable:,} "
+              f"({100 * n_trainable / max(1, n_params):.4f}%); attn {attn}; {data_mode}; fsdp {begin['fsdp']}",
+              flush=True)
+
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    rt.synchronize()
+    elapsed = time.perf_counter() - start
+    from torch.distributed.tensor import DTensor
+
+    sharded = any(isinstance(p, DTensor) for p in trainer.model.parameters())
+    exported = None if callback.cancelled else export(trainer, spec, rt, run_dir, tokenizer)
+    summary: dict[str, Any] = {
+        "steps": int(trainer.state.global_step), "tokens": callback.tokens_total, "train_s": round(elapsed, 3),
+        "final_loss": callback.last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
+        "reason": "cancelled" if callback.cancelled else "done", "params": n_params, "trainable_params": n_trainable,
+        "fsdp_sharded": sharded}
+    if exported is not None:
+        summary["export"] = exported
+    return summary

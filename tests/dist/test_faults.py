@@ -1,0 +1,162 @@
+"""Faults: a rank killed or raising, Ctrl-C, and a 2-node run; nothing committed is lost, no process is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runner import records
+from runner.events import read_events
+from runner.failure import classify_text
+from runner.launch import build_sbatch
+from runner.spec import load_spec
+from tests.conftest import REPO, dir_args, last_json
+
+pytestmark = pytest.mark.dist
+
+
+def _runner(args: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for_step(runs: Path, rank: int, step: int, timeout_s: float = 90) -> tuple[Path, int]:
+    """(run dir, pid of the rank) once the rank has logged `step`."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for run_dir in runs.glob("*"):
+            evs = read_events(run_dir / "events" / f"rank{rank}.jsonl")
+            start = next((e for e in evs if e.get("event") == "start"), None)
+            if start and any(e.get("step", 0) >= step and "event" not in e for e in evs):
+                return run_dir, start["pid"]
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never reached step {step}")
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _assert_all_gone(procs: list[psutil.Process]) -> None:
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append((p.pid, p.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    assert alive == [], f"processes left running: {alive}"
+
+
+LONG = ["--set", "train.max_steps=2000", "--set", "train.log_every=1"]
+
+
+def test_killed_rank_fails_the_run_with_rank_cause_and_last_steps(dirs):
+    proc = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, pid = _wait_for_step(dirs["runs"], rank=1, step=3)
+    procs = _tree(proc.pid)
+    assert len(procs) >= 4  # runner, torchrun, two ranks
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    out, err = proc.communicate(timeout=60)
+    assert time.time() - killed_at < 30, "the other rank was not ended within 30 s"
+    assert proc.returncode == 1, err
+    _assert_all_gone(procs)
+    rec = records.load(Path(last_json(out)["record"]))
+    f = rec["failure"]
+    assert rec["status"] == "failed" and f["rank"] == 1 and f["cause"] == "signal"
+    assert "killed by signal 9" in f["message"]
+    assert f["last_steps"]["1"] >= 3 and f["last_steps"]["0"] >= 3 and f["log"].endswith("rank1.log")
+    assert "rank 1 failed" in err or "rank 1 failed" in out
+    assert records.verify(Path(last_json(out)["record"]))[0]
+
+
+def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
+    data = tmp_path / "chat.jsonl"
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+    rows = [good] * 40
+    rows[21] = {"messages": None}  # not a conversation: tokenising it raises in whichever rank streams it
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = _runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
+                    "--set", "train.max_steps=50", "--json", "--plain", *dir_args(dirs)])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    rec = records.load(Path(last_json(out)["record"]))
+    f = rec["failure"]
+    run_dir = Path(rec["run_dir"])
+    raised = [r for r in (0, 1) for e in read_events(run_dir / "events" / f"rank{r}.jsonl")
+              if e.get("event") == "error" and e["message"].startswith("TypeError")]
+    # The peer then fails in a collective; the record names the rank that raised first, with its last line.
+    assert raised and f["rank"] == raised[0] and f["cause"] == "exception", f
+    assert f["message"] == "TypeError: 'NoneType' object is not iterable"
+    assert f["message"] in err
+
+
+def test_simulated_cuda_oom_is_classified_with_size():
+    text = ("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "30.25 GiB. GPU 3 has a total capacity of 79.19 GiB of which 1.02 GiB is free.")
+    assert classify_text(text) == ("cuda_oom", "CUDA out of memory (tried to allocate 30.25 GiB)")
+    cause, message = classify_text("torch.distributed.DistBackendError: NCCL error in: ..., unhandled system error")
+    assert cause == "nccl_error" and "NCCL error" in message
+    cause, _ = classify_text("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)")
+    assert cause == "nccl_timeout"
+
+
+def test_ctrl_c_cancels_with_130_and_leaves_nothing(dirs):
+    proc = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = _wait_for_step(dirs["runs"], rank=0, step=3)
+    procs = _tree(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    _assert_all_gone(procs)
+    rec = records.load(Path(last_json(out)["record"]))
+    assert rec["status"] == "cancelled" and records.verify(Path(last_json(out)["record"]))[0]
+    ends = [e for r in (0, 1) for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if e.get("event") == "end"]
+    assert {e["reason"] for e in ends} == {"cancelled"} and len({e["step"] for e in ends}) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_one_machine_share_one_run(dirs):
+    port = _free_port()
+    common = ["run", "tiny-cpu", "--set", "hardware.nodes=2", "--set", "hardware.nproc_per_node=1",
+              "--set", f"hardware.rdzv_endpoint=127.0.0.1:{port}", "--set", "train.max_steps=6",
+              "--run-id", "two-node-test", "--plain", *dir_args(dirs)]
+    node0 = _runner([*common, "--node-rank", "0", "--json"])
+    node1 = _runner([*common, "--node-rank", "1"])
+    out0, err0 = node0.communicate(timeout=180)
+    out1, err1 = node1.communicate(timeout=60)
+    assert node0.returncode == 0 and node1.returncode == 0, err0 + err1
+    run_dir = dirs["runs"] / "two-node-test"
+    for r in (0, 1):
+        steps = [e["step"] for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if "event" not in e]
+        assert steps == list(range(1, 7))
+    assert (run_dir / "events" / "node0.jsonl").exists() or (run_dir / "events" / "node1.jsonl").exists()
+    rec = records.load(Path(last_json(out0)["record"]))
+    assert rec["status"] == "succeeded" and set(rec["metrics"]["loss_curve"]) == {"0", "1"}
+    assert sorted(p.name for p in dirs["records"].glob("*.json")) == ["two-node-test.json"]
+
+
+def test_sbatch_script_matches_expected():
+    spec = load_spec("tiny-cpu", ["hardware.nodes=4", "hardware.nproc_per_node=8", "hardware.device=cuda"])
+    script = build_sbatch(spec, Path("runs/r1/spec.json"), "r1")
+    expected = (Path(__file__).parent / "expected_sbatch.sh").read_text()
+    assert script == expected

@@ -1,0 +1,150 @@
+"""Loss implementations (full vs chunked) and learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from runner.spec import RunSpec
+from runner.train.data import collate, make_block
+from runner.train.loss import chunk_tokens_for, chunked_loss_sum, full_loss_sum, resolve_loss_impl
+from runner.train.native import lr_at
+
+# Both paths compute the same float32 cross-entropies; only the summation order differs.
+LOSS_TOL = 1e-6
+GRAD_TOL = 1e-5
+
+
+def _model(tied: bool) -> torch.nn.Module:
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, initializer_range=0.2,
+                      tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+
+
+def _batch(n_docs=3, seq_len=96, masked_prompt=True):
+    g = torch.Generator().manual_seed(2)
+    ids, mask, starts = [], [], []
+    for d in range(n_docs):
+        n = 20 + 7 * d
+        starts.append(len(ids))
+        ids += torch.randint(0, 300, (n,), generator=g).tolist()
+        mask += [not masked_prompt or j >= n // 2 for j in range(n)]
+    return collate([make_block(ids, mask, starts, seq_len, 0)])
+
+
+def _loss_grads(model, fn):
+    model.zero_grad(set_to_none=True)
+    loss = fn()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_chunked_equals_full_loss_and_gradients(tied, chunk):
+    model = _model(tied)
+    batch = _batch()
+    loss_f, grads_f = _loss_grads(model, lambda: full_loss_sum(model, batch))
+    loss_c, grads_c = _loss_grads(model, lambda: chunked_loss_sum(model, batch, chunk_tokens=chunk))
+    assert abs(float(loss_c - loss_f)) / float(loss_f) <= LOSS_TOL
+    assert grads_f.keys() == grads_c.keys()
+    worst = max(_rel(grads_c[n], grads_f[n]) for n in grads_f)
+    assert worst <= GRAD_TOL, worst
+    assert model.lm_head.weight.grad is not None
+
+
+def test_chunked_loss_without_targets_is_zero_but_reaches_lm_head():
+    """An exhausted rank's empty block: zero loss, yet every parameter gets a gradient (FSDP needs them all)."""
+    model = _model(tied=False)
+    batch = collate([make_block([], [], [], 32, 0)])
+    assert batch["target_index"].numel() == 0
+    loss, grads = _loss_grads(model, lambda: chunked_loss_sum(model, batch))
+    assert float(loss) == 0.0
+    assert "lm_head.weight" in grads and float(grads["lm_head.weight"].abs().sum()) == 0.0
+    assert set(grads) == {n for n, p in model.named_parameters()}
+
+
+def test_chunk_size_keeps_float32_logits_near_256_mib():
+    assert chunk_tokens_for(151_936) * 151_936 * 4 <= 2**28
+    assert chunk_tokens_for(248_320) == 256
+    assert chunk_tokens_for(512) == 8192
+    assert chunk_tokens_for(32_000) == 2048
+
+
+def test_auto_loss_is_chunked_unless_logits_are_transformed():
+    assert resolve_loss_impl("auto", Qwen3Config())[0] == "chunked"
+    assert resolve_loss_impl("full", Qwen3Config())[0] == "full"
+    capped = Qwen3Config()
+    capped.final_logit_softcapping = 30.0
+    impl, reason = resolve_loss_impl("auto", capped)
+    assert impl == "full" and "final_logit_softcapping" in reason
+    with pytest.raises(ValueError, match="use full"):
+        resolve_loss_impl("chunked", capped)
+
+
+def _spec(schedule, warmup=0, lr=1.0):
+    return RunSpec.model_validate({"train": {"schedule": schedule, "warmup_steps": warmup, "lr": lr}})
+
+
+def test_lr_warmup_then_constant():
+    s = _spec("constant", warmup=4, lr=2.0)
+    assert [lr_at(s, k, 100) for k in (1, 2, 4, 5, 100)] == [0.5, 1.0, 2.0, 2.0, 2.0]
+
+
+def test_lr_cosine_decays_from_the_peak_to_near_zero():
+    s = _spec("cosine", warmup=10)
+    assert lr_at(s, 10, 110) == 1.0  # end of warmup
+    assert lr_at(s, 11, 110) == 1.0  # first decay step still at the peak
+    assert lr_at(s, 61, 110) == pytest.approx(0.5)
+    assert lr_at(s, 36, 110) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+    assert lr_at(s, 110, 110) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.99)))
+    assert all(lr_at(s, k, 110) > 0 for k in range(1, 111))
+
+
+def test_lr_linear_decay_and_unknown_total_stays_at_peak():
+    s = _spec("linear", warmup=0, lr=3.0)
+    assert lr_at(s, 1, 10) == 3.0
+    assert lr_at(s, 6, 10) == pytest.approx(1.5)
+    assert lr_at(s, 10, 10) == pytest.approx(0.3)
+    # No max_steps (epochs): the total is unknown, so the schedule holds the peak after warmup.
+    assert lr_at(s, 500, None) == 3.0
+
+
+def _benchmark_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "native_gpu_check.py"
+    spec = importlib.util.spec_from_file_location("native_gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_configs_and_flop_formula():
+    """The CPU-side parts of benchmarks/native_gpu_check.py: the 1.72B reference model, the packed documents and
+    the FLOP count its MFU uses."""
+    bench = _benchmark_module()
+    with torch.device("meta"):
+        qwen3 = AutoModelForCausalLM.from_config(bench.qwen3_1_7b_config())
+    assert bench.matmul_params(qwen3) == 1_720_574_976  # tied embeddings: the LM head matmul counts once
+    assert bench.attention_width(qwen3.config) == (28, 2048)
+    hybrid = bench.qwen3_5_hybrid_config()
+    assert bench.attention_width(hybrid) == (4, 4096)
+    lengths = bench.document_lengths(32_768, seed=3)
+    assert sum(lengths) == 32_768 and all(n <= bench.DOC_MAX for n in lengths)
+    assert all(n >= bench.DOC_MIN for n in lengths[:-1])
+    # 6·N·T plus causal attention 6·layers·width·ΣL² (fwd 2·L²·width causal, ×3 for backward).
+    assert bench.step_flops(10, 100, 2, 8, [60, 40]) == 6 * 10 * 100 + 6 * 2 * 8 * (60**2 + 40**2)
+    batch, docs = bench.packed_batch(8192, 1000, seed=0)
+    assert batch["input_ids"].shape == (1, 8192) and batch["cu_seqlens"].tolist()[-1] == 8192
+    assert batch["target_ids"].numel() == 8192 - len(docs)  # every token but each document's first

@@ -1,0 +1,139 @@
+"""Preflight: bad input is refused before any rank starts, every problem at once, each with its field and fix."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import GraniteMoeHybridConfig, Qwen3_5TextConfig
+
+from runner import cli
+from runner.errors import SpecError
+from runner.preflight import preflight, preflight_problems
+from runner.spec import load_spec
+
+EMBEDDED = Path(__file__).resolve().parents[2] / "recipes" / "embedded"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _spec(tmp_path: Path, **sections) -> Path:
+    data = {"name": "pf", "hardware": {"device": "cpu", "nproc_per_node": 1}, "train": {"max_steps": 1}}
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _fields(problems) -> set[str]:
+    return {p.field for p in problems}
+
+
+def _config_dir(tmp_path: Path, name: str, config) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    config.save_pretrained(d)
+    for f in TOKENIZER_FILES:
+        shutil.copy(EMBEDDED / "tokenizer" / f, d / f)
+    return d
+
+
+def test_the_embedded_default_passes():
+    preflight(load_spec("tiny-cpu"))
+
+
+def test_dataset_without_the_messages_column(tmp_path):
+    data = tmp_path / "plain.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"row {i}"}) for i in range(3)) + "\n")
+    problems = preflight_problems(load_spec(_spec(tmp_path, dataset={"path": str(data)})))
+    [p] = [p for p in problems if p.field == "dataset.messages_field"]
+    assert "column 'messages' not found" in p.message and "text" in p.message
+    assert "dataset.messages_field" in p.fix
+
+
+def test_template_that_yields_no_assistant_tokens(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED / "model", model)
+    # Renders user turns only: the assistant replies never reach the token stream.
+    (model / "chat_template.jinja").write_text(
+        "{%- for m in messages %}{%- if m['role'] == 'user' %}<|im_start|>user\n{{ m['content'] }}<|im_end|>\n"
+        "{%- endif %}{%- endfor %}")
+    problems = preflight_problems(load_spec(_spec(tmp_path, model={"path": str(model)})))
+    [p] = [p for p in problems if "assistant tokens" in p.message]
+    assert p.field == "model.path" and "generation" in p.fix
+
+
+def test_seq_len_must_suit_the_gpu_kernels(tmp_path):
+    spec = load_spec(_spec(tmp_path, hardware={"device": "cuda"}, train={"seq_len": 1001}))
+    [p] = [p for p in preflight_problems(spec) if p.field == "train.seq_len"]
+    assert "multiple of 8" in p.message and "1001" in p.message and p.fix == "use 1008"
+    assert not [p for p in preflight_problems(load_spec(_spec(tmp_path, train={"seq_len": 1001})))
+                if p.field == "train.seq_len"]  # any length works on CPU
+
+
+def test_seq_len_not_positive_is_a_schema_error(tmp_path):
+    with pytest.raises(SpecError, match="train.seq_len"):
+        load_spec(_spec(tmp_path, train={"seq_len": 0}))
+
+
+def test_model_whose_recurrent_layers_cannot_pack(tmp_path):
+    d = _config_dir(tmp_path, "granite", GraniteMoeHybridConfig(num_hidden_layers=2, hidden_size=64, mamba_n_heads=8,
+                                                                 vocab_size=512))
+    spec = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}))
+    [p] = [p for p in preflight_problems(spec) if p.field == "train.packing"]
+    assert "would not stay apart" in p.message and "train.packing=false" in p.fix
+    off = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}, train={"packing": False}))
+    assert "train.packing" not in _fields(preflight_problems(off))
+
+
+def test_hybrid_gated_delta_model_packs_through_the_per_document_path(tmp_path):
+    cfg = Qwen3_5TextConfig(num_hidden_layers=2, hidden_size=32, vocab_size=512,
+                            layer_types=["linear_attention", "full_attention"])
+    d = _config_dir(tmp_path, "hybrid", cfg)
+    spec = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}))
+    assert preflight_problems(spec) == []
+    trl = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}, engine="trl"))
+    assert "train.packing" in _fields(preflight_problems(trl))
+
+
+def test_pretrained_init_needs_weights(tmp_path):
+    d = _config_dir(tmp_path, "noweights", Qwen3_5TextConfig(num_hidden_layers=2, hidden_size=32, vocab_size=512,
+                                                              layer_types=["linear_attention", "full_attention"]))
+    [p] = [p for p in preflight_problems(load_spec(_spec(tmp_path, model={"path": str(d)}))) if p.field == "model.init"]
+    assert "no weights" in p.message and "model.init=random" in p.fix
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    data = tmp_path / "plain.jsonl"
+    data.write_text(json.dumps({"text": "x"}) + "\n")
+    spec = load_spec(_spec(tmp_path, dataset={"path": str(data)}, hardware={"device": "cuda"},
+                           train={"seq_len": 100}))
+    with pytest.raises(SpecError) as err:
+        preflight(spec)
+    assert {"dataset.messages_field", "train.seq_len"} <= _fields(err.value.problems)
+
+
+def _cli_runs_preflight() -> bool:
+    from runner import session
+
+    return "preflight(" in inspect.getsource(session)
+
+
+@pytest.mark.skipif(not _cli_runs_preflight(), reason="runner.session does not call runner.preflight.preflight yet")
+def test_cli_refuses_bad_input_before_creating_anything(tmp_path, capsys):
+    data = tmp_path / "plain.jsonl"
+    data.write_text(json.dumps({"text": "x"}) + "\n")
+    spec = _spec(tmp_path, dataset={"path": str(data)})
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "dataset.messages_field" in err and "fix:" in err and "Traceback" not in err
+    assert not any(runs.glob("*")) and not any(records.glob("*"))
