@@ -22,7 +22,6 @@ from runner.spec import RunSpec
 from tui.backends import Backends
 from tui.specform import DEFAULT_RECIPE, full_dict, load_recipe_dict, plan_resolve
 
-SAMPLER_INTERVAL_S = 2.0
 START_SCREENS = ("wizard", "model", "dataset", "hardware", "method", "plan", "launch", "records", "dashboard",
                  "summary")
 
@@ -30,7 +29,6 @@ START_SCREENS = ("wizard", "model", "dataset", "hardware", "method", "plan", "la
 @dataclass
 class Launched(Message):
     active: Any
-    sampler: Any
     estimate: dict[str, Any] | None
     original: dict[str, Any] | None
 
@@ -88,9 +86,15 @@ class SftApp(App):
         if s == "dashboard":
             from tui.screens.dashboard import DashboardScreen
 
+            from runner.records import RecordError, load
+
             if self.run_dir is None:
                 raise ValueError("start_screen='dashboard' needs run_dir")
-            return DashboardScreen(self.run_dir, clock=self.clock, poll_s=self.poll_s)
+            try:  # the run's record, when it is in our records folder, holds what was predicted
+                estimate = load(self.records_dir / f"{Path(self.run_dir).name}.json").get("estimate")
+            except RecordError:
+                estimate = None
+            return DashboardScreen(self.run_dir, estimate=estimate, clock=self.clock, poll_s=self.poll_s)
         if s == "summary":
             from runner.records import load
             from tui.screens.summary import SummaryScreen
@@ -123,7 +127,6 @@ class SftApp(App):
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch")
     def _launch(self, spec: RunSpec, original: dict[str, Any] | None, force: bool) -> None:
         from runner import run as run_mod
-        from runner.sampler import NodeSampler
         from runner.session import preflight_estimate
 
         try:
@@ -151,16 +154,13 @@ class SftApp(App):
         except Exception as e:  # noqa: BLE001
             self.post_message(LaunchFailed(f"{type(e).__name__}: {e}"))
             return
-        # The launcher does not sample this node: the dashboard's GPU panel needs it.
-        sampler = NodeSampler(active.paths.run_dir, node=0, interval_s=SAMPLER_INTERVAL_S)
-        sampler.start()
-        self.post_message(Launched(active, sampler, estimate, original))
+        self.post_message(Launched(active, estimate, original))
 
     def on_launched(self, message: Launched) -> None:
         from tui.screens.dashboard import DashboardScreen
 
         self._call_launch_done()
-        self.push_screen(DashboardScreen(message.active.paths.run_dir, active=message.active, sampler=message.sampler,
+        self.push_screen(DashboardScreen(message.active.paths.run_dir, active=message.active,
                                          estimate=message.estimate, clock=self.clock, poll_s=self.poll_s,
                                          original=message.original))
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+from runner.errors import Problem
 from runner.spec import RunSpec
 
 # GPU types offered for planning when runner.catalog does not list its own (names as the spec takes them).
@@ -41,6 +42,7 @@ class Backends:
     load_arch_fn: Callable[[RunSpec], dict[str, Any]] | None = None
     detect_gpus_fn: Callable[[], list[dict[str, Any]]] | None = None
     gpu_types_list: Sequence[str] | None = None
+    preflight_fn: Callable[[RunSpec], list[Problem]] | None = None
 
     def estimate(self, spec: RunSpec) -> dict[str, Any]:
         """The estimator's dict for a resolved spec; EstimatorUnavailable when runner.estimate is absent."""
@@ -72,7 +74,26 @@ class Backends:
             if not arch:
                 raise EstimatorUnavailable("architecture unavailable (no runner.catalog, no arch in the estimate)")
             return dict(arch)
-        return _as_dict(load_arch(spec))
+        loaded = load_arch(spec)
+        arch = getattr(loaded, "arch", loaded)
+        out = dict(arch.summary()) if hasattr(arch, "summary") else _as_dict(arch)
+        if getattr(loaded, "source", None):
+            out["source"] = loaded.source
+        reasons = getattr(arch, "approximate_reasons", None)
+        if reasons:
+            out["approximate"] = "; ".join(reasons)
+        return out
+
+    def preflight(self, spec: RunSpec) -> list[Problem]:
+        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.preflight
+        finds it; EstimatorUnavailable when that module is absent."""
+        if self.preflight_fn is not None:
+            return self.preflight_fn(spec)
+        try:
+            from runner.preflight import preflight_problems
+        except ImportError as e:
+            raise EstimatorUnavailable(f"preflight unavailable ({e})") from None
+        return preflight_problems(spec)
 
     def detect_gpus(self) -> list[dict[str, Any]]:
         if self.detect_gpus_fn is not None:

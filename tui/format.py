@@ -51,3 +51,11 @@ def show_path(path: str | os.PathLike[str] | None) -> str:
     home = str(Path.home())
     text = str(p)
     return "~" + text[len(home):] if home != "/" and text.startswith(home + os.sep) else text
+
+
+def theme_color(app: Any, name: str, fallback: str = "default") -> str:
+    """A design-token colour as a hex string, for Rich renderables (DataTable cells) that cannot take `$name`."""
+    try:
+        return app.get_css_variables().get(name, fallback)
+    except Exception:  # noqa: BLE001 - before the app is running there is no theme yet
+        return fallback

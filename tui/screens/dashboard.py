@@ -1,4 +1,4 @@
-"""Dashboard of a live (or finished) run: per-rank loss chart and table, GPU panel, throughput, ETA, log tail, cancel."""
+"""Dashboard of a run: per-rank loss chart and table, GPU panel, throughput, ETA, log tail, cancel."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from textual.widgets import DataTable, Footer, Header, Static
 from runner.failure import log_tail
 from runner.monitor import RunView
 from tui import format as fmt
-from tui.screens.wizard import theme_color
 from tui.widgets.chart import LossChart
 
 POLL_S = 0.5  # new events reach the screen within this plus one frame
@@ -47,19 +46,17 @@ class DashboardScreen(Screen):
         Binding("c", "cancel_run", "Cancel run"),
         Binding("s", "toggle_smooth", "Smoothed"),
         Binding("r", "next_rank", "Next rank log"),
-        Binding("enter", "summary", "Summary", show=False),
         Binding("u", "summary", "Summary"),
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, run_dir: Path, active: Any = None, sampler: Any = None, estimate: dict[str, Any] | None = None,
+    def __init__(self, run_dir: Path, active: Any = None, estimate: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
                  original: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.name
         self.active = active
-        self.sampler = sampler
         self.estimate = estimate
         self.clock = clock
         self.poll_s = poll_s
@@ -77,7 +74,6 @@ class DashboardScreen(Screen):
         self._row_keys: set[int] = set()
         self._row_cache: dict[int, list[Any]] = {}
         self._notified_failure = False
-        self.on_poll: Callable[[DashboardScreen], None] | None = None  # benchmark hook
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -116,8 +112,6 @@ class DashboardScreen(Screen):
             changed = self.view.poll()
             self.refresh_view(changed)
             self._watch_process()
-            if self.on_poll is not None:
-                self.on_poll(self)
         finally:
             if reschedule:
                 self._schedule()
@@ -149,16 +143,16 @@ class DashboardScreen(Screen):
         max_steps = view.max_steps
         step = view.global_step
         bar_w = 20
-        parts = [Content(f"step {step}/{max_steps}" if max_steps else f"step {step}").stylize("bold")]
+        status, token = self._status()
+        parts = [Content(f" {status} ").stylize(f"bold $text-{token} on ${token}-muted"), Content("  "),
+                 Content(f"step {step}/{max_steps}" if max_steps else f"step {step}").stylize("bold")]
         if max_steps:
             done = min(1.0, step / max_steps)
             filled = round(done * bar_w)
             parts += [Content("  "), Content("━" * filled).stylize("$primary"),
-                      Content("━" * (bar_w - filled)).stylize("$text-muted"), Content(f" {100 * done:3.0f}%")]
+                      Content("━" * (bar_w - filled)).stylize("$text-disabled"), Content(f" {100 * done:3.0f}%")]
         parts.append(Content(f"  {view.tokens_per_s:,.0f} tok/s  ETA {fmt.duration(view.eta_s)}  "
                              f"ranks {len(view.ranks)}/{view.world_size}"))
-        status, token = self._status()
-        parts += [Content("  "), Content(f" {status} ").stylize(f"bold $text-{token} on ${token}-muted")]
         self.query_one("#run-line", Static).update(Content("").join(parts))
 
     def _status(self) -> tuple[str, str]:
@@ -181,7 +175,7 @@ class DashboardScreen(Screen):
         view = self.view
         table = self.query_one("#ranks", DataTable)
         stragglers, stalled = set(view.stragglers()), set(view.stalled())
-        colors = {k: theme_color(self.app, k) for k in ("error", "warning", "success")}
+        colors = {k: fmt.theme_color(self.app, k) for k in ("error", "warning", "success")}
         for r in sorted(view.ranks):
             rs = view.ranks[r]
             flags = [rs.status]
@@ -227,24 +221,25 @@ class DashboardScreen(Screen):
                 lines.append(Content(f"estimate {fmt.gib(est_gib, 2)} GiB per rank").stylize("$text-muted"))
             panel.update(Content("\n").join(lines))
             return
-        head = "gpu  util  mem GiB" + (f" (est {fmt.gib(est_gib)})" if est_gib is not None else "") + "  °C    W"
-        lines.append(Content(head).stylize("$text-muted"))
+        if est_gib is not None:
+            lines.append(Content(f"estimate {fmt.gib(est_gib)} GiB per GPU").stylize("$text-muted"))
         last_node = None
         for (node, index), g in sorted(view.gpus.items()):
             if node != last_node:
-                host = g.host or ""
-                lines.append(Content(f"node {node} {host}").stylize("bold"))
+                lines.append(Content(f"node {node} {g.host or ''}").stylize("bold"))
                 last_node = node
             util = g.util_pct
             bar_n = 0 if util is None else round(util / 100 * 5)
-            mem_style = "$text-error" if (est_gib is not None and g.mem_used_gib is not None and g.mem_total_gib and
-                                          g.mem_used_gib > 0.97 * g.mem_total_gib) else ""
+            near_full = g.mem_used_gib is not None and bool(g.mem_total_gib) and \
+                g.mem_used_gib > 0.95 * g.mem_total_gib
+            over_est = est_gib is not None and g.mem_used_gib is not None and g.mem_used_gib > 1.1 * est_gib
             lines.append(Content("").join([
-                Content(f"{index:>3} "),
+                Content(f"{index:>2} "),
                 Content("▮" * bar_n).stylize("$success"), Content("▯" * (5 - bar_n)).stylize("$text-muted"),
-                Content(f"{fmt.num(util, '3.0f')}% "),
-                Content(f"{fmt.gib(g.mem_used_gib)}/{fmt.gib(g.mem_total_gib, 0)}").stylize(mem_style),
-                Content(f" {fmt.num(g.temp_c, '.0f'):>3} {fmt.num(g.power_w, '.0f'):>4}"),
+                Content(f"{fmt.num(util, '4.0f')}% "),
+                Content(f"{fmt.gib(g.mem_used_gib)}/{fmt.gib(g.mem_total_gib, 0)}G").stylize(
+                    "$text-error" if near_full else "$text-warning" if over_est else ""),
+                Content(f" {fmt.num(g.temp_c, '.0f'):>3}° {fmt.num(g.power_w, '.0f'):>4}W"),
             ]))
         panel.update(Content("\n").join(lines))
 
@@ -295,8 +290,6 @@ class DashboardScreen(Screen):
                 self._update_log()
 
     def action_cancel_run(self) -> None:
-        from tui.screens.modals import ConfirmScreen
-
         if self.active is None:
             self.notify("this dashboard is attached to a run it did not launch: cancel it where it was started",
                         severity="warning")
@@ -311,13 +304,17 @@ class DashboardScreen(Screen):
                 self._set_banner("cancelling: ranks stop at the next step boundary…", "warning")
                 self.end_run(cancel=True)
 
-        self.app.push_screen(ConfirmScreen(f"Cancel run {self.run_id}?\nRanks stop at the next step boundary; "
-                                           "the record is finished as cancelled.", yes="Cancel run", no="Keep running",
-                                           danger=True), answer)
+        self.app.push_screen(self.cancel_dialog(), answer)
+
+    def cancel_dialog(self) -> Any:
+        from tui.screens.modals import ConfirmScreen
+
+        return ConfirmScreen(f"Cancel run {self.run_id}?\nRanks stop at the next step boundary; the record is "
+                             "finished as cancelled.", yes="Cancel run", no="Keep running", danger=True)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="end")
     def end_run(self, cancel: bool) -> None:
-        """Cancel (if asked), wait for torchrun, finish the record, stop the sampler; posts RunEnded."""
+        """Cancel (if asked), wait for torchrun, finish the record (which stops the node sampler); posts RunEnded."""
         active = self.active
         record = None
         code = -1
@@ -334,9 +331,6 @@ class DashboardScreen(Screen):
                 replay = compare(self.original, record, tolerance(active.spec))
         except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed
             error = f"{type(e).__name__}: {e}"
-        finally:
-            if self.sampler is not None:
-                self.sampler.stop()
         self.post_message(RunEnded(record, code, replay, error))
 
     def on_run_ended(self, message: RunEnded) -> None:

@@ -21,7 +21,7 @@ from runner.compare import diff_records, summary_row
 from runner.errors import UserError
 from runner.records import RecordError, list_records, load, verify
 from tui import format as fmt
-from tui.screens.wizard import theme_color
+from tui.widgets.chart import LossChart
 
 COLUMNS = (("mark", " "), ("id", "id"), ("created", "created"), ("status", "status"), ("model", "model"),
            ("method", "method"), ("steps", "steps"), ("final_loss", "final loss"), ("tokens_per_s", "tok/s"))
@@ -73,13 +73,13 @@ class RecordsScreen(Screen):
                       reverse=True)
         self.records = {r["id"]: r for r in recs if r.get("id")}
         self.marked = [m for m in self.marked if m in self.records]
-        colors = {k: theme_color(self.app, v) for k, v in STATUS_COLOR.items()}
+        colors = {k: fmt.theme_color(self.app, v) for k, v in STATUS_COLOR.items()}
         for rec in self.records.values():
             row = summary_row(rec)
             table.add_row(
                 "●" if row["id"] in self.marked else " ",
                 row["id"],
-                (row["created"] or "")[:19].replace("T", " "),
+                (row["created"] or "")[:16].replace("T", " "),
                 Text(str(row["status"]), style=colors.get(row["status"], "")),
                 row["model"] or "-",
                 row["method"],
@@ -184,8 +184,8 @@ class RecordsScreen(Screen):
             return
         rows = message.drift
         if rows:
-            listed = "\n".join(f"  {r['pin']}: {r['recorded']} → {r['current']}" + (" (strict)" if r["strict"] else "")
-                               for r in rows[:8])
+            listed = "\n".join(f"  {r['pin']}: {r['recorded']} → {r['current']}" +
+                               (" (strict)" if r["strict"] else "") for r in rows[:8])
             more = f"\n  … and {len(rows) - 8} more" if len(rows) > 8 else ""
             drift_text = f"{len(rows)} pin(s) differ from the record:\n{listed}{more}"
         else:
@@ -245,6 +245,12 @@ class RecordScreen(Screen):
             with TabPane("Overview", id="tab-overview"):
                 with VerticalScroll():
                     yield Static(self._overview(), id="record-overview")
+                    curves = (rec.get("metrics") or {}).get("loss_curve") or {}
+                    if curves:
+                        chart = LossChart(id="record-chart")
+                        chart.set_series({int(r): [(int(s), float(v)) for s, v in c if v is not None]
+                                          for r, c in curves.items()})
+                        yield chart
             with TabPane("Spec", id="tab-spec"):
                 with VerticalScroll():
                     yield Static(_yaml(rec.get("spec") or {}), markup=False, id="record-spec")

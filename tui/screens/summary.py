@@ -1,4 +1,4 @@
-"""Summary of a finished run: status, record path, final metrics, estimate vs measured memory, failure, exports, replay."""
+"""Summary of a finished run: status, record, metrics, estimated vs measured memory, failure, exports, replay."""
 
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ class SummaryScreen(Screen):
         rec = self.record
         status = rec.get("status") or "?"
         token = STATUS_TOKEN.get(status, "primary")
-        rows = [("record", fmt.show_path(self.record_path)), ("id", str(rec.get("id"))), ("created", str(rec.get("created"))),
+        rows = [("record", fmt.show_path(self.record_path)), ("id", str(rec.get("id"))),
+                ("created", str(rec.get("created"))),
                 ("finished", str(rec.get("finished"))), ("lock", (rec.get("lock") or "-")[:16] + "…")]
         if rec.get("replay_of"):
             rows.append(("replay of", rec["replay_of"]))

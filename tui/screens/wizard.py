@@ -1,14 +1,14 @@
-"""The wizard: Model → Dataset → Hardware → Method → Plan → Launch over one spec dict, validated live by runner.spec."""
+"""The wizard: Model → Dataset → Hardware → Method → Plan → Launch over one spec dict, validated live."""
 
 from __future__ import annotations
 
+import copy
 import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,7 +17,8 @@ from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Button, ContentSwitcher, DataTable, Footer, Header, OptionList, Static
+from textual.widget import Widget
+from textual.widgets import Button, ContentSwitcher, Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
@@ -25,7 +26,7 @@ from runner.errors import Problem, UserError
 from runner.spec import RunSpec, field_docs, validate
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
-from tui.specform import get_path, plan_resolve, problems_of, set_path
+from tui.specform import field_of, get_path, plan_resolve, problems_of, set_path
 from tui.widgets.fields import Kind, SpecField
 from tui.widgets.membar import MemoryBar
 
@@ -87,6 +88,7 @@ LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules
 ARCH_INPUTS = ("model.",)
 DATA_INPUTS = ("model.", "dataset.", "train.seq_len")
 DEBOUNCE_S = 0.4
+HELP_HINT = "tab/shift+tab: fields · ^n/^p: next/previous step · a focused field's meaning shows here"
 
 
 def literal_options(path: str) -> list[Any]:
@@ -120,14 +122,6 @@ def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
                       default=str)
 
 
-def theme_color(app: Any, name: str, fallback: str = "default") -> str:
-    """A design-token colour as a hex string, for Rich renderables (DataTable cells) that cannot take `$name`."""
-    try:
-        return app.get_css_variables().get(name, fallback)
-    except Exception:  # noqa: BLE001 - before the app is running there is no theme yet
-        return fallback
-
-
 VERDICT_TOKEN = {"fits": "success", "tight": "warning", "does not fit": "error"}
 
 
@@ -153,6 +147,12 @@ class WizardScreen(Screen):
         sweep: dict[str, Any]
 
     @dataclass
+    class PreflightReady(Message):
+        key: str
+        problems: list[Problem] | None
+        note: str | None
+
+    @dataclass
     class ArchReady(Message):
         key: str
         arch: dict[str, Any] | None
@@ -172,12 +172,17 @@ class WizardScreen(Screen):
         super().__init__()
         self.data = data
         self.step = step if step in STEP_IDS else "model"
+        self.first_step = self.step
+        self.ready = False  # every pane is mounted (see _mount_rest)
         self.docs = {p: (doc, default) for p, doc, default in field_docs()}
         self.problems: list[Problem] = []
         self.gpus: list[dict[str, Any]] | None = None
         self.plan: dict[str, Any] | None = None
+        self.sweep: dict[str, Any] | None = None  # the what-if table for the current plan
+        self.preflight: list[Problem] | None = None
+        self.plan_complete = False  # estimate, sweep and preflight of the current spec are all shown
         self._keys: dict[str, str] = {}  # pane -> spec key its content was computed for
-        self._timers: dict[str, Timer] = {}
+        self._debounce: dict[str, Timer] = {}
         self.launching = False
 
     # -- layout ------------------------------------------------------------------------------------
@@ -189,51 +194,59 @@ class WizardScreen(Screen):
                              id="steps")
             with Vertical(id="wizard-main"):
                 with ContentSwitcher(initial=f"pane-{self.step}", id="panes"):
-                    with VerticalScroll(id="pane-model", classes="pane"):
-                        yield Static("Model", classes="pane-title")
-                        yield from self._fields("model")
-                        yield Static("", id="arch", classes="info")
-                    with VerticalScroll(id="pane-dataset", classes="pane"):
-                        yield Static("Dataset", classes="pane-title")
-                        yield from self._fields("dataset")
-                        yield Static("", id="data-detect", classes="info")
-                        yield Static("", id="data-preview", classes="preview")
-                        yield Static("", id="data-packing", classes="info")
-                    with VerticalScroll(id="pane-hardware", classes="pane"):
-                        yield Static("Hardware", classes="pane-title")
-                        yield Static("detecting GPUs…", id="gpus-detected", classes="info")
-                        yield from self._fields("hardware")
-                        yield Static("", id="hw-summary", classes="info")
-                    with VerticalScroll(id="pane-method", classes="pane"):
-                        yield Static("Method", classes="pane-title")
-                        yield from self._fields("method")
-                    with VerticalScroll(id="pane-plan", classes="pane"):
-                        yield Static("Plan", classes="pane-title")
-                        yield Static("computing the plan…", id="plan-verdict")
-                        yield MemoryBar(id="plan-bar")
-                        yield Static("", id="plan-time", classes="info")
-                        yield Static("", id="plan-suggestion")
-                        yield Static("what-if: peak GiB per GPU by tokens per block × GPU type", id="sweep-title",
-                                     classes="section")
-                        yield DataTable(id="sweep", cursor_type="none", zebra_stripes=False, show_cursor=False)
-                        yield Static("command", classes="section")
-                        yield Static("", id="plan-commands", classes="command", markup=False)
-                    with VerticalScroll(id="pane-launch", classes="pane"):
-                        yield Static("Launch", classes="pane-title")
-                        yield from self._fields("launch")
-                        yield Static("", id="launch-summary", classes="info")
-                        with Horizontal(id="launch-buttons"):
-                            yield Button("Launch ^l", id="launch", variant="success", compact=True)
-                            yield Button("Save recipe ^s", id="save", compact=True)
-                            yield Button("Load recipe ^o", id="load", compact=True)
+                    # Only the first step's pane is filled before the first frame; the rest follow right after it
+                    # (see _mount_rest): a few hundred widgets fewer to build and style before anything shows.
+                    for step in STEP_IDS:
+                        with VerticalScroll(id=f"pane-{step}", classes="pane"):
+                            if step == self.step:
+                                yield from self._pane(step)
                 with Horizontal(id="wizard-nav"):
                     yield Button("◀ Back ^p", id="back", compact=True)
                     yield Static("", id="problems")
                     yield Button("Next ^n ▶", id="next", compact=True)
-        yield Static("", id="help", markup=False)
+        yield Static(HELP_HINT, id="help", markup=False)
         yield Footer()
 
-    def _fields(self, step: str) -> ComposeResult:
+    def _pane(self, step: str) -> list[Widget]:
+        """The widgets of one step's pane."""
+        title = Static(dict(STEPS)[step], classes="pane-title")
+        if step == "model":
+            return [title, *self._fields("model"), Static("", id="arch", classes="info")]
+        if step == "dataset":
+            return [title, *self._fields("dataset"), Static("", id="data-detect", classes="info"),
+                    Static("", id="data-preview", classes="preview"), Static("", id="data-packing", classes="info")]
+        if step == "hardware":
+            return [title, Static("detecting GPUs…", id="gpus-detected", classes="info"), *self._fields("hardware"),
+                    Static("", id="hw-summary", classes="info")]
+        if step == "method":
+            return [title, *self._fields("method")]
+        if step == "plan":
+            return [title, Static("computing the plan…", id="plan-verdict"), MemoryBar(id="plan-bar"),
+                    Static("", id="plan-time", classes="info"), Static("", id="plan-suggestion"),
+                    Static("what-if: peak GiB per GPU by tokens per block × GPU type", id="sweep-title",
+                           classes="section"),
+                    Static("", id="sweep"),
+                    Static("", id="plan-preflight", classes="info"),
+                    Static("command", classes="section"), Static("", id="plan-commands", classes="command",
+                                                                 markup=False)]
+        return [title, *self._fields("launch"), Static("", id="launch-summary", classes="info"),
+                Horizontal(Button("Launch ^l", id="launch", variant="success", compact=True),
+                           Button("Save recipe ^s", id="save", compact=True),
+                           Button("Load recipe ^o", id="load", compact=True), id="launch-buttons")]
+
+    async def _mount_rest(self) -> None:
+        for step in STEP_IDS:
+            if step != self.first_step:
+                await self.query_one(f"#pane-{step}", VerticalScroll).mount_all(self._pane(step))
+        self.ready = True
+        self.revalidate()
+        self._show_lora()
+        # Background work starts after the first frame: its threads would hold the GIL while it is drawn.
+        self.detect_gpus()
+        self._on_step_shown()
+
+    def _fields(self, step: str) -> list[SpecField]:
+        out = []
         for path, label, kind in FIELDS[step]:
             doc, default = self.docs.get(path, ("", None))
             options: list[Any] | None = None
@@ -243,7 +256,8 @@ class WizardScreen(Screen):
                               options=options)
             if path in LORA_FIELDS:
                 field.add_class("lora-only")
-            yield field
+            out.append(field)
+        return out
 
     @staticmethod
     def _step_prompt(i: int, step: str, label: str, bad: int = 0) -> Content:
@@ -253,11 +267,11 @@ class WizardScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = "new run"
         steps = self.query_one("#steps", OptionList)
-        steps.highlighted = STEP_IDS.index(self.step)
+        with steps.prevent(OptionList.OptionHighlighted):
+            steps.highlighted = STEP_IDS.index(self.step)
         self.revalidate()
         self._show_lora()
-        self.detect_gpus()
-        self._on_step_shown()
+        self.call_after_refresh(self._mount_rest)
 
     # -- navigation --------------------------------------------------------------------------------
 
@@ -268,7 +282,9 @@ class WizardScreen(Screen):
         self.query_one("#panes", ContentSwitcher).current = f"pane-{step}"
         steps = self.query_one("#steps", OptionList)
         if steps.highlighted != STEP_IDS.index(step):
-            steps.highlighted = STEP_IDS.index(step)
+            # Set quietly: an echoed OptionHighlighted arriving after a newer change would switch back.
+            with steps.prevent(OptionList.OptionHighlighted):
+                steps.highlighted = STEP_IDS.index(step)
         self.query_one("#back", Button).disabled = step == STEP_IDS[0]
         self.query_one("#next", Button).disabled = step == STEP_IDS[-1]
         self._on_step_shown()
@@ -283,6 +299,10 @@ class WizardScreen(Screen):
 
     @on(OptionList.OptionHighlighted, "#steps")
     def _step_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        # A queued event older than the list's current highlight (the list highlights its first option when it
+        # gets focus on mount) must not switch steps back.
+        if event.option_index != event.option_list.highlighted:
+            return
         if event.option.id and event.option.id != self.step:
             self.go(event.option.id)
 
@@ -295,6 +315,8 @@ class WizardScreen(Screen):
         self.action_prev_step()
 
     def _on_step_shown(self) -> None:
+        if not self.ready:
+            return
         if self.step == "model":
             self._schedule("arch", 0)
         elif self.step == "dataset":
@@ -332,11 +354,12 @@ class WizardScreen(Screen):
 
     def revalidate(self) -> None:
         self.problems = problems_of(self.data)
+        # Problems of fields the wizard does not show stay in the problem bar and the Launch step's list.
         by_field: dict[str, list[Problem]] = {p: [] for p in ALL_FIELDS}
-        unplaced: list[Problem] = []
         for problem in self.problems:
-            f = problem.field and _field_of(problem.field)
-            (by_field[f] if f else unplaced).append(problem)
+            f = problem.field and field_of(problem.field, ALL_FIELDS)
+            if f:
+                by_field[f].append(problem)
         for field in self.query(SpecField):
             field.set_problems(by_field.get(field.path, []))
         bad_per_step = {s: sum(len(by_field[p]) for p, _, _ in FIELDS.get(s, [])) for s in STEP_IDS}
@@ -351,49 +374,51 @@ class WizardScreen(Screen):
             n = len(self.problems)
             text = f"✗ {n} problem{'s' if n != 1 else ''}: {first}"
             bar.update(Content(text).stylize("$text-error"))
-        self.query_one("#launch", Button).disabled = bool(self.problems) or self.launching
-        self.bad_per_step = bad_per_step
-        self.unplaced = unplaced
+        if self.ready:
+            self._update_launch()
 
     # -- background work ---------------------------------------------------------------------------
 
     def _schedule(self, what: str, delay_s: float = DEBOUNCE_S) -> None:
-        timer = self._timers.pop(what, None)
+        timer = self._debounce.pop(what, None)
         if timer is not None:
             timer.stop()
-        self._timers[what] = self.set_timer(delay_s, lambda: self._start(what))
+        self._debounce[what] = self.set_timer(max(delay_s, 0.01), lambda: self._start(what))
 
     def _start(self, what: str) -> None:
-        self._timers.pop(what, None)
+        self._debounce.pop(what, None)
         if what == "arch":
             key = spec_key(self.data, ARCH_INPUTS)
             if self._keys.get("arch") != key:
                 self._keys["arch"] = key
                 self.query_one("#arch", Static).update(Content("reading the architecture…").stylize("$text-muted"))
-                self.load_arch(dict(self.data), key)
+                self.load_arch(copy.deepcopy(self.data), key)
         elif what == "data":
             key = spec_key(self.data, DATA_INPUTS)
             if self._keys.get("data") != key:
                 self._keys["data"] = key
                 self.query_one("#data-detect", Static).update(
                     Content("loading the tokenizer and a sample…").stylize("$text-muted"))
-                self.load_preview(dict(self.data), key)
+                self.load_preview(copy.deepcopy(self.data), key)
         elif what == "plan":
             key = spec_key(self.data)
             if self._keys.get("plan") != key:
                 self._keys["plan"] = key
+                self.sweep = None
+                self.preflight = None
+                self.plan_complete = False
+                self.query_one("#plan-preflight", Static).update(Content("preflight: checking…").stylize(
+                    "$text-muted"))
                 self.query_one("#plan-verdict", Static).update(Content("computing the plan…").stylize("$text-muted"))
-                self.compute_plan(json.loads(json.dumps(self.data)), key)
+                self.compute_plan(copy.deepcopy(self.data), key)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="gpus")
     def detect_gpus(self) -> None:
         self.post_message(self.GpusReady(self.app.detected_gpus()))
 
     def on_wizard_screen_gpus_ready(self, message: GpusReady) -> None:
+        # The plan needs no recomputing: its worker asks the app for the same (cached) detection.
         self.gpus = message.gpus
-        if self.step in ("plan", "launch"):
-            self._keys.pop("plan", None)
-            self._schedule("plan", 0)
         self._update_hardware()
         self._update_launch()
 
@@ -474,15 +499,50 @@ class WizardScreen(Screen):
         except Exception as e:  # noqa: BLE001
             plan["command_error"] = f"{type(e).__name__}: {e}"
         self.post_message(self.PlanReady(key, plan))
-        if worker.is_cancelled or "estimate_error" in plan and "unavailable" in plan["estimate_error"]:
+        if worker.is_cancelled:
             return
         self.post_message(self.SweepReady(key, self._sweep(resolved, spec)))
+        if worker.is_cancelled:
+            return
+        self.post_message(self._preflight(key, resolved, planned))
+
+    def _preflight(self, key: str, resolved: RunSpec, planned: bool) -> PreflightReady:
+        try:
+            problems = self.app.backends.preflight(resolved)
+        except (EstimatorUnavailable, UserError) as e:
+            return self.PreflightReady(key, None, str(e))
+        except Exception as e:  # noqa: BLE001
+            return self.PreflightReady(key, None, f"preflight failed: {type(e).__name__}: {e}")
+        if planned:
+            # Visible-GPU checks are about this machine, which a planned target is not.
+            problems = [p for p in problems if not p.field.startswith("hardware.")]
+            return self.PreflightReady(key, problems, "GPU checks skipped for a planned target")
+        return self.PreflightReady(key, problems, None)
+
+    def on_wizard_screen_preflight_ready(self, message: PreflightReady) -> None:
+        if message.key != self._keys.get("plan"):
+            return
+        self.preflight = message.problems
+        self.plan_complete = True
+        widget = self.query_one("#plan-preflight", Static)
+        if message.problems is None:
+            widget.update(Content(f"preflight: {message.note}").stylize("$text-muted"))
+            return
+        note = Content(f" ({message.note})").stylize("$text-muted") if message.note else Content("")
+        if not message.problems:
+            widget.update(Content("✓ preflight: data, chat template, packing, attention, LoRA targets and GPUs "
+                                  "check out").stylize("$text-success") + note)
+            return
+        lines = [Content(f"✗ preflight found {len(message.problems)} problem(s):").stylize("bold $text-error") + note]
+        lines += [Content(f"  {p}").stylize("$text-error") for p in message.problems]
+        widget.update(Content("\n").join(lines))
 
     def _sweep(self, resolved: RunSpec, spec: RunSpec) -> dict[str, Any]:
         gpu_types = list(SWEEP_GPU_TYPES)
         if resolved.hardware.gpu != "auto" and resolved.hardware.gpu not in gpu_types:
             gpu_types.append(resolved.hardware.gpu)
-        axes = [("train.seq_len", list(SWEEP_SEQ_LENS)), ("hardware.gpu", gpu_types)]
+        seq_lens = sorted({*SWEEP_SEQ_LENS, resolved.train.seq_len})
+        axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
         target = resolved
         if resolved.hardware.device == "cpu":
             # The what-if is about GPUs: the same run on as many GPUs per node as it has ranks.
@@ -502,17 +562,22 @@ class WizardScreen(Screen):
         if message.key != self._keys.get("plan"):
             return
         self.plan = message.plan
+        if message.plan.get("error"):
+            self.plan_complete = True
         render_plan(self, message.plan)
         self._update_launch()
 
     def on_wizard_screen_sweep_ready(self, message: SweepReady) -> None:
         if message.key != self._keys.get("plan"):
             return
+        self.sweep = message.sweep
         render_sweep(self, message.sweep, self.plan or {})
 
     # -- hardware and launch panes -----------------------------------------------------------------
 
     def _update_hardware(self) -> None:
+        if not self.ready:
+            return
         detected = self.query_one("#gpus-detected", Static)
         if self.gpus is None:
             detected.update(Content("detecting GPUs…").stylize("$text-muted"))
@@ -537,6 +602,8 @@ class WizardScreen(Screen):
         self.query_one("#hw-summary", Static).update(text)
 
     def _update_launch(self) -> None:
+        if not self.ready:
+            return
         button = self.query_one("#launch", Button)
         summary = self.query_one("#launch-summary", Static)
         app = self.app
@@ -581,7 +648,7 @@ class WizardScreen(Screen):
 
     def action_launch(self) -> None:
         if self.problems:
-            first = _field_of(self.problems[0].field) if self.problems[0].field else None
+            first = field_of(self.problems[0].field, ALL_FIELDS) if self.problems[0].field else None
             self.notify(f"fix {len(self.problems)} problem(s) first: {self.problems[0]}", title="Cannot launch",
                         severity="error")
             if first:
@@ -656,12 +723,6 @@ class WizardScreen(Screen):
         self._on_step_shown()
 
 
-def _field_of(problem_field: str) -> str | None:
-    from tui.specform import field_of
-
-    return field_of(problem_field, ALL_FIELDS)
-
-
 # -- renderers (pure: dict in, Content out) ----------------------------------------------------------
 
 
@@ -669,7 +730,8 @@ def render_arch(arch: dict[str, Any]) -> Content:
     rows: list[tuple[str, str]] = []
     label = {"model_type": "type", "params_total": "parameters", "params_active": "active parameters",
              "layers": "layers", "num_hidden_layers": "layers", "layer_types": "layer types", "vocab": "vocab",
-             "vocab_size": "vocab", "hidden_size": "hidden size", "experts": "experts", "source": "from"}
+             "vocab_size": "vocab", "hidden": "hidden size", "hidden_size": "hidden size", "experts": "experts",
+             "source": "config from", "approximate": "approximate"}
     seen = set()
     for key, name in label.items():
         if key in arch and arch[key] is not None and name not in seen:
@@ -753,6 +815,7 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
     if plan.get("planned"):
         where += " (planned target; this machine has no GPU)"
     est = plan.get("estimate")
+    bar.display = est is not None
     if est is None:
         err = plan.get("estimate_error") or "no estimate"
         hint = " — pick a GPU type on the Hardware step to plan for one" if "hardware.gpu" in err else ""
@@ -772,7 +835,10 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
                     f" of {fmt.gib(capacity)} GiB {device_word}, headroom {fmt.gib(est.get('headroom_gib'))} GiB"),
             Content(" (approximate)").stylize("$text-warning") if est.get("approximate") else Content(""),
         ])
-        verdict_w.update(Content("\n").join([Content(where).stylize("$text-muted"), line]))
+        lines = [Content(where).stylize("$text-muted"), line]
+        if est.get("approximate") and est.get("approximate_reason"):
+            lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
+        verdict_w.update(Content("\n").join(lines))
         bar.set_estimate(est.get("breakdown"), est.get("per_gpu_gib"), capacity, device_word)
         time_w.update(Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
                               f"≈ {fmt.duration(est.get('total_s'))}"))
@@ -789,31 +855,35 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
 
 
 def render_sweep(screen: WizardScreen, sweep: dict[str, Any], plan: dict[str, Any]) -> None:
-    table = screen.query_one("#sweep", DataTable)
+    """The what-if grid as text: a Static, so that it is laid out with the rest of the pane in the same frame."""
+    grid_w = screen.query_one("#sweep", Static)
     title = screen.query_one("#sweep-title", Static)
-    table.clear(columns=True)
     if sweep.get("error"):
         title.update(Content(f"what-if table unavailable: {sweep['error']}").stylize("$text-muted"))
-        table.display = False
+        grid_w.display = False
         return
-    table.display = True
+    grid_w.display = True
     (_, seq_lens), (_, gpu_types) = sweep["axes"]
     title.update(f"what-if: peak GiB per GPU, {sweep.get('ranks')} GPU(s) per node, by tokens per block × GPU type")
     spec: RunSpec | None = plan.get("spec")
-    table.add_column("GPU", key="gpu")
+    first_w = max(len("GPU"), *(len(g) for g in gpu_types)) + 2
+    cell_w = 11
+    head = [Content(f"{'GPU':<{first_w}}").stylize("bold")]
     for s in seq_lens:
         mark = " •" if spec is not None and spec.train.seq_len == s else ""
-        table.add_column(f"{s:,}{mark}", key=str(s))
-    colors = {v: theme_color(screen.app, k) for v, k in (("fits", "success"), ("tight", "warning"),
-                                                        ("does not fit", "error"))}
+        head.append(Content(f"{f'{s:,}{mark}':>{cell_w}}").stylize("bold"))
+    lines = [Content("").join(head)]
     for g in gpu_types:
-        cells: list[Any] = [g]
+        cells = [Content(f"{g:<{first_w}}")]
         for s in seq_lens:
             row = sweep["grid"].get((s, g))
             if row is None:
-                cells.append("-")
+                cells.append(Content(f"{'-':>{cell_w}}"))
                 continue
             verdict = row.get("verdict") or ("fits" if row.get("fits") else "does not fit")
             mark = {"fits": "✓", "tight": "~", "does not fit": "✗"}.get(verdict, "?")
-            cells.append(Text(f"{fmt.gib(row.get('per_gpu_gib'))} {mark}", style=colors.get(verdict, "")))
-        table.add_row(*cells)
+            token = VERDICT_TOKEN.get(verdict, "warning")
+            text = f"{fmt.gib(row.get('per_gpu_gib'))} {mark}"
+            cells.append(Content(f"{text:>{cell_w}}").stylize(f"$text-{token}"))
+        lines.append(Content("").join(cells))
+    grid_w.update(Content("\n").join(lines))

@@ -55,15 +55,16 @@ class SpecField(Vertical):
     """A field of the spec dict at a dotted `path`; posts SpecField.Changed with the parsed value on each edit."""
 
     DEFAULT_CSS = """
-    SpecField { height: auto; margin: 0 0 0 0; }
+    SpecField { height: auto; }
     SpecField > Horizontal { height: auto; }
-    SpecField .field-label { width: 22; padding: 1 1 0 0; color: $text-muted; }
+    SpecField .field-label { width: 22; padding: 0 1 0 0; color: $text-muted; }
     SpecField Input, SpecField Select { width: 1fr; }
-    SpecField Switch { width: auto; }
-    SpecField .field-problem { display: none; color: $text-error; padding: 0 0 0 22; }
+    SpecField Switch { border: none; height: 1; padding: 0 1; width: auto; }
+    SpecField Switch:focus { background: $boost; text-style: reverse; }
+    SpecField .field-problem { display: none; color: $text-error; padding: 0 0 0 22; height: auto; }
     SpecField.-invalid .field-problem { display: block; }
-    SpecField.-invalid .field-label { color: $text-error; }
-    SpecField.-invalid Input { border: tall $error; }
+    SpecField.-invalid .field-label { color: $text-error; text-style: bold; }
+    SpecField.-invalid Input { background: $error 20%; }
     """
 
     @dataclass

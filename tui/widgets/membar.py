@@ -7,8 +7,9 @@ from typing import Any
 from textual.content import Content
 from textual.widget import Widget
 
-PART_STYLES = ("$primary", "$accent", "$success", "$warning", "$secondary", "$foreground-darken-1",
-               "$primary-lighten-2", "$accent-lighten-2")
+# Neighbouring parts get tokens of different hues (accent and warning are both orange in some themes).
+PART_STYLES = ("$primary", "$success", "$warning", "$secondary-lighten-2", "$error-lighten-2", "$primary-lighten-3",
+               "$success-darken-2", "$foreground-darken-2", "$accent-darken-2")
 
 
 class MemoryBar(Widget):
@@ -71,7 +72,7 @@ class MemoryBar(Widget):
 
     def _legend_lines(self, width: int) -> list[Content]:
         items = [Content("").join([Content("■ ").stylize(PART_STYLES[i % len(PART_STYLES)]),
-                                   Content(f"{name} {gib_:.1f}")])
+                                   Content(f"{name} {gib_:.2f}" if gib_ < 10 else f"{name} {gib_:.1f}")])
                  for i, (name, gib_) in enumerate(self.breakdown.items())]
         lines: list[Content] = []
         line = Content("")

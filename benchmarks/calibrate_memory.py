@@ -1,0 +1,141 @@
+"""Measured peak GPU memory against the estimator: the native engine's own train() per configuration, one process.
+
+    python benchmarks/calibrate_memory.py --out $OUT/calibration.json        # on the GPU (about 4 minutes)
+    python benchmarks/calibrate_memory.py --device cpu --quick --out /tmp/c.json   # the loop itself, on CPU
+
+Each row: estimate(spec) before, then `runner.train.native.train` for a few steps on the embedded chat data with a
+random-init model of the named architecture, then torch's peak allocated and reserved. Rows are written as they
+finish, so a run cut short still leaves its measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def model_dir(root: Path, name: str, config: dict) -> str:
+    """A config-only model folder (random init) with the embedded tokenizer beside it."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config))
+    for f in TOKENIZER_FILES:
+        shutil.copy(REPO / "recipes" / "embedded" / "tokenizer" / f, d / f)
+    return str(d)
+
+
+def configs(root: Path, quick: bool) -> list[tuple[str, list[str]]]:
+    from runner.catalog import catalog_config
+
+    qwen = model_dir(root, "qwen3-0.6b", catalog_config("Qwen/Qwen3-0.6B"))
+    oss = json.loads((REPO / "recipes/embedded/gpt-oss-reduced/config.json").read_text())
+    oss.update(num_hidden_layers=2, num_local_experts=8, layer_types=["sliding_attention", "full_attention"])
+    oss_dir = model_dir(root, "gpt-oss-2l-8e", oss)
+    hybrid = "embedded:qwen3.5-hybrid-reduced"
+    base = ["model.init=random", "model.dtype=bfloat16", "train.max_steps=3", "train.log_every=1"]
+    lora_oss = ["method.kind=lora", "method.lora.r=32", "method.lora.alpha=32",
+                "method.lora.target_parameters=[mlp.experts.gate_up_proj, mlp.experts.down_proj]",
+                "method.lora.rank_pattern={mlp.experts.gate_up_proj: 8, mlp.experts.down_proj: 8}"]
+    rows = [
+        ("qwen3-0.6b full 2k ckpt", [f"model.path={qwen}", "train.seq_len=2048", "train.activation_checkpointing=true"]),
+        ("qwen3-0.6b full 8k ckpt", [f"model.path={qwen}", "train.seq_len=8192", "train.activation_checkpointing=true"]),
+        ("qwen3-0.6b full 8k no-ckpt", [f"model.path={qwen}", "train.seq_len=8192"]),
+        ("qwen3-0.6b full 32k ckpt", [f"model.path={qwen}", "train.seq_len=32768",
+                                      "train.activation_checkpointing=true"]),
+        ("qwen3-0.6b lora 8k ckpt", [f"model.path={qwen}", "train.seq_len=8192", "method.kind=lora",
+                                     "train.activation_checkpointing=true"]),
+        ("qwen3-0.6b lora 32k ckpt", [f"model.path={qwen}", "train.seq_len=32768", "method.kind=lora",
+                                      "train.activation_checkpointing=true"]),
+        ("gpt-oss-2l lora 2k ckpt", [f"model.path={oss_dir}", "train.seq_len=2048", *lora_oss,
+                                     "train.activation_checkpointing=true"]),
+        ("gpt-oss-2l lora 8k ckpt", [f"model.path={oss_dir}", "train.seq_len=8192", *lora_oss,
+                                     "train.activation_checkpointing=true"]),
+        ("gpt-oss-2l lora 2k no-ckpt", [f"model.path={oss_dir}", "train.seq_len=2048", *lora_oss]),
+        ("gpt-oss-2l full 2k ckpt", [f"model.path={oss_dir}", "train.seq_len=2048",
+                                     "train.activation_checkpointing=true"]),
+        ("hybrid full 2k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=2048",
+                                 "train.activation_checkpointing=true"]),
+        ("hybrid full 8k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=8192",
+                                 "train.activation_checkpointing=true"]),
+        ("hybrid lora 8k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=8192",
+                                 "method.kind=lora", "train.activation_checkpointing=true"]),
+    ]
+    if quick:
+        rows = [(n, [o.replace("32768", "512").replace("8192", "256").replace("2048", "128") for o in ov])
+                for n, ov in rows[:2]]
+    return [(n, base + ov) for n, ov in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", help="substring of the row names to run")
+    args = ap.parse_args()
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29561"), ("RANK", "0"), ("LOCAL_RANK", "0"),
+                 ("WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    import torch
+
+    from runner.estimate import estimate
+    from runner.events import EventWriter
+    from runner.spec import load_spec, resolve
+    from runner.train import native, runtime
+
+    rt = runtime.init(args.device)
+    runtime.set_determinism(0, False, args.device)
+    work = Path(tempfile.mkdtemp(prefix="calib-"))
+    gpu = "H200" if args.device == "cuda" else "auto"
+    result = {"command": " ".join(["python", *sys.argv]), "device": args.device, "rows": []}
+    if args.device == "cuda":
+        result["gpu_name"] = torch.cuda.get_device_name()
+        result["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
+    for name, overrides in configs(work, args.quick):
+        if args.only and args.only not in name:
+            continue
+        row: dict = {"name": name, "overrides": overrides}
+        t0 = time.time()
+        try:
+            spec = resolve(load_spec("tiny-cpu", [*overrides, f"hardware.device={args.device}", "hardware.nproc_per_node=1",
+                                                  f"hardware.gpu={gpu}"]))
+            est = estimate(spec).to_dict()
+            row["estimate"] = {k: est.get(k) for k in ("per_gpu_gib", "per_gpu_allocated_gib", "breakdown",
+                                                      "attn_implementation", "loss_impl", "approximate")}
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            summary = native.train(spec, rt, EventWriter(work / f"{len(result['rows'])}.jsonl", 0), run_dir=work)
+            row["steps"] = summary["steps"]
+            row["final_loss"] = summary["final_loss"]
+            if args.device == "cuda":
+                row["peak_alloc_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+                row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+                alloc = row["estimate"]["per_gpu_allocated_gib"]
+                row["error_alloc"] = round((alloc - row["peak_alloc_gib"]) / row["peak_alloc_gib"], 4)
+        except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        row["wall_s"] = round(time.time() - t0, 1)
+        result["rows"].append(row)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(json.dumps({k: row.get(k) for k in ("name", "peak_alloc_gib", "peak_reserved_gib", "error_alloc",
+                                                    "wall_s", "error")}), flush=True)
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Tests of the Textual app: Pilot walks, real runs through the app, snapshots, the binary in tmux."""

@@ -1,0 +1,144 @@
+"""Pictures of every screen (pytest-textual-snapshot): the wizard's steps, dashboard, summary, records, record, diff.
+
+Deterministic by construction: fixed backends (estimate, sweep, architecture, no GPU), a synthetic run folder and
+records with fixed times and ids, a fixed clock for event ages, `python` as the interpreter, relative paths.
+Regenerate with `pytest tests/tui/test_snapshots.py --snapshot-update` and look at the report before committing.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, fixed_backends
+from tui.app import make_app
+
+SIZE = (120, 40)
+SMALL = (80, 24)
+
+
+async def settle(pilot) -> None:
+    """Wait until the screen is quiet: panes mounted, no debounce timer pending, no worker running, three times in
+    a row (a worker's result message can schedule more work)."""
+    app = pilot.app
+    deadline = time.monotonic() + 60
+    quiet = 0
+    while quiet < 3 and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        await app.workers.wait_for_complete()
+        screen = app.screen
+        busy = bool(getattr(screen, "_debounce", None)) or not getattr(screen, "ready", True)
+        if getattr(screen, "step", None) in ("plan", "launch"):
+            busy = busy or not screen.plan_complete
+        quiet = 0 if busy else quiet + 1
+    await pilot.pause(0.1)
+
+
+@pytest.fixture
+def in_repo(monkeypatch: pytest.MonkeyPatch, fixed_python: None) -> None:
+    """Wizard pictures show the shipped recipe's paths relative to the repository."""
+    monkeypatch.chdir(REPO)
+
+
+def wizard(step: str, **kw):
+    return make_app("runs", "records", kw.pop("initial_spec", "tiny-cpu"), step, backends=fixed_backends(), **kw)
+
+
+@pytest.mark.parametrize("step", ["model", "dataset", "hardware", "plan", "launch"])
+def test_wizard_step(snap_compare, in_repo: None, step: str) -> None:
+    assert snap_compare(wizard(step), terminal_size=SIZE, run_before=settle)
+
+
+def test_wizard_method_lora_with_a_problem(snap_compare, in_repo: None) -> None:
+    async def edit(pilot) -> None:
+        screen = pilot.app.screen
+        screen.query_one("#f-method-kind Select").value = "lora"
+        screen.query_one("#f-train-seq-len Input").value = "-5"
+        await settle(pilot)
+
+    assert snap_compare(wizard("method"), terminal_size=SIZE, run_before=edit)
+
+
+def test_wizard_plan_small_terminal(snap_compare, in_repo: None) -> None:
+    assert snap_compare(wizard("plan"), terminal_size=SMALL, run_before=settle)
+
+
+def test_wizard_plan_does_not_fit(snap_compare, in_repo: None) -> None:
+    """An 8 × H100 target that does not fit: red verdict, the bar over capacity, the suggestion, two nodes."""
+    from tui.specform import load_recipe_dict
+
+    data = load_recipe_dict("tiny-cpu", ["hardware.device=cuda", "hardware.gpu=H100-80GB", "hardware.nproc_per_node=8",
+                                         "hardware.nodes=2", "hardware.rdzv_endpoint=node0:29500",
+                                         "train.seq_len=32768"])
+    assert snap_compare(wizard("plan", initial_spec=data), terminal_size=SIZE, run_before=settle)
+
+
+def dashboard(synth: Path, theme: str | None = None):
+    app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
+                   backends=fixed_backends(), clock=lambda: CLOCK_T, poll_s=60.0)
+    if theme:
+        app.theme = theme
+    return app
+
+
+def test_dashboard(snap_compare, synth: Path) -> None:
+    assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=settle)
+
+
+def test_dashboard_small_terminal(snap_compare, synth: Path) -> None:
+    assert snap_compare(dashboard(synth), terminal_size=SMALL, run_before=settle)
+
+
+def test_dashboard_smoothed_light_theme(snap_compare, synth: Path) -> None:
+    assert snap_compare(dashboard(synth, "textual-light"), press=["s", "r"], terminal_size=SIZE, run_before=settle)
+
+
+@pytest.mark.parametrize("record_id", [RUN_ID, RUN_ID_B])
+def test_summary(snap_compare, synth: Path, record_id: str) -> None:
+    app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{record_id}.json",
+                   backends=fixed_backends())
+    assert snap_compare(app, terminal_size=SIZE, run_before=settle)
+
+
+def records(synth: Path):
+    return make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
+
+
+def test_records_list(snap_compare, synth: Path) -> None:
+    assert snap_compare(records(synth), press=["down", "space"], terminal_size=SIZE, run_before=settle)
+
+
+def test_record_open(snap_compare, synth: Path) -> None:
+    assert snap_compare(records(synth), press=["down", "down", "enter"], terminal_size=SIZE, run_before=settle)
+
+
+def test_records_diff(snap_compare, synth: Path) -> None:
+    assert snap_compare(records(synth), press=["down", "space", "down", "space", "d"], terminal_size=SIZE,
+                        run_before=settle)
+
+
+def test_load_recipe_prompt(snap_compare, in_repo: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runner.spec
+
+    monkeypatch.setattr(runner.spec, "recipe_names", lambda: ["qwen3-1.7b-full-h200", "tiny-cpu"])
+
+    async def prompt(pilot) -> None:
+        from textual.widgets import Input
+
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.1)
+        pilot.app.screen.query_one(Input).cursor_blink = False  # a steady cursor: the same picture every time
+
+    assert snap_compare(wizard("launch"), terminal_size=SIZE, run_before=prompt)
+
+
+def test_cancel_confirmation(snap_compare, synth: Path) -> None:
+    async def confirm(pilot) -> None:
+        await settle(pilot)
+        await pilot.app.push_screen(pilot.app.screen.cancel_dialog())
+        await pilot.pause(0.1)
+
+    assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=confirm)

@@ -1,0 +1,221 @@
+"""Wizard without launching: live validation next to fields, Launch gating, plan, recipes saved and loaded, CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from textual.widgets import Button
+
+from runner.spec import load_spec, validate
+from tests.tui.conftest import fake_estimate, fixed_backends, ready, run_async, wait_for
+from tests.tui.helpers import fill, text_of
+from tui import format as fmt
+from tui.app import main, make_app
+from tui.screens.wizard import WizardScreen
+from tui.specform import load_recipe_dict, minimal_dict, save_recipe
+from tui.widgets.fields import SpecField
+
+
+def _app(tmp_path: Path, start: str = "wizard", **kw):
+    return make_app(tmp_path / "runs", tmp_path / "records", kw.pop("initial_spec", None), start,
+                    backends=fixed_backends(), **kw)
+
+
+def test_bad_value_shows_problem_next_to_field_and_disables_launch(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "method")
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            assert isinstance(screen, WizardScreen)
+            launch = screen.query_one("#launch", Button)
+            assert not launch.disabled and screen.problems == []
+            fill(screen, "train.seq_len", "-5")
+            await pilot.pause()
+            field = screen.query_one("#f-train-seq-len", SpecField)
+            assert field.has_class("-invalid")
+            problem = text_of(field.query_one(".field-problem"))
+            assert "greater than 0" in problem and "-5" in problem and "fix:" in problem
+            assert launch.disabled
+            assert [p.field for p in screen.problems] == ["train.seq_len"]
+            assert "1 problem" in text_of(screen.query_one("#problems"))
+            # the step list marks the step holding the problem
+            assert "✗1" in str(screen.query_one("#steps").get_option_at_index(3).prompt)
+            # a value that does not parse is reported by the schema, not swallowed
+            fill(screen, "train.lr", "fast")
+            await pilot.pause()
+            assert {p.field for p in screen.problems} == {"train.seq_len", "train.lr"}
+            fill(screen, "train.seq_len", "1024")
+            fill(screen, "train.lr", "2e-4")
+            await pilot.pause()
+            assert screen.problems == [] and not launch.disabled and not field.has_class("-invalid")
+            assert screen.data["train"]["seq_len"] == 1024 and screen.data["train"]["lr"] == 2e-4
+
+    run_async(go())
+
+
+def test_cross_field_problem_lands_on_its_field(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "model")
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            fill(screen, "model.path", str(tmp_path / "nowhere"))
+            await pilot.pause()
+            field = screen.query_one("#f-model-path", SpecField)
+            assert field.has_class("-invalid")
+            assert "no such file or directory" in text_of(field.query_one(".field-problem"))
+            await pilot.press("ctrl+l")
+            await pilot.pause()
+            assert screen.step == "model"  # launch refused, stays on the step with the problem
+
+    run_async(go())
+
+
+def test_lora_fields_show_only_for_lora(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "method")
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            r_field = screen.query_one("#f-method-lora-r", SpecField)
+            assert not r_field.display
+            screen.query_one("#f-method-kind Select").value = "lora"
+            await pilot.pause()
+            assert r_field.display and screen.data["method"]["kind"] == "lora"
+            # output.save=adapter needs LoRA: valid now, a problem on output.save once back to full
+            screen.query_one("#f-output-save Select").value = "adapter"
+            await pilot.pause()
+            assert screen.problems == []
+            screen.query_one("#f-method-kind Select").value = "full"
+            await pilot.pause()
+            assert not r_field.display
+            assert [p.field for p in screen.problems] == ["output.save"]
+            assert screen.query_one("#f-output-save", SpecField).has_class("-invalid")
+
+    run_async(go())
+
+
+def test_plan_shows_verdict_breakdown_sweep_and_command(tmp_path: Path, fixed_python: None) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "plan", initial_spec="tiny-cpu")
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            await wait_for(pilot, lambda: screen.sweep is not None, 10, "the sweep table")
+            verdict = text_of(screen.query_one("#plan-verdict"))
+            est = fake_estimate(screen.plan["spec"])
+            assert est["verdict"] == "tight"  # 21.95 of 23.4 GiB
+            assert "2 rank(s) on cpu" in verdict and " TIGHT " in verdict and "(approximate)" in verdict
+            assert f"{fmt.gib(est['per_gpu_gib'])} GiB per rank of 23.4 GiB host RAM, headroom 1.4 GiB" in verdict
+            grid = [line.split() for line in text_of(screen.query_one("#sweep")).splitlines()]
+            # the spec's own 512 (marked •), then 2,048 / 8,192 / 32,768 tokens per block
+            assert grid[0] == ["GPU", "512", "•", "2,048", "8,192", "32,768"]
+            rows = {r[0]: [f"{r[i]} {r[i + 1]}" for i in range(1, len(r), 2)] for r in grid[1:]}
+            assert set(rows) == {"H100-80GB", "H200", "B300"}
+            # activations 5, 20 and 80 GiB over 20.7 GiB of the rest
+            assert rows["H100-80GB"][1:] == ["25.7 ✓", "40.7 ✓", "100.7 ✗"]
+            assert rows["B300"][1:] == ["25.7 ✓", "40.7 ✓", "100.7 ✓"]
+            assert text_of(screen.query_one("#plan-commands")) == (
+                "python -m torch.distributed.run --nproc-per-node=2 --max-restarts=0 --standalone -m runner.train "
+                "--spec 'runs/<id>/spec.json'")
+            assert "0:01:52" in text_of(screen.query_one("#plan-time"))  # 150 steps × 0.75 s
+
+    run_async(go())
+
+
+def test_planned_gpu_target_on_cpu_machine_cannot_launch_here(tmp_path: Path, fixed_python: None) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "plan", initial_spec=load_recipe_dict(
+            "tiny-cpu", ["hardware.device=cuda", "hardware.gpu=H200", "hardware.nproc_per_node=8",
+                         "hardware.nodes=2", "hardware.rdzv_endpoint=node0:29500"]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            await wait_for(pilot, lambda: screen.plan is not None, 10, "the plan")
+            assert screen.plan["planned"]
+            commands = text_of(screen.query_one("#plan-commands"))
+            assert "# node 0" in commands and "# node 1" in commands and "--node-rank=1" in commands
+            assert "--rdzv-endpoint=node0:29500" in commands
+            screen.go("launch")
+            await pilot.pause()
+            assert screen.query_one("#launch", Button).disabled
+            assert "planned target" in text_of(screen.query_one("#launch-summary"))
+
+    run_async(go())
+
+
+def test_save_then_load_recipe_round_trips(tmp_path: Path) -> None:
+    target = tmp_path / "saved" / "my-run.yaml"
+
+    async def go() -> None:
+        app = _app(tmp_path, "method")
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            fill(screen, "train.max_steps", "7")
+            fill(screen, "train.lr", "5e-4")
+            await pilot.pause()
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            prompt = app.screen
+            prompt.query_one("#path").value = str(target)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert target.is_file()
+            fill(screen, "train.max_steps", "99")
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            app.screen.query_one("#path").value = str(target)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert screen.data["train"]["max_steps"] == 7
+            assert screen.query_one("#f-train-max-steps Input").value == "7"
+
+    run_async(go())
+    saved = yaml.safe_load(target.read_text())
+    assert saved["train"] == {"lr": 5e-4, "schedule": "cosine", "warmup_steps": 10, "max_steps": 7}
+    expected = load_spec("tiny-cpu", ["train.max_steps=7", "train.lr=5e-4"])
+    assert load_spec(target) == expected
+
+
+def test_minimal_recipe_keeps_only_changes_and_identity() -> None:
+    data = load_recipe_dict("tiny-cpu", ["train.seed=3"])
+    small = minimal_dict(data)
+    assert small["train"]["seed"] == 3
+    assert "betas" not in small["train"] and "lora" not in small.get("method", {})
+    assert small["model"]["path"] == "embedded:model" and small["name"] == "tiny-cpu"
+    assert validate(small) == validate(data)
+
+
+def test_save_refuses_a_non_yaml_name(tmp_path: Path) -> None:
+    from runner.errors import UserError
+
+    with pytest.raises(UserError, match=r"must end in \.yaml or \.yml, got x\.txt: try .*x\.yaml"):
+        save_recipe(load_recipe_dict("tiny-cpu"), tmp_path / "x.txt")
+
+
+def test_cli_headless_goes_through_runner_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`sft-tui --headless` = `runner run`: the resolved spec reaches runner.session.run_headless unchanged."""
+    import runner.session
+
+    seen = {}
+
+    def fake_run_headless(spec, runs_dir, records_dir, as_json=False, plain=False, node_rank=0, run_id=None,
+                          force=False):
+        seen.update(spec=spec, runs_dir=runs_dir, records_dir=records_dir, as_json=as_json, plain=plain)
+        return 3
+
+    monkeypatch.setattr(runner.session, "run_headless", fake_run_headless)
+    code = main(["--headless", "--recipe", "tiny-cpu", "--set", "train.max_steps=5", "--json", "--plain",
+                 "--runs-dir", str(tmp_path / "r"), "--records-dir", str(tmp_path / "rec")])
+    assert code == 3
+    assert seen["spec"].train.max_steps == 5 and seen["spec"].hardware.nproc_per_node == 2
+    assert seen["runs_dir"] == tmp_path / "r" and seen["records_dir"] == tmp_path / "rec"
+    assert seen["as_json"] and seen["plain"]
+
+
+def test_cli_bad_input_exits_2_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--recipe", "tiny-cpuu"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'tiny-cpuu'" in err and "did you mean 'tiny-cpu'?" in err and "Traceback" not in err
+    assert main(["--recipe", "tiny-cpu", "--set", "train.seq_ln=4"]) == 2
+    assert "did you mean 'train.seq_len'?" in capsys.readouterr().err
+    assert main(["--headless"]) == 2
+    assert "--headless needs --recipe" in capsys.readouterr().err
