@@ -42,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="launch a run headless and write its record")
-    _add_spec_args(p)
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="recipe name or path to a YAML/JSON spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue runs/<id> from its latest checkpoint (--set may raise train.max_steps)")
     _add_dirs(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
@@ -124,9 +128,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.session import run_headless
+    from runner.session import resume_headless, run_headless
     from runner.spec import load_spec, resolve
 
+    if args.resume is not None:
+        if args.spec:
+            raise UserError("give either SPEC or --resume RUN_DIR, not both (a resumed run keeps its own spec)")
+        return resume_headless(args.resume, args.overrides, args.records_dir, as_json=args.json, plain=args.plain,
+                               node_rank=args.node_rank, force=args.force)
+    if not args.spec:
+        raise UserError("runner run needs a SPEC (a recipe name such as tiny-cpu, or a YAML/JSON path)")
     spec = resolve(load_spec(args.spec, args.overrides))
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
                         node_rank=args.node_rank, run_id=args.run_id, force=args.force)

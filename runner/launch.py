@@ -45,8 +45,9 @@ def new_run_id(name: str, runs_dir: Path, records_dir: Path) -> str:
     raise RuntimeError("could not allocate a run id")
 
 
-def build_command(spec: RunSpec, spec_path: Path, run_id: str, node_rank: int = 0) -> list[str]:
-    """The torchrun argv for one node. Single node: a standalone rendezvous on a free port; several: c10d."""
+def build_command(spec: RunSpec, spec_path: Path, run_id: str, node_rank: int = 0, resume: bool = False) -> list[str]:
+    """The torchrun argv for one node. Single node: a standalone rendezvous on a free port; several: c10d.
+    With resume, every rank continues from the run's latest complete checkpoint."""
     h = spec.hardware
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={h.nproc_per_node}",
             "--max-restarts=0"]
@@ -56,7 +57,7 @@ def build_command(spec: RunSpec, spec_path: Path, run_id: str, node_rank: int = 
         argv += [f"--nnodes={h.nodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={h.rdzv_endpoint}", f"--rdzv-id={run_id}"]
     argv += ["-m", "runner.train", "--spec", str(spec_path)]
-    return argv
+    return argv + ["--resume"] if resume else argv
 
 
 def command_line(argv: list[str]) -> str:

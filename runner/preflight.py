@@ -40,6 +40,10 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     if config is not None:
         out += _packing_problems(spec, config)
         out += _lora_problems(spec, config)
+        if spec.engine == "trl":
+            from runner.train.trl_engine import trl_problems
+
+            out += trl_problems(spec, config, _device(spec), lora=False)
     out += _attention_problems(spec)
     out += _hardware_problems(spec)
     if spec.method.kind == "lora" and spec.output.save == "full" and spec.engine == "native":

@@ -170,26 +170,33 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
     fingerprint = hashlib.sha256()
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        steps = [e for e in evs if "event" not in e and "step" in e]
-        end = next((e for e in evs if e.get("event") == "end"), None)
+        # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
+        by_step = {e["step"]: e for e in evs if "event" not in e and "step" in e}
+        steps = [by_step[s] for s in sorted(by_step)]
+        ends = [e for e in evs if e.get("event") == "end"]
         start = next((e for e in evs if e.get("event") == "start"), None)
         curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
         info: dict[str, Any] = {"last_step": steps[-1]["step"] if steps else 0,
                                 "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
-        if end:
-            info["train_s"] = end.get("train_s")
-            info["tokens"] = end.get("tokens")
+        if ends:
+            end = ends[-1]
+            # Each launch (the first, then every resume) reports its own tokens and time.
+            info["train_s"] = round(sum(e.get("train_s") or 0.0 for e in ends), 3)
+            info["tokens"] = sum(e.get("tokens") or 0 for e in ends)
             info["data"] = end.get("data")
             info["peak_mem"] = end.get("peak_mem_gib")
-            tokens_total += end.get("tokens") or 0
-            if end.get("train_s"):
-                wall.append(end["train_s"])
+            for key in ("export", "trainable_params", "params", "attn", "fsdp_sharded"):
+                if end.get(key) is not None:
+                    info[key] = end[key]
+            tokens_total += info["tokens"]
+            if info["train_s"]:
+                wall.append(info["train_s"])
             if end.get("data"):
                 fingerprint.update(str(end["data"].get("fingerprint")).encode())
         elif steps:
             tokens_total += sum(e.get("tokens") or 0 for e in steps)
-        if start and steps:
-            wall.append(steps[-1]["t"] - start["t"])
+            if start:
+                wall.append(steps[-1]["t"] - start["t"])
         per_rank[str(r)] = info
     rank0 = curves.get("0") or []
     train_s = max(wall) if wall else None
@@ -206,6 +213,10 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
         "per_rank": per_rank,
         "data_fingerprint": fingerprint.hexdigest(),
     }
+    rank0_info = per_rank.get("0") or {}
+    for key in ("export", "trainable_params", "params"):
+        if key in rank0_info:
+            out[key] = rank0_info[key]
     global_losses = [e.get("global_loss") for e in read_events(events_dir / "rank0.jsonl") if "global_loss" in e]
     if global_losses:
         out["final_global_loss"] = global_losses[-1]

@@ -129,17 +129,29 @@ def _root_cause_rank(launcher_log: str) -> int | None:
 
 
 def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
-          replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None) -> ActiveRun:
-    """Create the run directory and (on node 0) the running record, then launch torchrun."""
+          replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
+          resume: bool = False) -> ActiveRun:
+    """Create the run directory and (on node 0) the running record, then launch torchrun.
+
+    With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
+    `resumes`) and the ranks continue from the latest complete checkpoint."""
     if run_id is None:
         run_id = new_run_id(spec.name, runs_dir, records_dir)
     paths = RunPaths(runs_dir / run_id)
     write_spec(paths, spec)
-    argv = build_command(spec, paths.spec, run_id, node_rank)
+    argv = build_command(spec, paths.spec, run_id, node_rank, resume)
     env = run_env()
     record_path = None
     rec = None
-    if node_rank == 0:
+    if node_rank == 0 and resume and (records_dir / f"{run_id}.json").exists():
+        record_path = records_dir / f"{run_id}.json"
+        rec = records.load(record_path)
+        rec.pop("lock", None)
+        rec["resumes"] = [*rec.get("resumes", []), {"at": records.now_iso(), "argv": argv,
+                                                    "after_step": (rec.get("metrics") or {}).get("steps")}]
+        rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
+        rec = records.save(record_path, rec)
+    elif node_rank == 0:
         pins = pins_mod.capture(spec, REPO_DIR)
         diff = pins["git"].pop("diff", "")
         if diff:

@@ -20,9 +20,13 @@ EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
 
 
 def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
-    """The estimate kept in the record; refuses a run predicted not to fit unless forced, warns when tight."""
+    """Everything checked before a run starts: preflight (data, template, packing, LoRA targets, kernels; raises
+    SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
+    fit unless forced and warns when it is tight."""
     from runner.estimate import estimate
+    from runner.preflight import preflight
 
+    preflight(spec)
     try:
         result = estimate(spec).to_dict()
     except UserError as e:
@@ -42,12 +46,12 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
 
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
-                     run_id: str | None = None) -> tuple[run_mod.ActiveRun, int]:
+                     run_id: str | None = None, resume: bool = False) -> tuple[run_mod.ActiveRun, int]:
     from runner.headless import HeadlessDisplay
     from runner.monitor import RunView
 
     active = run_mod.start(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of, node_rank=node_rank,
-                           run_id=run_id)
+                           run_id=run_id, resume=resume)
     console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
                   f"logs in {active.paths.logs}", highlight=False)
     view = RunView(active.paths.run_dir)
@@ -103,6 +107,36 @@ def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_id)
+    _report(console, active)
+    rec = active.record
+    if as_json:
+        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
+                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
+    return _status_exit(rec, code)
+
+
+def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_json: bool = False,
+                    plain: bool = False, node_rank: int = 0, force: bool = False) -> int:
+    """Continue a run from its latest complete checkpoint (same ranks and nodes); `--set` may raise max_steps."""
+    from runner.spec import apply_override, read_spec_file, validate
+    from runner.train.checkpoint import complete_checkpoints
+
+    spec_path = run_dir / "spec.json"
+    if not spec_path.is_file():
+        raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
+    done = complete_checkpoints(run_dir)
+    if not done:
+        raise UserError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} "
+                        "(set train.checkpoint_every, or cancel a run with checkpointing on, to get one)")
+    data = read_spec_file(spec_path)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    spec = resolve(validate(data))
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
+    console.print(f"resuming {run_dir.name} from step {done[-1][0]}")
+    estimate = preflight_estimate(spec, force, console)
+    active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
+                                    run_id=run_dir.name, resume=True)
     _report(console, active)
     rec = active.record
     if as_json:

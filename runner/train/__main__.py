@@ -40,12 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         if spec.engine == "trl":
             from runner.train.trl_engine import train
-
-            summary = train(spec, rt, events)
         else:
             from runner.train.native import train
-
-            summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
+        summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.event("end", step=step, **summary)
         print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)

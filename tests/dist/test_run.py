@@ -133,3 +133,28 @@ def test_recipes_found_from_an_installed_layout(tmp_path: Path):
 
     out = subprocess.run([sys.executable, "-m", "runner", "recipes"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0 and "tiny-cpu" in out.stdout
+
+
+def test_resume_from_the_cli_continues_bit_for_bit(dirs, capsys):
+    common = ["--set", "train.schedule=constant", "--set", "train.warmup_steps=0", "--plain", "--json"]
+    code, out, _ = run_cli(["run", "tiny-cpu", "--set", "train.max_steps=8", *common, *dir_args(dirs)], capsys)
+    assert code == 0
+    straight = records.load(Path(last_json(out)["record"]))["metrics"]["loss_curve"]
+    code, out, _ = run_cli(["run", "tiny-cpu", "--set", "train.max_steps=4", "--set", "train.checkpoint_every=4",
+                            *common, *dir_args(dirs)], capsys)
+    assert code == 0
+    first = last_json(out)
+    run_dir = dirs["runs"] / first["id"]
+    code, out, _ = run_cli(["run", "--resume", str(run_dir), "--set", "train.max_steps=8", "--plain", "--json",
+                            "--records-dir", str(dirs["records"])], capsys)
+    assert code == 0, out
+    resumed = records.load(Path(last_json(out)["record"]))
+    assert last_json(out)["id"] == first["id"] and len(resumed["resumes"]) == 1
+    assert resumed["metrics"]["loss_curve"] == straight
+    assert records.verify(Path(last_json(out)["record"]))[0]
+
+
+def test_resume_without_checkpoint_is_bad_input(tiny_run, capsys):
+    run_dir = Path(records.load(tiny_run["record"])["run_dir"])
+    code, _, err = run_cli(["run", "--resume", str(run_dir), "--records-dir", str(tiny_run["records"])], capsys)
+    assert code == 2 and "no complete checkpoint" in err
