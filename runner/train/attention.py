@@ -455,3 +455,67 @@ def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
     if "seq_idx" in batch:
         out["seq_idx"] = batch["seq_idx"]
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks for models whose forward ignores position_ids when it builds them (GPT-OSS and others)
+
+# Kernels that read cu_seqlens keep documents apart without any mask.
+BOUNDARY_KERNELS = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "varlen")
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under a causal LM (and under a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, getattr(base, "base_model_prefix", "model"), base)
+
+
+def _mask_arguments(build: Any, config: Any, stub: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments for a transformers mask builder, whose names changed across 5.x releases (no cache here)."""
+    params = inspect.signature(build).parameters
+    out: dict[str, Any] = {"config": config, "attention_mask": None, "position_ids": position_ids,
+                           ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): stub}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            out[name] = None
+    if "cache_position" in params:
+        out["cache_position"] = torch.arange(stub.shape[1], device=stub.device)
+    return out
+
+
+def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Keep packed documents apart in models whose forward ignores position_ids when it builds attention masks.
+
+    A forward pre-hook on the decoder: when a packed row arrives (position_ids restart inside it) with no attention
+    mask, it builds the mask of every layer type from the position_ids with transformers' own builders (a
+    block-diagonal causal mask for eager/sdpa, a document BlockMask for flex, sliding windows included). Kernels
+    that read cu_seqlens need no mask, so nothing is installed for them. Returns whether the hook was installed.
+    """
+    from transformers import masking_utils as mu
+
+    body = backbone(model)
+    config = getattr(body, "config", None)
+    if config is None or getattr(config, "_attn_implementation", "") in BOUNDARY_KERNELS:
+        return False
+    builders = {"full_attention": mu.create_causal_mask,
+                "sliding_attention": getattr(mu, "create_sliding_window_causal_mask", mu.create_causal_mask)}
+    layer_types = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
+
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("attention_mask") is not None:
+            return None
+        pos = kwargs.get("position_ids")
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if pos is None or ids is None or mu.find_packed_sequence_indices(pos) is None:
+            return None
+        stub = torch.empty((ids.shape[0], ids.shape[1], 0), dtype=dtype, device=ids.device)  # shape, dtype, device
+        kwargs["attention_mask"] = {}
+        for lt in layer_types:
+            build = builders.get(lt, mu.create_causal_mask)
+            kwargs["attention_mask"][lt] = build(**_mask_arguments(build, config, stub, pos))
+        return args, kwargs
+
+    body.register_forward_pre_hook(hook, with_kwargs=True)
+    return True

@@ -25,7 +25,16 @@ from runner.train.loss import loss_sum
 if TYPE_CHECKING:
     from runner.events import EventWriter
     from runner.spec import RunSpec
-    from runner.train.runtime import Runtime
+from runner.train import model as model_mod
+from runner.train.runtime import Runtime
+
+
+def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:
+    """train.warmup_steps, or train.warmup_ratio of the run when the step count is known (rounded up)."""
+    t = spec.train
+    if t.warmup_steps or not t.warmup_ratio or not total_steps:
+        return t.warmup_steps
+    return math.ceil(t.warmup_ratio * total_steps)
 
 
 def lr_at(spec: RunSpec, step: int, total_steps: int | None) -> float:
@@ -35,11 +44,12 @@ def lr_at(spec: RunSpec, step: int, total_steps: int | None) -> float:
     transformers' schedulers do), so no step is spent at a zero learning rate.
     """
     t = spec.train
-    if t.warmup_steps and step <= t.warmup_steps:
-        return t.lr * step / t.warmup_steps
+    warmup = warmup_steps(spec, total_steps)
+    if warmup and step <= warmup:
+        return t.lr * step / warmup
     if t.schedule == "constant" or not total_steps:
         return t.lr
-    progress = min(1.0, (step - 1 - t.warmup_steps) / max(1, total_steps - t.warmup_steps))
+    progress = min(1.0, (step - 1 - warmup) / max(1, total_steps - warmup))
     if t.schedule == "cosine":
         return t.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
     return t.lr * (1.0 - progress)
@@ -119,6 +129,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         choose_attention,
         concrete_model_class,
         install_document_reset,
+        install_packed_mask,
         recurrent_layer_types,
         supported_attention,
     )
@@ -137,6 +148,9 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = install_document_reset(model) if (t.packing and recurrent) else None
+    # Some models (GPT-OSS among them) build their masks without position_ids: give them document masks.
+    if t.packing and install_packed_mask(model, model_mod.DTYPES.get(spec.model.dtype, torch.float32)):
+        packing_mechanism = packing_mechanism or "document masks built from position_ids"
     if spec.method.kind == "lora":
         from runner.train.lora import apply_lora
 

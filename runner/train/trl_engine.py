@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -40,13 +39,13 @@ import torch.distributed as dist
 from runner.errors import Problem, SpecError, UserError
 from runner.events import EventWriter
 from runner.spec import RunSpec, resolve_embedded
+from runner.train.attention import BOUNDARY_KERNELS, backbone, install_packed_mask
 from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 
 MXFP4 = "mxfp4"
 # Kernels that take document boundaries from cu_seqlens and need no mask.
-BOUNDARY_KERNELS = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "varlen")
 # Model types whose attention adds per-head sink logits; only eager (any device) and flex (CUDA) apply them here.
 SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 
@@ -186,63 +185,6 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.M
     where = torch.device("cuda") if device == "cuda" and spec.model.init == "random" else contextlib.nullcontext()
     with where:
         return model_mod.load_model(spec, attn, seed=spec.train.seed)
-
-
-def backbone(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack under a causal LM (and under a peft wrapper)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base, getattr(base, "base_model_prefix", "model"), base)
-
-
-def _mask_arguments(build: Any, config: Any, stub: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
-    """Keyword arguments for a transformers mask builder, whose names changed across 5.x releases (no cache here)."""
-    params = inspect.signature(build).parameters
-    out: dict[str, Any] = {"config": config, "attention_mask": None, "position_ids": position_ids,
-                           ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): stub}
-    for name in ("cache", "past_key_values"):
-        if name in params:
-            out[name] = None
-    if "cache_position" in params:
-        out["cache_position"] = torch.arange(stub.shape[1], device=stub.device)
-    return out
-
-
-def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
-    """Keep packed documents apart in models whose forward ignores position_ids when it builds attention masks.
-
-    A forward pre-hook on the decoder: when a packed row arrives (position_ids restart inside it) with no attention
-    mask, it builds the mask of every layer type from the position_ids with transformers' own builders (a
-    block-diagonal causal mask for eager/sdpa, a document BlockMask for flex, sliding windows included). Kernels
-    that read cu_seqlens need no mask, so nothing is installed for them. Returns whether the hook was installed.
-    """
-    from transformers import masking_utils as mu
-
-    body = backbone(model)
-    config = getattr(body, "config", None)
-    if config is None or getattr(config, "_attn_implementation", "") in BOUNDARY_KERNELS:
-        return False
-    builders = {"full_attention": mu.create_causal_mask,
-                "sliding_attention": getattr(mu, "create_sliding_window_causal_mask", mu.create_causal_mask)}
-    layer_types = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
-
-    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-        if kwargs.get("attention_mask") is not None:
-            return None
-        pos = kwargs.get("position_ids")
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs.get("inputs_embeds")
-        if pos is None or ids is None or mu.find_packed_sequence_indices(pos) is None:
-            return None
-        stub = torch.empty((ids.shape[0], ids.shape[1], 0), dtype=dtype, device=ids.device)  # shape, dtype, device
-        kwargs["attention_mask"] = {}
-        for lt in layer_types:
-            build = builders.get(lt, mu.create_causal_mask)
-            kwargs["attention_mask"][lt] = build(**_mask_arguments(build, config, stub, pos))
-        return args, kwargs
-
-    body.register_forward_pre_hook(hook, with_kwargs=True)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
