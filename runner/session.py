@@ -95,6 +95,16 @@ def _report(console: Console, active: run_mod.ActiveRun) -> None:
     console.print(f"record: {active.record_path}", highlight=False)
 
 
+def _finish(console: Console, active: run_mod.ActiveRun, code: int, as_json: bool) -> int:
+    """Report the run; with --json, the last stdout line is the result object (id, status, record, ...)."""
+    _report(console, active)
+    rec = active.record
+    if as_json:
+        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
+                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
+    return _status_exit(rec, code)
+
+
 def _fmt(x: Any, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -107,12 +117,7 @@ def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_id)
-    _report(console, active)
-    rec = active.record
-    if as_json:
-        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
-                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
-    return _status_exit(rec, code)
+    return _finish(console, active, code, as_json)
 
 
 def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_json: bool = False,
@@ -137,12 +142,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
     estimate = preflight_estimate(spec, force, console)
     active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_dir.name, resume=True)
-    _report(console, active)
-    rec = active.record
-    if as_json:
-        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
-                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
-    return _status_exit(rec, code)
+    return _finish(console, active, code, as_json)
 
 
 def _print_node_commands(console: Console, spec: RunSpec) -> None:
