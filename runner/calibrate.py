@@ -35,10 +35,12 @@ def calibration_rows(records_dir: Path) -> list[dict[str, Any]]:
 
 
 def _est_reserved(est: dict[str, Any]) -> float | None:
-    # per_gpu_gib is what nvidia-smi shows (reserved + CUDA context + NCCL); torch's reserved peak excludes those.
-    if est.get("per_gpu_gib") is None:
+    # per_gpu_reserved_gib is what nvidia-smi shows (reserved + CUDA context + NCCL); torch's reserved peak
+    # excludes the context.
+    total = est.get("per_gpu_reserved_gib", est.get("per_gpu_gib"))
+    if total is None:
         return None
-    return round(est["per_gpu_gib"] - (est.get("breakdown") or {}).get("cuda_context_nccl", 0.0), 2)
+    return round(total - (est.get("breakdown") or {}).get("cuda_context_nccl", 0.0), 2)
 
 
 def _rel(est: float | None, measured: float | None) -> float | None:

@@ -27,8 +27,8 @@ from runner.spec import RunSpec, apply_override, load_spec
 GIB = 1024**3
 
 # =============================================================================================
-# Constants. Each is named once here with its source (benchmarks/estimator-notes.md has the derivations);
-# calibration against measured peaks changes these numbers, not the formulas.
+# Constants. Each is named once here with its source (benchmarks/estimator-notes.md has the derivations and the
+# measured rows they were fitted on or checked against: benchmarks/memory-calibration-h200.json, native-h200.json).
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 ADAM_STATES_PER_PARAM = 2
@@ -47,7 +47,11 @@ output (4) in forward; in backward the saved log_softmax output (4) + its incomi
 = 12, plus the bf16 logits (2) when the loop still holds the model output (the 27B notebook's `out`). Calibrated
 to 14: the H200 plain-loop peaks (Qwen3 1.72B, 36.5 GiB at 8k and 88.0 GiB at 32k) rise by 2.25 MB per token."""
 CHUNKED_LOSS_BYTES_PER_ELEM = 12.0
-"""The same per (token × vocab) figure for one chunk of the chunked loss (the chunk's logits are freed after it)."""
+"""Peak bytes per (token × vocab) of one chunk's backward in the chunked loss: the recomputed fp32 log-softmax
+output, its incoming gradient and the gradient of the fp32 logits (4 + 4 + 4)."""
+CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM = 10.0
+"""The same in one chunk's forward: bf16 logits (2), their fp32 copy (4) and the log-softmax output (4); nothing
+of it is kept (the chunk is checkpointed)."""
 TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA = 16.0
 """TRL ≥ 1.16 SFTTrainer computes the loss with its fused LM head (trl/trainer/utils.py add_fused_lm_head: chunked
 log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: what remains per token is the gathered
@@ -61,11 +65,22 @@ def loss_chunk_tokens(vocab: int) -> int:
     n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab))
     return max(256, min(8192, n // 256 * 256))
 
-ACTIVATION_CALIBRATION = 1.18
-"""Measured / counted per-layer activations: the H200 reference (Qwen3 1.72B, flex, 8k tokens) lost 29.6 GiB when
-activation checkpointing went on, i.e. 142.7 KB per token per layer, against 121 KB counted tensor by tensor."""
+ACTIVATION_CALIBRATION = 1.0
+"""Measured / counted per-layer activations. Fitted on the native engine's Qwen3-0.6B 8k run without checkpointing
+(H200, memory-calibration-h200.json: 15.3 GiB of its 20.0 GiB peak is activations): 1.01, i.e. the count itself.
+The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) implies 1.28: it is not our
+engine, and its extra has not been traced."""
 NORM_UPCAST_BYTES = 4
 """HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
+FP32_WEIGHT_PRODUCT_NORMS = frozenset({"gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                                       "qwen3_5_moe_text"})
+"""Families whose RMSNorm multiplies by its weight in fp32 before casting back (`(x * w).to(bf16)`), so the
+tensor kept for the weight's gradient is fp32; llama-style norms keep the bf16 cast (`w * x.to(bf16)`)."""
+MOE_ROUTE_INTERMEDIATES: dict[str, int] = {"gpt_oss": 7}
+"""Expert-intermediate-sized tensors kept per routed token, in units of the expert width (bytes = units × b ×
+width). SwiGLU experts (qwen3_moe, mixtral, the default 4): the gate/up projection output (2), silu's output and
+the product. gpt-oss's clamped SwiGLU with bias: the gate/up output (2), the clamped gate, its sigmoid,
+up + 1, their product and the down projection's input (7)."""
 GDN_CHUNK = 64
 """Chunk length of the gated-delta-rule kernels (flash-linear-attention chunk_gated_delta_rule)."""
 SDPA_MASK_BYTES_PER_ELEM = 7.0
@@ -75,17 +90,21 @@ kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 
 EAGER_SCORE_COPIES_TRANSIENT = 2.0
 """Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
 probabilities' and scores' gradients (backward) of one layer are alive at once."""
-PARAMWRAPPER_MERGED_COPIES = 2.0
-"""peft's ParamWrapper (LoRA on 3-D expert tensors, bf16 base) materialises delta = B·A and W + delta for the whole
-expert stack of the layer it runs (peft/tuners/lora/layer.py, ParamWrapper._activate_lora / get_delta_weight);
-in backward the merged weight's gradient takes the delta's place."""
+PARAMWRAPPER_MERGED_COPIES = 1.0
+"""Copies of a layer's expert stack alive at that layer's backward under peft's ParamWrapper (LoRA on 3-D expert
+tensors, bf16 base). peft 0.21 folds the adapter into one `baddbmm(W, A, B)` (peft/tuners/lora/layer.py,
+_LoraFactorsProxy), so the merged weight W + B·A exists once and the matmuls keep it for backward; its gradient
+comes after the layer's expert activations have started to go. Was 2 (counted merged weight + gradient); the
+2-layer GPT-OSS LoRA run on the H200 peaked 0.74 GiB (one stack is 0.37) below that figure: fitted to 1 there."""
 
 CUDA_CONTEXT_GIB = 0.6
 """CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
 NCCL_GIB = 1.0
 """NCCL communicator buffers with more than one rank."""
-FRAGMENTATION_FRACTION = 0.07
-"""Reserved − allocated at the peak, as a share of the allocated peak (references.md: 1–3 GB plus a share)."""
+FRAGMENTATION_FRACTION = 0.15
+"""Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
+share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the
+seven native runs of memory-calibration-h200.json (H200): their median is 0.16 (range 0.02 to 0.29)."""
 TIGHT_FRACTION = 0.05
 """Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
 allocator pattern can tip it over."""
@@ -150,8 +169,12 @@ class Estimate:
     verdict: str
     headroom_gib: float
     per_gpu_gib: float
-    """Predicted device memory per GPU: PyTorch's peak reserved (allocated + fragmentation) + CUDA context + NCCL."""
+    """Predicted device memory per GPU that the run needs: PyTorch's peak allocated + fragmentation + CUDA context +
+    NCCL. The verdict compares this with the device's memory."""
     per_gpu_allocated_gib: float
+    per_gpu_reserved_gib: float
+    """What nvidia-smi would show at the peak on a GPU with room to spare: `per_gpu_gib` plus the blocks the
+    reduce-scatter stream's pool holds idle at that moment (released by the allocator under memory pressure)."""
     gpu_memory_gib: float
     gpu: str
     world_size: int
@@ -167,8 +190,8 @@ class Estimate:
     suggestion: str | None
     arch: dict[str, Any]
     peak_phase: str = ""
-    per_gpu_basis: str = ("peak reserved by PyTorch's allocator (allocated + fragmentation) plus CUDA context and "
-                          "NCCL buffers: what nvidia-smi would show")
+    per_gpu_basis: str = ("peak allocated by PyTorch plus fragmentation, CUDA context and NCCL buffers; "
+                          "per_gpu_reserved_gib adds the reduce-scatter pool's idle blocks (what nvidia-smi shows)")
     device: str = "cuda"
     engine: str = "native"
     method: str = "full"
@@ -330,11 +353,29 @@ def lora_params(arch: Arch, lora: Any) -> tuple[int, int, list[str]]:
 # Activations (bytes per token of one layer)
 
 
-def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int) -> float:
-    """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation."""
+def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
+    """(bytes per element an RMSNorm keeps for backward besides its output, the output's bytes).
+
+    HF's RMSNorm keeps its fp32 copy of the input (pow and the rsqrt product save it) and, only when its weight
+    trains, the normalised tensor the weight multiplies: bf16 in llama-style norms (`weight * x.to(bf16)`), fp32
+    where the product is taken before the cast (gpt-oss, qwen3_next, qwen3_5: `(x * w).to(bf16)`). The output is
+    kept by the linears that read it (their weight's gradient, or LoRA's lora_A).
+    """
+    up = max(b, NORM_UPCAST_BYTES)  # fp32 runs: the input itself is what is kept
+    cast = up if arch.model_type in FP32_WEIGHT_PRODUCT_NORMS else b
+    return up + (0 if frozen else cast), b
+
+
+def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, frozen: bool = False) -> float:
+    """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation.
+
+    `frozen`: LoRA, the base weights take no gradient, so the tensors kept only for a weight's gradient are not
+    kept (the norms' normalised input). Rotary embeddings keep nothing per token: cos and sin need no gradient,
+    so `q * cos` keeps cos, not q.
+    """
     h = arch.hidden
-    up = NORM_UPCAST_BYTES if b < 4 else 0
-    n = 2 * (up + b) * h  # input and post-attention RMSNorm
+    norm_kept, norm_out = _norm_bytes(arch, b, frozen)
+    n = 2 * (norm_kept + norm_out) * h  # input and post-attention RMSNorm
     kind = arch.layer_type(i)
     if kind == LAYER_LINEAR:
         kd, vd, vh = arch.linear_key_dim, arch.linear_value_dim, arch.linear_value_heads
@@ -346,31 +387,33 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int) 
         n += 4 * 2 * vh  # g and beta (fp32)
         n += b * vh * GDN_CHUNK  # the chunk kernel's within-chunk matrix
         n += b * vd  # kernel output
-        n += (up + b) * vd + b * vd  # gated RMSNorm: fp32 copy, normalised output, silu(z)
+        # Gated RMSNorm: fp32 copy (in fp32 runs that is the kernel output itself), normalised output, silu(z).
+        n += ((NORM_UPCAST_BYTES if b < NORM_UPCAST_BYTES else 0) + 2 * b) * vd
         n += b * vd  # out_proj input
     else:
         q, kv = arch.q_dim, arch.kv_dim
         if arch.qk_norm:
-            n += (up + b) * (q + kv)
-        n += 2 * b * (q + kv)  # rotary: x and rotate_half(x) for q and k
+            n += norm_kept * (q + kv)  # the q/k norms' output goes to rotary, which keeps nothing of it
         explicit = attn in ("sdpa", "eager")
-        kv_saved = q if explicit else kv  # repeat_kv materialises k, v at the query heads with a mask
-        n += b * (q + 2 * kv_saved)  # q, k, v kept by the kernel
-        n += b * q + 4 * arch.heads  # kernel output and logsumexp
-        n += b * q  # o_proj input
+        kv_saved = q if explicit else kv  # repeat_kv materialises k, v at the query heads for these two
+        n += b * (q + 2 * kv_saved)  # rotated q and k, and v, kept by the kernel
+        n += b * q + 4 * arch.heads  # kernel output (o_proj reads a view of it) and logsumexp (fp32)
+        if attn == "eager":
+            n += b * q  # eager's output is transposed and made contiguous: o_proj keeps the copy
         if arch.attn_output_gate:
-            n += 2 * b * q  # the gate and its sigmoid
+            n += 2 * b * q  # sigmoid(gate) and the gated o_proj input
         if attn == "eager":
             n += b * arch.heads * (seq_len + (1 if arch.attention_sinks else 0))  # softmax probabilities
     if arch.is_moe_layer(i):
         e_im, k = arch.expert_intermediate, arch.experts_per_token
-        per_route = (8 if arch.model_type == "gpt_oss" else 4) * e_im  # gate_up out + activation intermediates
-        n += 4 * arch.num_experts  # router logits (fp32)
-        n += k * b * (per_route + 3 * h)  # gathered input, expert output, weighted output
+        n += b * arch.num_experts  # router logits
+        # Per route: the gathered input, the expert intermediates and the expert output the routing weight
+        # multiplies (transformers' grouped_mm experts path).
+        n += k * b * (MOE_ROUTE_INTERMEDIATES.get(arch.model_type, 4) * e_im + 2 * h)
         if arch.shared_expert_intermediate:
             n += 4 * b * arch.shared_expert_intermediate + 2 * b
     else:
-        n += 4 * b * arch.intermediate  # gate out, up out, act(gate), product
+        n += 4 * b * arch.intermediate  # silu input, silu output, up, their product (down_proj's input)
     return n * ACTIVATION_CALIBRATION
 
 
@@ -394,10 +437,22 @@ class _Memory:
     trainable: int
     reasons: list[str]
     expert_stack: int = 0
+    reduce_pool: float = 0.0
+    """Bytes the reduce-scatter stream's pool holds at its largest: the sharded gradients and the root's reduce
+    output are allocated there, and the caching allocator does not hand that stream's free blocks to the default
+    stream."""
+    default_pool: float = 0.0
+    """The default stream's largest live set over the phases (the allocated peak minus what the reduce-scatter
+    stream holds at that moment, at the phase where that is largest)."""
 
 
 def memory_model(plan: Plan) -> _Memory:
-    """Bytes per GPU (or per CPU rank) at each phase of a step; the peak phase gives the breakdown."""
+    """Bytes per GPU (or per CPU rank) at each phase of a step; the peak phase gives the breakdown.
+
+    Phases (the largest is the peak): `loss` (end of the forward, the loss computed), `backward_start` (the loss's
+    backward or the last layer's, whichever holds more), `backward_end` (the first layer's backward or the root's
+    gradient reduce-scatter, whichever holds more) and `optimizer`.
+    """
     spec, arch = plan.spec, plan.arch
     t = spec.train
     n = plan.world
@@ -407,6 +462,7 @@ def memory_model(plan: Plan) -> _Memory:
     tokens = t.seq_len * t.micro_batch
     lora = spec.method.kind == "lora"
     trl = spec.engine == "trl"
+    ac = t.activation_checkpointing
 
     text = arch.text_params
     vision = arch.vision_params
@@ -414,48 +470,56 @@ def memory_model(plan: Plan) -> _Memory:
     reasons += lora_notes
 
     # -- sharded model states -----------------------------------------------------------
+    tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b  # trainable parameters as FSDP holds them
     if lora:
-        base_bytes = (text + vision) * b
         trainable = lora_n
-        tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b
-        params_b, grads_b, opt_b = base_bytes / n, 0.0, 0.0
+        params_b, grads_b, opt_b = (text + vision) * b / n, 0.0, 0.0
         lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n  # adapter weights, grads, AdamW states
         lora_no_grads = trainable * tb * (1 + ADAM_STATES_PER_PARAM) / n
     else:
         trainable = text
-        tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b
         # The vision tower gets no gradient in text-only training: no grads, no optimizer state (AdamW skips it).
-        params_b = (text * tb + vision * tb) / n
+        params_b = (text + vision) * tb / n
         grads_b = text * tb / n
         opt_b = text * tb * ADAM_STATES_PER_PARAM / n
         lora_b = lora_no_grads = 0.0
+    g_accum = grads_b if t.grad_accum > 1 else 0.0
+    lora_kept = lora_b if t.grad_accum > 1 else lora_no_grads
 
     # -- FSDP2 unsharded working set ----------------------------------------------------
+    # Unsharded parameters are all-gathered (on one rank: copied) into buffers of their own in the compute dtype.
+    # A trained unit's gradient is reduce-scattered after its backward: the unsharded bf16 gradient is copied into
+    # a reduce-dtype input, then the reduce-scatter output (1/N of it) is cast to the parameter's dtype, which
+    # becomes the sharded gradient. The unit's parameters are resharded before that.
     reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if plan.device == "cuda" else b
+
+    def reduce_peak(params: int) -> float:
+        cast = tb if tb != reduce_bytes else 0
+        return params * max(cb + reduce_bytes, reduce_bytes + (reduce_bytes + cast) / n)
+
     layer_u = arch.max_layer_params
     root_u = arch.root_params
-    layer_train = 0 if lora else layer_u
-    root_train = 0 if lora else root_u
-    # The root unit stays unsharded from forward through backward (FSDP2 does not reshard the root after forward).
-    root_params_unsharded = root_u * cb
-    layer_ws = 2 * layer_u * cb + layer_train * (cb + reduce_bytes)  # current + prefetched, grads, RS input
-    lm_head_grad = (arch.lm_head_params or arch.embed_params) * cb if not lora else 0
-    root_reduce = root_train * (cb + reduce_bytes)
-    fsdp_loss = root_params_unsharded + layer_u * cb  # the backward prefetch of the last layer
-    fsdp_bwd_start = root_params_unsharded + lm_head_grad + layer_ws
-    fsdp_bwd_end = root_params_unsharded + max(layer_ws, root_reduce)
+    root_unsharded = root_u * cb  # FSDP2 keeps the root unsharded from its forward to the end of backward
+    head_grad = 0 if lora else (arch.lm_head_params or arch.embed_params) * cb  # lm_head grad, from the loss on
+    layer_grad = 0 if lora else layer_u * cb
+    # The layer just reduced keeps its reduce-scatter input until the next layer's reduce starts.
+    layer_reduce_input = 0.0 if lora else layer_u * reduce_bytes
+    root_reduce = 0.0 if lora else reduce_peak(root_u)
+    root_grad_shard = 0.0 if lora else root_u * tb / n
+    layer_grad_shard = 0.0 if lora else layer_u * tb / n
     if n == 1:
         reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
 
     # -- activations --------------------------------------------------------------------
-    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len) for i in range(arch.layers)]
+    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=lora) * tokens
+                 for i in range(arch.layers)]
     transient = backward_transient_bytes(arch, cb) * tokens
-    if t.activation_checkpointing:
-        kept = arch.layers * cb * arch.hidden * tokens
-    else:
-        kept = sum(per_layer) * tokens
-    # Backward starts by recomputing the last layer and ends with the first.
-    recompute = per_layer[-1] * tokens if t.activation_checkpointing else 0.0
+    layer_input = cb * arch.hidden * tokens
+    kept = arch.layers * layer_input if ac else sum(per_layer)
+    # A checkpointed layer is recomputed at the start of its own backward.
+    recompute_last = per_layer[-1] if ac else 0.0
+    recompute_first = per_layer[0] if ac else 0.0
+    kept_first = layer_input if ac else per_layer[0]  # by the first layer's backward the others' are freed
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and spec.train.packing:
@@ -463,43 +527,82 @@ def memory_model(plan: Plan) -> _Memory:
     if plan.attn == "eager":
         score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * t.seq_len * t.seq_len * t.micro_batch
         mask = cb * t.seq_len * t.seq_len * t.micro_batch  # additive float mask, kept for the step
+
     # -- logits and loss ----------------------------------------------------------------
-    final_norm = (NORM_UPCAST_BYTES + cb) * arch.hidden * tokens
+    # The final norm's saved tensors and the gathered hidden states the loss reads (the size of the norm's output)
+    # stay until the loss's backward.
+    norm_kept, norm_out = _norm_bytes(arch, cb, lora)
+    final_norm = (norm_kept + norm_out) * arch.hidden * tokens
+    v = arch.vocab
     if plan.loss_impl == "full":
-        logits = LOGITS_BYTES_PER_ELEM * tokens * arch.vocab
+        loss_fwd = LOGITS_BYTES_PER_ELEM * tokens * v
+        loss_bwd = LOGITS_BYTES_PER_ELEM * tokens * v
     elif plan.loss_impl == "chunked":
-        logits = CHUNKED_LOSS_BYTES_PER_ELEM * min(tokens, loss_chunk_tokens(arch.vocab)) * arch.vocab
+        chunk = min(tokens, loss_chunk_tokens(v))
+        loss_fwd = CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM * chunk * v
+        # Backward of a chunk: recomputed log-softmax output, its gradient and the logits' gradient (fp32); and,
+        # when lm_head trains, the chunk's weight gradient before it is added to the accumulated one.
+        loss_bwd = max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad)
     else:
-        logits = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
+        loss_fwd = loss_bwd = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
     if plan.device == "cpu":
         reasons.append("CPU run: host RAM per rank, fp32 throughout; allocator behaviour differs from CUDA")
-    logits_loss = logits + final_norm
-    # -- LoRA on expert stacks (ParamWrapper) -------------------------------------------
-    paramwrapper = PARAMWRAPPER_MERGED_COPIES * expert_stack * cb if lora else 0.0
 
-    g_accum = grads_b if t.grad_accum > 1 else 0.0
-    lora_g_accum = lora_b if t.grad_accum > 1 else lora_no_grads
+    # -- LoRA on expert stacks (ParamWrapper) -------------------------------------------
+    # The merged weight W + B·A of a layer is kept for that layer's backward, where its gradient joins it.
+    # Without checkpointing every MoE layer's merged weight stays from its forward to its backward.
+    moe_layers = sum(1 for i in range(arch.layers) if arch.is_moe_layer(i))
+    merged_bwd = PARAMWRAPPER_MERGED_COPIES * expert_stack * cb if lora else 0.0
+    merged_kept = 0.0 if ac or not lora else moe_layers * expert_stack * cb
+    last_merged = merged_bwd if ac or not lora else merged_kept + expert_stack * cb  # + the last one's gradient
+
+    base = {"params": params_b, "optimizer": opt_b}
+    acts_common = mask
+    loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded,
+                  "activations": kept + acts_common, "logits_loss": final_norm + loss_fwd,
+                  "lora": lora_kept + merged_kept}
+    loss_back = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + head_grad + layer_u * cb,
+                 "activations": kept + acts_common, "logits_loss": final_norm + loss_bwd,
+                 "lora": lora_kept + merged_kept}
+    last_layer = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + head_grad + 2 * layer_u * cb
+                  + layer_grad, "activations": kept + recompute_last + transient + acts_common + score_transient,
+                  "logits_loss": 0.0, "lora": lora_b + last_merged}
+    first_layer = {**base, "grads": max(g_accum, grads_b - root_grad_shard - layer_grad_shard),
+                   "fsdp_buffers": root_unsharded + head_grad + layer_u * cb + layer_grad + layer_reduce_input,
+                   "activations": kept_first + recompute_first + transient + acts_common + score_transient,
+                   "logits_loss": 0.0, "lora": lora_b + merged_bwd}
+    root_phase = {**base, "grads": max(g_accum, grads_b - root_grad_shard), "fsdp_buffers": root_reduce,
+                  "activations": acts_common, "logits_loss": 0.0, "lora": lora_b}
+    optimizer = {**base, "grads": grads_b, "fsdp_buffers": 0.0, "activations": 0.0, "logits_loss": 0.0,
+                 "lora": lora_b}
+
+    def total(phase: dict[str, float]) -> float:
+        return sum(phase.values())
+
     phases = {
-        "loss": {"params": params_b, "grads": g_accum, "optimizer": opt_b, "fsdp_buffers": fsdp_loss,
-                 "activations": kept + mask, "logits_loss": logits_loss, "lora": lora_g_accum},
-        "backward_start": {"params": params_b, "grads": g_accum, "optimizer": opt_b, "fsdp_buffers": fsdp_bwd_start,
-                           "activations": kept + recompute + transient + mask + score_transient,
-                           "logits_loss": 2.0 * tokens * arch.vocab * cb * (1 if plan.loss_impl == "full" else 0)
-                           + final_norm, "lora": lora_b + paramwrapper},
-        "backward_end": {"params": params_b, "grads": grads_b, "optimizer": opt_b, "fsdp_buffers": fsdp_bwd_end,
-                         "activations": per_layer[0] * tokens + transient + mask, "logits_loss": 0.0,
-                         "lora": lora_b + paramwrapper},
-        "optimizer": {"params": params_b, "grads": grads_b, "optimizer": opt_b, "fsdp_buffers": 0.0,
-                      "activations": 0.0, "logits_loss": 0.0, "lora": lora_b},
+        "loss": loss_phase,
+        "backward_start": max(loss_back, last_layer, key=total),
+        "backward_end": max(first_layer, root_phase, key=total),
+        "optimizer": optimizer,
     }
     if trl and not lora:
         reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
-    totals = {k: sum(v.values()) for k, v in phases.items()}
+    totals = {k: total(v) for k, v in phases.items()}
     peak_phase = max(totals, key=lambda k: totals[k])
     allocated = totals[peak_phase]
     breakdown = dict(phases[peak_phase])
+
+    # -- the reduce-scatter stream's pool -------------------------------------------------
+    # Held on the reduce-scatter stream at each phase: the sharded gradients, and the root's reduce output.
+    root_out = 0.0 if lora else root_u * reduce_bytes / n
+    on_reduce = {"loss": phases["loss"]["grads"], "backward_start": phases["backward_start"]["grads"],
+                 "backward_end": phases["backward_end"]["grads"] + (root_out if phases["backward_end"] is root_phase
+                                                                    else 0.0),
+                 "optimizer": grads_b}
+    reduce_pool = 0.0 if plan.device != "cuda" or lora else grads_b + root_out
+    default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
-                   expert_stack)
+                   expert_stack, reduce_pool, default_pool)
 
 
 # =============================================================================================
@@ -659,6 +762,10 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         capacity = plan.gpu.memory_gib * GIB
         context = (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB
         fragmentation = FRAGMENTATION_FRACTION * mem.allocated
+        # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
+        # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
+        # out-of-memory, so the verdict does not count them.
+        idle_pools = max(0.0, mem.default_pool + mem.reduce_pool - mem.allocated)
         gpu_name = plan.gpu.name
     else:
         import psutil
@@ -666,6 +773,7 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         capacity = psutil.virtual_memory().total / plan.nproc
         context = 0.3 * GIB  # interpreter, torch and gloo per rank
         fragmentation = FRAGMENTATION_FRACTION * mem.allocated
+        idle_pools = 0.0
         gpu_name = "cpu"
     per_gpu = mem.allocated + fragmentation + context
     breakdown = {k: _gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS}
@@ -728,7 +836,8 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
     approximate = bool(approx_reasons) or plan.device == "cpu"
     est = Estimate(
         fits=verdict != "does not fit", verdict=verdict, headroom_gib=_gib(headroom), per_gpu_gib=_gib(per_gpu),
-        per_gpu_allocated_gib=_gib(mem.allocated), gpu_memory_gib=round(capacity / GIB, 2), gpu=gpu_name,
+        per_gpu_allocated_gib=_gib(mem.allocated), per_gpu_reserved_gib=_gib(per_gpu + idle_pools),
+        gpu_memory_gib=round(capacity / GIB, 2), gpu=gpu_name,
         world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
         total_s=None if total_s is None else round(total_s, 1), tokens_per_step=tokens_per_step,
         flops_per_step=float(f"{flops:.4g}"), mfu_assumed=mfu, approximate=approximate,
@@ -882,8 +991,10 @@ def _print_estimate(spec: RunSpec, est: Estimate) -> None:
     table.add_column("GiB", justify="right")
     for k, v in est.breakdown.items():
         table.add_row(k, f"{v:.2f}")
-    table.add_row("[bold]total (reserved + context)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+    table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
     table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    if est.per_gpu_reserved_gib > est.per_gpu_gib:
+        table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
     console.print(table)
     style = VERDICT_STYLE[est.verdict]
     console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.1f} of {est.gpu_memory_gib:.1f} GiB "

@@ -274,7 +274,11 @@ def test_memory_falls_with_more_gpus(a):
 @PROPS
 @given(spec_args)
 def test_checkpointing_never_increases_memory(a):
-    assert _gib(a, ac=True) <= _gib(a, ac=False)
+    # Except by the first layer's kept input: at that layer's backward the checkpoint still holds the input it
+    # recomputes from, which the plain forward does not keep (a few MB; it decides the peak only when the
+    # gradients outweigh the activations, at short blocks).
+    layer_input_gib = a["seq"] * catalog_arch(a["model"]).hidden * 2 / 2**30
+    assert _gib(a, ac=True) <= _gib(a, ac=False) + 1.15 * layer_input_gib + 0.01
 
 
 @PROPS
@@ -376,3 +380,93 @@ def test_cli_is_fast_offline_without_gpu():
     assert json.loads(proc.stdout)["gpu"] == "B300"
     assert proc.stderr.strip().splitlines()[-1] == "[]"  # no torch, transformers or textual on the default path
     assert elapsed < 4.0, f"runner estimate took {elapsed:.2f} s"  # loose guard; ~0.5 s measured on 2 cores
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured peaks on one H200: every row of benchmarks/memory-calibration-h200.json (the native engine's train(),
+# rebuilt from the row's overrides as benchmarks/calibrate_memory.py builds them) and of benchmarks/native-h200.json
+# (benchmarks/native_gpu_check.py rows, rebuilt from the recipe of the same architecture). Nothing runs: the
+# estimate of each spec is compared with the peak torch measured. benchmarks/estimator-notes.md explains the rows
+# outside 10 %.
+
+BENCH = REPO / "benchmarks"
+ALLOC_BOUND = 0.10
+RESERVED_BOUND = 0.15
+# Rows whose peak the estimator does not model, with the bound it achieves (estimator-notes.md, "Rows outside 10 %").
+ALLOC_EXCEPTIONS = {
+    # Ran second in its process, after a 1.72B model that native_gpu_check.measure() never garbage-collected
+    # (FSDP2's hooks and the chunked-loss method form reference cycles): 3.33 GiB above the flex row, whose
+    # difference from varlen the estimator puts at 0; the leftover model's bf16 weights are 3.20 GiB.
+    "native qwen3-1.7b 32768 varlen": 0.16,
+    # Gated-delta layers through transformers' per-document PyTorch fallback (no flash-linear-attention): its
+    # activations are not the fused kernel's, which is what the estimator counts.
+    "native qwen3.5-hybrid-reduced 32768 varlen": 0.25,
+}
+RESERVED_EXCEPTIONS = {"native qwen3.5-hybrid-reduced 32768 varlen": 0.25}
+NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-reduced-h200"}
+
+
+def _calibration_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate_memory", BENCH / "calibrate_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def calibration_configs(tmp_path_factory):
+    """The script's own configurations: model folders (config + tokenizer) made under a temporary root."""
+    return dict(_calibration_script().configs(tmp_path_factory.mktemp("calib"), quick=False))
+
+
+def _measured_rows() -> list[tuple[str, dict]]:
+    rows = [(f"calibration {r['name']}", r)
+            for r in json.loads((BENCH / "memory-calibration-h200.json").read_text())["rows"] if "peak_alloc_gib" in r]
+    for run in json.loads((BENCH / "native-h200.json").read_text())["runs"]:
+        for r in run["rows"]:
+            if "peak_alloc_gib" in r:
+                rows.append((f"native {r['model']} {r['seq_len']} {r['attn']}{' compile' if r['compile'] else ''}", r))
+    return rows
+
+
+MEASURED = _measured_rows()
+
+
+def _measured_spec(name: str, row: dict, configs: dict):
+    from runner.spec import resolve
+
+    if name.startswith("calibration "):
+        ours = configs[row["name"]]
+        # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be
+        # what the script builds today, or the row no longer describes what the script would run.
+        assert [o for o in row["overrides"] if not o.startswith("model.path=")] == \
+            [o for o in ours if not o.startswith("model.path=")]
+        overrides = [o if not o.startswith("model.path=") else next(x for x in ours if x.startswith("model.path="))
+                     for o in row["overrides"]]
+        return resolve(load_spec("tiny-cpu", [*overrides, "hardware.device=cuda", "hardware.nproc_per_node=1",
+                                              "hardware.gpu=H200"]), cuda_available=True, gpu_count=1)
+    spec = load_spec(NATIVE_RECIPES[row["model"]], ["model.dtype=bfloat16", f"train.seq_len={row['seq_len']}",
+                                                     f"model.attn_implementation={row['attn']}",
+                                                     f"train.compile={str(row['compile']).lower()}"])
+    arch = load_arch(spec).arch
+    # The script's params count the input embedding only when it is the LM head's weight too.
+    assert row["params"] == arch.text_params - (0 if arch.tied_embeddings else arch.embed_params)
+    return spec
+
+
+def test_measured_rows_are_all_there():
+    names = [n for n, _ in MEASURED]
+    assert len(names) == 14 and len(set(names)) == 14
+    assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
+
+
+@pytest.mark.parametrize("name, row", MEASURED, ids=[n for n, _ in MEASURED])
+def test_estimate_matches_measured_h200_peak(name, row, calibration_configs):
+    e = estimate(_measured_spec(name, row, calibration_configs), suggest=False)
+    alloc_err = (e.per_gpu_allocated_gib - row["peak_alloc_gib"]) / row["peak_alloc_gib"]
+    assert abs(alloc_err) <= ALLOC_EXCEPTIONS.get(name, ALLOC_BOUND), (name, e.per_gpu_allocated_gib, alloc_err)
+    reserved = e.per_gpu_reserved_gib - e.breakdown["cuda_context_nccl"]  # torch's reserved excludes the context
+    reserved_err = (reserved - row["peak_reserved_gib"]) / row["peak_reserved_gib"]
+    assert abs(reserved_err) <= RESERVED_EXCEPTIONS.get(name, RESERVED_BOUND), (name, reserved, reserved_err)
