@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem, SpecError
+from runner.imports import from_transformers
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS = 16
@@ -167,7 +168,7 @@ def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
             problems.append(Problem("model.init", f"pretrained, but {path} holds no weights (*.safetensors/*.bin)",
                                     "set model.init=random to initialise from config.json, or add the weights"))
     try:
-        from transformers import AutoConfig
+        AutoConfig = from_transformers("AutoConfig")
 
         config = AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code,
                                             local_files_only=True)
@@ -182,7 +183,7 @@ def _template_problems(spec: RunSpec, convs: list[list[dict[str, Any]]]) -> list
     from runner.train.data import tokenizer_fn
 
     try:
-        from transformers import AutoTokenizer
+        AutoTokenizer = from_transformers("AutoTokenizer")
 
         from runner.train.model import model_source
 

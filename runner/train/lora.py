@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from runner.errors import Problem, SpecError
+from runner.imports import from_transformers
 from runner.spec import RunSpec
 
 ALL_LINEAR = "all-linear"
@@ -214,7 +215,7 @@ def meta_model(config: Any, spec: RunSpec | None = None) -> nn.Module:
 
     `config` is a transformers config, a config dict, or a model directory holding config.json.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    AutoConfig, AutoModelForCausalLM = from_transformers("AutoConfig", "AutoModelForCausalLM")
 
     trust = bool(spec and spec.model.trust_remote_code)
     if isinstance(config, (str, Path)):

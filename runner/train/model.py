@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from runner.imports import from_transformers
+
 if TYPE_CHECKING:
     from runner.spec import RunSpec
 
@@ -31,7 +33,7 @@ def has_weights(path: Path) -> bool:
 
 
 def load_tokenizer(spec: RunSpec) -> Any:
-    from transformers import AutoTokenizer
+    AutoTokenizer = from_transformers("AutoTokenizer")
 
     src, rev = model_source(spec)
     tok = AutoTokenizer.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
@@ -41,7 +43,7 @@ def load_tokenizer(spec: RunSpec) -> Any:
 
 
 def load_config(spec: RunSpec) -> Any:
-    from transformers import AutoConfig
+    AutoConfig = from_transformers("AutoConfig")
 
     src, rev = model_source(spec)
     return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
@@ -54,7 +56,8 @@ def is_vlm_config(config: Any) -> bool:
 def model_class(spec: RunSpec, config: Any) -> Any:
     """AutoModelForImageTextToText for VLM-style checkpoints (loader image_text_to_text, or auto with a vision
     tower in the config), else AutoModelForCausalLM."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    AutoModelForCausalLM, AutoModelForImageTextToText = from_transformers("AutoModelForCausalLM",
+                                                                          "AutoModelForImageTextToText")
 
     loader = spec.model.loader
     if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
