@@ -199,10 +199,14 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+TITLES = {"tokens_per_s": "tok/s/GPU", "step_s_median": "step s", "step_s_spread": "spread", "data_wait_share": "data",
+          "peak_alloc_gib": "alloc GiB", "peak_reserved_gib": "res GiB"}
+
+
 def print_table(result: dict[str, Any], console: Console) -> None:
     table = Table(show_edge=False)
     for c in COLUMNS:
-        table.add_column(c)
+        table.add_column(TITLES.get(c, c), no_wrap=True)
     for r in result["rows"]:
         table.add_row(*[_cell(r.get(c)) for c in COLUMNS])
     console.print(table)

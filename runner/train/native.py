@@ -29,6 +29,14 @@ from runner.train import model as model_mod
 from runner.train.runtime import Runtime
 
 
+def segment_len_sq(block: PackedBlock) -> int:
+    """Σ L² over the block's document segments (padding left out): the causal attention work, for MFU."""
+    lengths = (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist()
+    if block.real_tokens < block.input_ids.numel():
+        lengths = lengths[:-1]  # the padding segment
+    return sum(n * n for n in lengths)
+
+
 def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:
     """train.warmup_steps, or train.warmup_ratio of the run when the step count is known (rounded up)."""
     t = spec.train
@@ -235,6 +243,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                     stats.add(block)
                 group.append(block)
             micro.append(group)
+        data_s = time.perf_counter() - step_start
         rank_targets = sum(b.target_tokens for g in micro for b in g)
         (ran_out_any, cancel_any), n_targets = _agree([ran_out, int(rt.stop_requested)], rank_targets, control)
         if cancel_any or n_targets == 0:
@@ -246,12 +255,14 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         for group_ in opt.param_groups:
             group_["lr"] = lr
         batches = []
+        collate_start = time.perf_counter()
         for group in micro:
             batch = collate(group)
             if not parts["pass_boundaries"]:
                 batch.pop("cu_seqlens")
                 batch.pop("seq_idx")
             batches.append(to_device(batch, rt.device))
+        data_s += time.perf_counter() - collate_start
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm)
         step += 1
@@ -267,7 +278,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             events.step(step=step, loss=local / rank_targets if rank_targets else float("nan"), lr=lr,
                         grad_norm=float(grad_norm), tokens=step_tokens,
                         step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
-                        global_loss=last_loss, target_tokens=rank_targets)
+                        global_loss=last_loss, target_tokens=rank_targets, data_s=round(data_s, 6),
+                        doc_len_sq=sum(segment_len_sq(b) for g in micro for b in g))
         if t.checkpoint_every and step % t.checkpoint_every == 0 and not last_step:
             save_checkpoint(blocks_consumed)
             last_saved = step
