@@ -126,7 +126,8 @@ def verify(path: Path) -> tuple[bool, str]:
         return False, f"{path}: record has no lock (it was not finished)"
     actual = compute_lock(rec)
     if actual != lock:
-        return False, f"{path}: lock mismatch: content changed after it was locked (sha256 {actual[:12]}… ≠ {lock[:12]}…)"
+        return False, (f"{path}: lock mismatch: content changed after it was locked "
+                       f"(sha256 {actual[:12]}… ≠ {lock[:12]}…)")
     return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…)"
 
 

@@ -12,8 +12,8 @@ from runner import pins as pins_mod
 from runner import records
 from runner.events import read_events
 from runner.failure import classify_text, log_tail, signal_cause, torchrun_exit_codes
-from runner.sampler import NodeSampler
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
+from runner.sampler import NodeSampler
 from runner.spec import RunSpec
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -85,7 +85,8 @@ def _flops_and_peak(spec: RunSpec) -> tuple[float | None, float | None]:
 
 
 def _any_error(paths: RunPaths, world_size: int) -> bool:
-    return any(e.get("event") == "error" for r in range(world_size) for e in read_events(paths.events / f"rank{r}.jsonl"))
+    return any(e.get("event") == "error"
+               for r in range(world_size) for e in read_events(paths.events / f"rank{r}.jsonl"))
 
 
 def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> dict[str, Any]:

@@ -317,15 +317,12 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if n != "auto" and int(n) < 1:
         out.append(Problem("hardware.nproc_per_node", f"must be at least 1, got {n}", "use 1 or more, or auto"))
     if spec.output.save == "adapter" and spec.method.kind != "lora":
-        out.append(Problem("output.save", "'adapter' needs method.kind=lora", "use output.save=full or method.kind=lora"))
-    if spec.hardware.device == "cpu" and spec.model.dtype == "bfloat16":
-        pass  # allowed, just slow; CPU bf16 is not bit-reproducible across machines
-    for part in ("path",):
-        for section in (spec.model, spec.dataset):
-            value = getattr(section, part)
-            if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
-                name = "model.path" if section is spec.model else "dataset.path"
-                out.append(Problem(name, f"no such file or directory: {value}", "give an existing local path, or unset it to use the hub id"))
+        out.append(Problem("output.save", "'adapter' needs method.kind=lora",
+                           "use output.save=full or method.kind=lora"))
+    for name, value in (("model.path", spec.model.path), ("dataset.path", spec.dataset.path)):
+        if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
+            out.append(Problem(name, f"no such file or directory: {value}",
+                               "give an existing local path, or unset it to use the hub id"))
     return out
 
 
@@ -375,7 +372,8 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
     if nproc == "auto":
         nproc = gpu_count if device == "cuda" else 2
     if device == "cuda" and spec.hardware.nodes == 1 and nproc > gpu_count:
-        raise SpecError("invalid spec", [Problem("hardware.nproc_per_node", f"{nproc} ranks but only {gpu_count} GPUs visible",
+        raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
+                                                 f"{nproc} ranks but only {gpu_count} GPUs visible",
                                                  f"use hardware.nproc_per_node={gpu_count} or fewer")])
     dtype = spec.model.dtype
     if dtype == "auto":

@@ -84,9 +84,8 @@ class SftApp(App):
 
             return RecordsScreen(self.records_dir)
         if s == "dashboard":
-            from tui.screens.dashboard import DashboardScreen
-
             from runner.records import RecordError, load
+            from tui.screens.dashboard import DashboardScreen
 
             if self.run_dir is None:
                 raise ValueError("start_screen='dashboard' needs run_dir")

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -67,7 +66,6 @@ def _teardown() -> None:
             pass
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(0)
 
 
 if __name__ == "__main__":

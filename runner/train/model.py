@@ -113,7 +113,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def shard_model(model: nn.Module, device: str, activation_checkpointing: bool, compile_layers: bool = False) -> nn.Module:
+def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
+                compile_layers: bool = False) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -158,7 +158,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     packing_mechanism = install_document_reset(model) if (t.packing and recurrent) else None
     # Some models (GPT-OSS among them) build their masks without position_ids: give them document masks. Hybrid
     # models keep documents apart through the reset above and build their own per-layer-type masks.
-    if t.packing and not recurrent and install_packed_mask(model, model_mod.DTYPES.get(spec.model.dtype, torch.float32)):
+    mask_dtype = model_mod.DTYPES.get(spec.model.dtype, torch.float32)
+    if t.packing and not recurrent and install_packed_mask(model, mask_dtype):
         packing_mechanism = packing_mechanism or "document masks built from position_ids"
     if spec.method.kind == "lora":
         from runner.train.lora import apply_lora

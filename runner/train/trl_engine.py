@@ -39,7 +39,7 @@ import torch.distributed as dist
 from runner.errors import Problem, SpecError, UserError
 from runner.events import EventWriter
 from runner.spec import RunSpec, resolve_embedded
-from runner.train.attention import BOUNDARY_KERNELS, backbone, install_packed_mask
+from runner.train.attention import install_packed_mask
 from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime

@@ -19,7 +19,8 @@ from runner.records import RecordError, compare_curves
 
 
 def _record(run_id: str = "r1", status: str = "succeeded", loss: float = 1.5) -> dict:
-    rec = records.new_record(run_id, {"name": "x", "engine": "native", "model": {"id": "m"}, "method": {"kind": "full"}},
+    spec = {"name": "x", "engine": "native", "model": {"id": "m"}, "method": {"kind": "full"}}
+    rec = records.new_record(run_id, spec,
                              {"python": "3.11", "packages": {"torch": "2.13.0"}}, {"argv": ["a"]}, None,
                              Path("runs") / run_id)
     rec["status"] = status
