@@ -147,8 +147,9 @@ def memory_content(record: dict[str, Any]) -> Content:
     est = record.get("estimate") or {}
     m = record.get("metrics") or {}
     measured = peak_measured_gib(m)
-    predicted = est.get("per_gpu_gib")
-    rows = [("estimate", f"{fmt.gib(predicted, 2)} GiB" + (" (approximate)" if est.get("approximate") else "")
+    # Ranks report torch's peak allocated on GPU (RSS on CPU): compare like with like.
+    predicted = est.get("per_gpu_allocated_gib", est.get("per_gpu_gib"))
+    rows = [("estimate", f"{fmt.gib(predicted, 2)} GiB allocated" + (" (approximate)" if est.get("approximate") else "")
              if predicted is not None else "none recorded"),
             ("measured peak", f"{fmt.gib(measured, 2)} GiB (max over ranks)" if measured is not None else "-")]
     if isinstance(predicted, (int, float)) and measured:
