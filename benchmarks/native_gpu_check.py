@@ -33,18 +33,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from runner.versions import package_versions  # noqa: E402 - after the path setup above
 
 PEAK_FLOPS = 790e12
 DOC_MIN, DOC_MAX = 400, 3000
@@ -297,13 +297,7 @@ def packing_check(name: str, config: Any, attn: str) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in VERSIONS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return package_versions(VERSIONS)
 
 
 def dry_run(seq_lens: list[int]) -> dict[str, Any]:

@@ -26,13 +26,14 @@ import statistics
 import sys
 import tempfile
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from runner.versions import package_versions  # noqa: E402 - after the path setup above
 
 PEAK_TFLOPS = 790.0  # references.md: an 8192^3 bf16 matmul on the H200
 GPU_RECIPE = "gpt-oss-reduced-lora-h200"
@@ -61,13 +62,7 @@ def active_params(model_dir: Path) -> int:
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in VERSIONS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return package_versions(VERSIONS)
 
 
 def device_name(device: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -19,6 +18,7 @@ from runner import run as run_mod
 from runner.errors import UserError
 from runner.events import read_events
 from runner.spec import RunSpec, load_spec, resolve
+from runner.versions import package_versions
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel", "flash-attn", "datasets")
 
@@ -98,14 +98,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
 
 
 def versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in VERSIONS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    out = package_versions(VERSIONS)
     try:
         import torch
 
