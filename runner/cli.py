@@ -20,8 +20,11 @@ field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 repl
 examples:
   runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
   runner run tiny-cpu --set train.max_steps=20 --json
+  runner estimate qwen3.8-27b-full-8xb300 --sweep train.seq_len=8192,32768 --sweep hardware.gpu=H100-80GB,B300
+  runner run --resume runs/<id> --set train.max_steps=400   # continue from the latest checkpoint
   runner replay records/<id>.json           # re-run and compare the loss curves
   runner verify records/<id>.json           # check the record's lock
+  runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
 """
 
 
