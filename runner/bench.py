@@ -90,10 +90,13 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
         # MFU = (6·N·tokens + 6·L_attn·width·Σ doc_len²) / (step time · peak); causal attention counts half the
         # square. Recompute for activation checkpointing is not useful work and is not counted.
         attn = [e.get("doc_len_sq") for e in rank0]
-        attn_flops = 6.0 * full_layers * width * statistics.mean(a for a in attn) if all(attn) else 0.0
+        counted = all(attn)
+        attn_flops = 6.0 * full_layers * width * statistics.mean(attn) if counted else 0.0
         flops = fpt * row["tokens_per_step"] + attn_flops
         row["mfu"] = round(flops / (row["step_s_median"] * peak_tflops * 1e12), 4)
-        row["flops_formula"] = "6*N_active_nonembed*tokens + 6*L_full_attn*q_width*sum(doc_len^2)"
+        # An engine that does not report its documents' lengths gets the 6·N part only: say so beside the figure.
+        row["flops_formula"] = "6*N_active_nonembed*tokens" + (" + 6*L_full_attn*q_width*sum(doc_len^2)"
+                                                                if counted else " (attention not counted)")
     return row
 
 
