@@ -239,7 +239,7 @@ class DashboardScreen(Screen):
                 Content(f"{fmt.num(util, '4.0f')}% "),
                 Content(f"{fmt.gib(g.mem_used_gib)}/{fmt.gib(g.mem_total_gib, 0)}G").stylize(
                     "$text-error" if near_full else "$text-warning" if over_est else ""),
-                Content(f" {fmt.num(g.temp_c, '.0f'):>3}° {fmt.num(g.power_w, '.0f'):>4}W"),
+                Content(f" {fmt.num(g.temp_c, '.0f')}° {fmt.num(g.power_w, '.0f')}W"),
             ]))
         panel.update(Content("\n").join(lines))
 
