@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -306,6 +307,14 @@ def _show(x: Any) -> str:
         return repr(x)
 
 
+# A git ref name as the hub accepts it: no whitespace, no '..', none of ~^:?*[\ and not ending in '/' or '.lock'.
+_REVISION = re.compile(r"^(?!.*\.\.)(?!.*/$)(?!.*\.lock$)[^\s~^:?*\[\\]{1,255}$")
+
+
+def valid_revision(rev: str) -> bool:
+    return bool(_REVISION.match(rev))
+
+
 def cross_field_problems(spec: RunSpec) -> list[Problem]:
     """Checks that involve more than one field (the schema checks each field alone)."""
     out: list[Problem] = []
@@ -319,6 +328,10 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
+    for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
+        if rev is not None and not valid_revision(rev):
+            out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",
+                               "use e.g. main, v1.0 or a 40-character commit SHA (no spaces, '..' or '~^:?*[\\')"))
     for name, value in (("model.path", spec.model.path), ("dataset.path", spec.dataset.path)):
         if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
             out.append(Problem(name, f"no such file or directory: {value}",

@@ -219,3 +219,27 @@ def test_cli_bad_input_exits_2_without_traceback(capsys: pytest.CaptureFixture[s
     assert "did you mean 'train.seq_len'?" in capsys.readouterr().err
     assert main(["--headless"]) == 2
     assert "--headless needs --recipe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step,path,value,needle", [
+    ("model", "model.path", "/nonexistent/model-dir", "no such file or directory"),
+    ("model", "model.revision", "bad rev", "not a branch, tag or commit SHA"),
+    ("hardware", "hardware.nproc_per_node", "0", "at least 1"),
+    ("method", "train.lr", "-1e-4", "greater than 0"),
+])
+def test_each_kind_of_wrong_input_is_shown_on_its_field(tmp_path: Path, step: str, path: str, value: str,
+                                                      needle: str) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, step)
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            fill(screen, path, value)
+            await pilot.pause()
+            field = screen.query_one("#f-" + path.replace(".", "-").replace("_", "-"), SpecField)
+            assert field.has_class("-invalid")
+            problem = text_of(field.query_one(".field-problem"))
+            assert needle in problem and "fix:" in problem
+            assert [p.field for p in screen.problems] == [path]
+            assert screen.query_one("#launch", Button).disabled
+
+    run_async(go())
