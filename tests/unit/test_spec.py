@@ -93,3 +93,15 @@ def test_every_field_has_docs_and_defaults():
 def test_all_shipped_recipes_validate():
     for name in recipe_names():
         load_spec(name)
+
+
+@pytest.mark.parametrize("rev,ok", [("main", True), ("v1.0", True), ("refs/pr/1", True),
+                                    ("1d4bf0f2ff6012fd82039f2fa52739d0dd7c60c0", True), ("bad rev", False),
+                                    ("a..b", False), ("x~1", False), ("feat/", False), ("", False)])
+def test_revision_must_be_a_ref_name(rev: str, ok: bool):
+    if ok:
+        assert load_spec("tiny-cpu", [f"dataset.revision={rev}"]).dataset.revision == rev
+    else:
+        with pytest.raises(SpecError) as e:
+            load_spec({"dataset": {"revision": rev}})
+        assert [p.field for p in e.value.problems] == ["dataset.revision"]
