@@ -135,8 +135,8 @@ class HeadlessDisplay:
 
     def _rank_table(self) -> Table:
         view = self.view
-        stragglers, stalled = set(view.stragglers()), set(view.stalled())
-        flagged = {r for r, s in view.ranks.items() if r in stragglers or r in stalled or s.status == "failed"}
+        all_flags = view.rank_flags()
+        flagged = {r for r, f in all_flags.items() if len(f) > 1 or f[0] == "failed"}
         shown = sorted(flagged)[:MAX_RANK_ROWS]
         shown = sorted(shown + [r for r in sorted(view.ranks) if r not in flagged][: MAX_RANK_ROWS - len(shown)])
         table = Table(box=None, pad_edge=False, expand=False)
@@ -144,11 +144,7 @@ class HeadlessDisplay:
             table.add_column(name, justify="left" if name == "status" else "right")
         for r in shown:
             rs = view.ranks[r]
-            flags = [rs.status]
-            if r in stragglers:
-                flags.append("straggler")
-            if r in stalled:
-                flags.append("stall")
+            flags = all_flags[r]
             style = "red" if rs.status == "failed" else "yellow" if len(flags) > 1 else None
             age = view.event_age_s(r)
             table.add_row(

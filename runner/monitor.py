@@ -363,6 +363,14 @@ class RunView:
             if r.status == "running" and r.last_t is not None and now - r.last_t > self.stall_s
         )
 
+    def rank_flags(self) -> dict[int, list[str]]:
+        """Per rank: its status, then "straggler" / "stall" when they apply; the one rule both views show."""
+        stragglers, stalled = set(self.stragglers()), set(self.stalled())
+        flags: dict[int, list[str]] = {}
+        for r, rs in self.ranks.items():
+            flags[r] = [rs.status] + ["straggler"] * (r in stragglers) + ["stall"] * (r in stalled)
+        return flags
+
     def event_age_s(self, rank: int) -> float | None:
         """Seconds since the rank's latest event, by the injected clock."""
         rs = self.ranks.get(rank)

@@ -39,21 +39,14 @@ def export(kind: str, model: nn.Module, tokenizer: Any, run_dir: Path, rank: int
     """Collective: kind is output.save ('full' | 'adapter'); rank 0 returns {dir, files: {name: sha256}}."""
     if kind == "none":
         return None
-    out_dir = run_dir / EXPORT_DIR
-    if kind == "adapter":
-        state = _gather(model, trainable_only=True)
-        if rank != 0:
-            return None
-        out_dir.mkdir(parents=True, exist_ok=True)
-        # peft keeps only the adapter tensors of the state dict it is given, under its own key names.
-        model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
-    elif kind == "full":
-        state = _gather(model, trainable_only=False)
-        if rank != 0:
-            return None
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
-    else:
+    if kind not in ("adapter", "full"):
         raise ValueError(f"output.save must be none, adapter or full, got {kind!r}")
+    out_dir = run_dir / EXPORT_DIR
+    # For an adapter, peft keeps only the adapter tensors of the state dict it is given, under its own key names.
+    state = _gather(model, trainable_only=kind == "adapter")
+    if rank != 0:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
     return {"dir": str(out_dir), "kind": kind, "files": file_hashes(out_dir)}

@@ -114,16 +114,22 @@ def _long_run_app(tmp_path: Path):
     return make_app(tmp_path / "runs", tmp_path / "records", data, "launch")
 
 
+async def _launch_until_step(pilot, app, step: int):
+    """Launch from the Launch step and return the dashboard once both ranks reached `step`."""
+    await ready(pilot)
+    await pilot.press("ctrl+l")
+    await wait_for(pilot, lambda: _dashboard(app) is not None, START_S, "the dashboard")
+    dash = _dashboard(app)
+    await wait_for(pilot, lambda: _rank_steps(dash) and min(_rank_steps(dash).values()) >= step, START_S,
+                   f"both ranks at step ≥ {step}")
+    return dash
+
+
 def test_cancel_with_confirmation_leaves_no_process(tmp_path: Path) -> None:
     async def go() -> None:
         app = _long_run_app(tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
-            await ready(pilot)
-            await pilot.press("ctrl+l")
-            await wait_for(pilot, lambda: _dashboard(app) is not None, START_S, "the dashboard")
-            dash = _dashboard(app)
-            await wait_for(pilot, lambda: _rank_steps(dash) and min(_rank_steps(dash).values()) >= 2, START_S,
-                           "both ranks at step ≥ 2")
+            dash = await _launch_until_step(pilot, app, 2)
             pids = _tree(dash.active.launcher.pid)
             assert len(pids) >= 3  # torchrun and its two ranks
             await pilot.press("c")
@@ -149,12 +155,7 @@ def test_quit_during_a_run_cancels_it_first(tmp_path: Path) -> None:
     async def go() -> None:
         app = _long_run_app(tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
-            await ready(pilot)
-            await pilot.press("ctrl+l")
-            await wait_for(pilot, lambda: _dashboard(app) is not None, START_S, "the dashboard")
-            dash = _dashboard(app)
-            await wait_for(pilot, lambda: _rank_steps(dash) and min(_rank_steps(dash).values()) >= 1, START_S,
-                           "both ranks at step ≥ 1")
+            dash = await _launch_until_step(pilot, app, 1)
             state["pids"] = _tree(dash.active.launcher.pid)
             state["record"] = dash.active.record_path
             await pilot.press("ctrl+q")
@@ -172,12 +173,7 @@ def test_killed_rank_is_named_on_the_dashboard(tmp_path: Path) -> None:
     async def go() -> None:
         app = _long_run_app(tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
-            await ready(pilot)
-            await pilot.press("ctrl+l")
-            await wait_for(pilot, lambda: _dashboard(app) is not None, START_S, "the dashboard")
-            dash = _dashboard(app)
-            await wait_for(pilot, lambda: _rank_steps(dash) and min(_rank_steps(dash).values()) >= 2, START_S,
-                           "both ranks at step ≥ 2")
+            dash = await _launch_until_step(pilot, app, 2)
             events = dash.run_dir / "events" / "rank1.jsonl"
             start = next(json.loads(line) for line in events.read_text().splitlines()
                          if json.loads(line).get("event") == "start")

@@ -174,15 +174,11 @@ class DashboardScreen(Screen):
     def _update_ranks(self) -> None:
         view = self.view
         table = self.query_one("#ranks", DataTable)
-        stragglers, stalled = set(view.stragglers()), set(view.stalled())
+        all_flags = view.rank_flags()
         colors = {k: fmt.theme_color(self.app, k) for k in ("error", "warning", "success")}
         for r in sorted(view.ranks):
             rs = view.ranks[r]
-            flags = [rs.status]
-            if r in stragglers:
-                flags.append("straggler")
-            if r in stalled:
-                flags.append("stall")
+            flags = list(all_flags[r])
             if rs.status == "failed" and rs.error_cause:
                 flags.append(rs.error_cause)
             style = colors["error"] if rs.status == "failed" else colors["warning"] if len(flags) > 1 else \
