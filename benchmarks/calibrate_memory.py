@@ -1,6 +1,6 @@
 """Measured peak GPU memory against the estimator: the native engine's own train() per configuration, one process.
 
-    python benchmarks/calibrate_memory.py --out $OUT/calibration.json        # on the GPU (about 4 minutes)
+    python benchmarks/calibrate_memory.py --out $OUT/calibration.json        # on the GPU (about 8 minutes)
     python benchmarks/calibrate_memory.py --device cpu --quick --out /tmp/c.json   # the loop itself, on CPU
 
 Each row: estimate(spec) before, then `runner.train.native.train` for a few steps on the embedded chat data with a
@@ -71,11 +71,76 @@ def configs(root: Path, quick: bool) -> list[tuple[str, list[str]]]:
                                  "train.activation_checkpointing=true"]),
         ("hybrid lora 8k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=8192",
                                  "method.kind=lora", "train.activation_checkpointing=true"]),
+        ("hybrid lora 2k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=2048",
+                                 "method.kind=lora", "train.activation_checkpointing=true"]),
+        ("hybrid lora 32k ckpt", [f"model.path={hybrid}", "model.loader=image_text_to_text", "train.seq_len=32768",
+                                  "method.kind=lora", "train.activation_checkpointing=true"]),
+        # Levers of the native engine (runner/train/loss.py fused loss; train.recompute_layers).
+        ("qwen3-0.6b full 8k ckpt fused-loss", [f"model.path={qwen}", "train.seq_len=8192",
+                                                "train.activation_checkpointing=true", "train.loss_impl=fused"]),
+        ("qwen3-0.6b full 8k recompute 20/28", [f"model.path={qwen}", "train.seq_len=8192",
+                                                "train.activation_checkpointing=true", "train.recompute_layers=20"]),
+        # The TRL engine (SFTTrainer + accelerate FSDP2, fp32 master weights for a full fine-tune).
+        ("trl qwen3-0.6b full 8k ckpt", ["engine=trl", f"model.path={qwen}", "train.seq_len=8192",
+                                         "train.activation_checkpointing=true"]),
+        ("trl qwen3-0.6b lora 8k ckpt", ["engine=trl", f"model.path={qwen}", "train.seq_len=8192",
+                                         "method.kind=lora", "train.activation_checkpointing=true"]),
+        ("trl gpt-oss-2l lora 2k ckpt", ["engine=trl", f"model.path={oss_dir}", "train.seq_len=2048", *lora_oss,
+                                         "train.activation_checkpointing=true"]),
     ]
     if quick:
         rows = [(n, [o.replace("32768", "512").replace("8192", "256").replace("2048", "128") for o in ov])
-                for n, ov in rows[:2]]
+                for n, ov in rows]
     return [(n, base + ov) for n, ov in rows]
+
+
+LIBRARIES = ("/runner/", "/peft/", "/trl/", "/accelerate/", "/liger_kernel/", "/transformers/")
+
+
+def _where(frames: list[dict]) -> str:
+    """The innermost frame in this project or a training library (else the innermost frame at all)."""
+    for f in frames:
+        name = f.get("filename", "")
+        if any(lib in name for lib in LIBRARIES):
+            return f"{name.split('site-packages/')[-1].split('/work/')[-1]}:{f.get('line')} {f.get('name')}"
+    # No Python frame of ours: an allocation of the autograd engine; name the backward node (or the C++ op).
+    for f in frames:
+        if "Backward" in f.get("name", "") or "autograd::generated" in f.get("name", ""):
+            return f["name"][:120]
+    for f in frames:
+        if "at::native" in f.get("name", "") or "at::_ops" in f.get("name", ""):
+            return f["name"][:120]
+    f = frames[0] if frames else {}
+    return f"{f.get('filename', '?')}:{f.get('line')} {str(f.get('name'))[:120]}"
+
+
+def live_at_peak(snap: dict, top: int = 25) -> dict:
+    """Replay the allocator trace: the largest sum of live blocks and, at that moment, where they came from."""
+    trace = snap["device_traces"][0]
+    live: dict[int, int] = {}
+    cur = peak = 0
+    peak_i = -1
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            cur += e["size"]
+            if cur > peak:
+                peak, peak_i = cur, i
+        elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
+            cur -= live.pop(e["addr"])
+    groups: dict[str, int] = {}
+    owners: dict[int, tuple[int, str]] = {}
+    for e in trace[:peak_i + 1]:
+        if e["action"] == "alloc":
+            owners[e["addr"]] = (e["size"], _where(e.get("frames", [])))
+        elif e["action"] in ("free_requested", "free_completed"):
+            owners.pop(e["addr"], None)
+    for size, where in owners.values():
+        key = f"{where} [{size / 2**20:.0f} MiB blocks]" if size >= 2**26 else where
+        groups[key] = groups.get(key, 0) + size
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+    return {"traced_peak_gib": round(peak / 2**30, 3), "trace_entries": len(trace),
+            "groups_gib": {k: round(v / 2**30, 3) for k, v in ranked}}
 
 
 def main() -> None:
@@ -83,7 +148,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", help="substring of the row names to run")
+    ap.add_argument("--only", help="comma-separated substrings of the row names to run")
+    ap.add_argument("--snapshot", help="comma-separated substrings of row names whose allocations are recorded; "
+                                       "the live blocks at the peak, grouped by where they were allocated, go in the row")
     args = ap.parse_args()
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29561"), ("RANK", "0"), ("LOCAL_RANK", "0"),
                  ("WORLD_SIZE", "1")):
@@ -93,7 +160,7 @@ def main() -> None:
     from runner.estimate import estimate
     from runner.events import EventWriter
     from runner.spec import load_spec, resolve
-    from runner.train import native, runtime
+    from runner.train import native, runtime, trl_engine
 
     rt = runtime.init(args.device)
     runtime.set_determinism(0, False, args.device)
@@ -103,9 +170,13 @@ def main() -> None:
     if args.device == "cuda":
         result["gpu_name"] = torch.cuda.get_device_name()
         result["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
-    for name, overrides in configs(work, args.quick):
-        if args.only and args.only not in name:
+    rows = configs(work, args.quick)
+    if args.quick and not args.only:
+        rows = rows[:2]
+    for name, overrides in rows:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
+        snapshot = args.device == "cuda" and bool(args.snapshot) and any(p in name for p in args.snapshot.split(","))
         row: dict = {"name": name, "overrides": overrides}
         t0 = time.time()
         try:
@@ -117,7 +188,19 @@ def main() -> None:
             if args.device == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            summary = native.train(spec, rt, EventWriter(work / f"{len(result['rows'])}.jsonl", 0), run_dir=work)
+            if snapshot:
+                row["allocated_before_gib"] = round(torch.cuda.memory_allocated() / 2**30, 3)
+                torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+            engine = trl_engine if spec.engine == "trl" else native
+            run_dir = work / f"run{len(result['rows'])}"
+            run_dir.mkdir()
+            try:
+                summary = engine.train(spec, rt, EventWriter(run_dir / "events.jsonl", 0), run_dir=run_dir)
+                if snapshot:
+                    row["at_peak"] = live_at_peak(torch.cuda.memory._snapshot())
+            finally:
+                if snapshot:
+                    torch.cuda.memory._record_memory_history(enabled=None)
             row["steps"] = summary["steps"]
             row["final_loss"] = summary["final_loss"]
             if args.device == "cuda":

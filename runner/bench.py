@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import shlex
 import statistics
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,10 +31,35 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+NATIVE_ONLY = ("train.recompute_layers",)
+"""Levers only the native engine has: a trl row runs without them (and the row says so), so one spec can hold
+the native engine's best settings and still be compared with TRL."""
+
+
 def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list[str]]:
-    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps."""
+    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps. A trl row skips
+    sweeps over native-only fields (it would repeat the same run)."""
     axes = [[f"engine={e}" for e in engines]] + [[f"{k}={v}" for v in vals] for k, vals in sweeps]
-    return [list(c) for c in itertools.product(*axes)]
+    out, seen = [], set()
+    for c in itertools.product(*axes):
+        combo = list(c)
+        if combo[0] != "engine=native":
+            combo = [o if o.split("=", 1)[0] not in NATIVE_ONLY else o.split("=", 1)[0] + "=null" for o in combo]
+        if tuple(combo) not in seen:
+            seen.add(tuple(combo))
+            out.append(combo)
+    return out
+
+
+def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) -> tuple[RunSpec, list[str]]:
+    """The row's spec and the native-only settings that a non-native row leaves out."""
+    dropped: list[str] = []
+    if combo[0] != "engine=native":
+        base = load_spec(spec_ref, overrides).to_dict()
+        dropped = [f for f in NATIVE_ONLY if base[f.split(".")[0]][f.split(".")[1]] is not None]
+    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}=null" for f in dropped), f"train.max_steps={steps}",
+                                "train.log_every=1", "output.save=none"])
+    return resolve(spec), dropped
 
 
 def flops_per_token(spec: RunSpec) -> tuple[float | None, int, int]:
@@ -56,10 +79,15 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
     """Per-step timings after warm-up, tokens/s per GPU, MFU, peak memory and the share of time spent on data."""
     per_rank = []
     peaks_alloc, peaks_res = [], []
+    begin: dict[str, Any] = {}
+    final_loss = None
     for r in range(spec.world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
         steps = [e for e in evs if "event" not in e and "step" in e and e["step"] > warmup]
         end = next((e for e in evs if e.get("event") == "end"), {})
+        if r == 0:
+            begin = next((e for e in evs if e.get("event") == "train_begin"), {})
+            final_loss = end.get("final_loss")
         peak = end.get("peak_mem_gib") or {}
         if "allocated" in peak:
             peaks_alloc.append(peak["allocated"])
@@ -84,6 +112,9 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
         "peak_alloc_gib": max(peaks_alloc) if peaks_alloc else None,
         "peak_reserved_gib": max(peaks_res) if peaks_res else None,
         "mfu": None,
+        "final_loss": final_loss,
+        # What the engine chose, as its train_begin event says.
+        "choices": {k: begin[k] for k in ("attn", "loss_impl", "liger_kernels") if k in begin},
     }
     fpt, full_layers, width = flops_per_token(spec)
     if fpt and peak_tflops:
@@ -120,41 +151,52 @@ def gpu_info() -> dict[str, Any]:
 
 def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[str], steps: int, warmup: int,
           out_dir: Path, runs_dir: Path, records_dir: Path, name: str | None = None,
-          console: Console | None = None) -> dict[str, Any]:
+          console: Console | None = None, command: str | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     parsed = parse_sweeps(sweeps)
-    rows = []
+    rows: list[dict[str, Any]] = []
     peak = None
-    for combo in combos(engines, parsed):
-        spec = resolve(load_spec(spec_ref, [*overrides, *combo, f"train.max_steps={warmup + steps}",
-                                            "train.log_every=1", "output.save=none"]))
+    plan = combos(engines, parsed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or f"bench-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    result = {
+        "command": command,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_info(), "peak_tflops": peak, "versions": versions(), "warmup_steps": warmup, "steps": steps,
+        "rows": rows,
+    }
+    for i, combo in enumerate(plan, 1):
+        spec, dropped = row_spec(spec_ref, overrides, combo, warmup + steps)
         if peak is None:
-            peak = _peak_tflops(spec)
-        console.print(f"bench: {' '.join(combo)}")
+            peak = result["peak_tflops"] = _peak_tflops(spec)
+        note = f" (without native-only {', '.join(dropped)})" if dropped else ""
+        console.print(f"bench {i}/{len(plan)}: {' '.join(combo)}{note}")
         active = run_mod.start(spec, runs_dir, records_dir)
         code = run_mod.watch(active)
         rec = active.finish(code) or {}
         row: dict[str, Any] = {"engine": spec.engine, "model": spec.model.id, "seq_len": spec.train.seq_len,
                                "method": spec.method.kind, "overrides": combo, "status": rec.get("status"),
-                               "record": str(active.record_path)}
+                               "record": str(active.record_path), "spec": spec.to_dict()["train"]}
+        if dropped:
+            row["native_only_left_out"] = dropped
         if rec.get("status") == "succeeded":
             row.update(summarize(spec, active.paths.events, warmup, peak))
         elif rec.get("failure"):
             row["failure"] = {k: rec["failure"].get(k) for k in ("rank", "cause", "message")}
         rows.append(row)
-    result = {
-        "command": shlex.join(["runner", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else None,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gpu": gpu_info(), "peak_tflops": peak, "versions": versions(), "warmup_steps": warmup, "steps": steps,
-        "rows": rows,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = name or f"bench-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out_dir / f"{stem}.md").write_text(markdown(result))
+        # Written after every row: a long sweep that is cut short keeps what it measured.
+        write_results(result, out_dir, stem)
+    write_results(result, out_dir, stem)
     print_table(result, console)
     console.print(f"wrote {out_dir / stem}.json and .md")
     return result
+
+
+def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
+    for suffix, text in ((".json", json.dumps(result, indent=2) + "\n"), (".md", markdown(result))):
+        tmp = out_dir / f".{stem}{suffix}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out_dir / f"{stem}{suffix}")
 
 
 def _peak_tflops(spec: RunSpec) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     if args.command is None:
         parser.print_help()
         return EXIT_OK
@@ -215,7 +217,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use native and/or trl")
     result = bench(args.spec, args.overrides, engines, args.sweep, args.steps, args.warmup, args.out, args.runs_dir,
-                   args.records_dir, args.name)
+                   args.records_dir, args.name, command=shlex.join(["runner", *args.argv]))
     return EXIT_OK if all(r.get("status") == "succeeded" for r in result["rows"]) else EXIT_FAILED
 
 

@@ -52,6 +52,10 @@ output, its incoming gradient and the gradient of the fp32 logits (4 + 4 + 4).""
 CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM = 10.0
 """The same in one chunk's forward: bf16 logits (2), their fp32 copy (4) and the log-softmax output (4); nothing
 of it is kept (the chunk is checkpointed)."""
+FUSED_LOSS_BYTES_PER_ELEM = 6.0
+"""Peak bytes per (token × vocab) of one chunk in the native fused loss (runner/train/loss.py
+FusedLinearCrossEntropy): the bf16 logits and their fp32 copy (2 + 4), later the fp32 softmax and its bf16 cast
+(4 + 2); the softmax is made in place of the fp32 logits."""
 TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA = 16.0
 """TRL ≥ 1.16 SFTTrainer computes the loss with its fused LM head (trl/trainer/utils.py add_fused_lm_head: chunked
 log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: what remains per token is the gathered
@@ -248,11 +252,11 @@ def planned_attention(spec: RunSpec, device: str) -> str:
 
 
 def planned_loss(spec: RunSpec) -> str:
-    """full | chunked (native engine, runner/train/loss.py) | fused (the TRL engine: SFTTrainer's fused LM head,
-    whatever train.loss_impl says)."""
+    """full | chunked | fused (native engine, runner/train/loss.py) | trl-fused (the TRL engine: SFTTrainer's
+    fused LM head, whatever train.loss_impl says)."""
     if spec.engine == "trl":
-        return "fused"
-    return "full" if spec.train.loss_impl == "full" else "chunked"
+        return "trl-fused"
+    return spec.train.loss_impl if spec.train.loss_impl in ("full", "fused") else "chunked"
 
 
 def make_plan(spec: RunSpec) -> Plan:
@@ -515,11 +519,12 @@ def memory_model(plan: Plan) -> _Memory:
                  for i in range(arch.layers)]
     transient = backward_transient_bytes(arch, cb) * tokens
     layer_input = cb * arch.hidden * tokens
-    kept = arch.layers * layer_input if ac else sum(per_layer)
+    k = recomputed_layers(spec, arch.layers)  # the first k layers recompute, the others keep their activations
+    kept = k * layer_input + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward.
-    recompute_last = per_layer[-1] if ac else 0.0
-    recompute_first = per_layer[0] if ac else 0.0
-    kept_first = layer_input if ac else per_layer[0]  # by the first layer's backward the others' are freed
+    recompute_last = per_layer[-1] if k == arch.layers else 0.0
+    recompute_first = per_layer[0] if k else 0.0
+    kept_first = layer_input if k else per_layer[0]  # by the first layer's backward the others' are freed
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and spec.train.packing:
@@ -543,6 +548,14 @@ def memory_model(plan: Plan) -> _Memory:
         # Backward of a chunk: recomputed log-softmax output, its gradient and the logits' gradient (fp32); and,
         # when lm_head trains, the chunk's weight gradient before it is added to the accumulated one.
         loss_bwd = max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad)
+    elif plan.loss_impl == "fused":
+        chunk = min(tokens, loss_chunk_tokens(v))
+        # Made in forward and held to backward: the targets' hidden-state gradient and lm_head's weight gradient
+        # (the latter is the head_grad that the backward phases count). In backward the hidden-state gradient
+        # is scattered back into a zero tensor of the whole block.
+        grad_hidden = cb * arch.hidden * tokens
+        loss_fwd = FUSED_LOSS_BYTES_PER_ELEM * chunk * v + grad_hidden + head_grad
+        loss_bwd = 2 * grad_hidden
     else:
         loss_fwd = loss_bwd = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
     if plan.device == "cpu":
@@ -609,17 +622,25 @@ def memory_model(plan: Plan) -> _Memory:
 # Time
 
 
+def recomputed_layers(spec: RunSpec, layers: int) -> int:
+    """Decoder layers that recompute their forward in backward (train.recompute_layers, the first ones)."""
+    t = spec.train
+    if not t.activation_checkpointing:
+        return 0
+    return layers if t.recompute_layers is None else min(t.recompute_layers, layers)
+
+
 def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
     """(hardware FLOPs of one optimizer step over all ranks, the attention part of it)."""
     arch, t = plan.arch, plan.spec.train
-    ac = t.activation_checkpointing
+    share = recomputed_layers(plan.spec, arch.layers) / max(1, arch.layers)  # of the layers' forward, again
     n_flops = arch.params_flops
     if plan.spec.method.kind == "lora":
         # Frozen weights: forward + input gradients only (no weight gradients); adapters are negligible.
-        per_token = (4 + (2 if ac else 0)) * n_flops
+        per_token = (4 + 2 * share) * n_flops
     else:
-        per_token = (6 + (2 if ac else 0)) * n_flops
-    passes = 3 + (1 if ac else 0)  # attention: forward, two backward matmuls' worth, recompute
+        per_token = (6 + 2 * share) * n_flops
+    passes = 3 + share  # attention: forward, two backward matmuls' worth, recompute
     s = t.seq_len
     d = max(1, min(doc_len, s))
     # Eager attention computes the whole score matrix of each sequence; sdpa does too when a packed block needs a

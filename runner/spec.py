@@ -123,12 +123,17 @@ class TrainSpec(_Section):
     """Seed for init, data order and dropout."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward (non-reentrant) to save activation memory."""
+    recompute_layers: int | None = Field(None, ge=0)
+    """With activation_checkpointing, how many decoder layers (the first ones) recompute in backward; the others
+    keep their activations: faster, more memory (`runner estimate` shows how much). None = all (native engine)."""
     log_every: int = Field(1, gt=0)
     """Write a step event every N steps."""
     deterministic: bool = True
     """Ask PyTorch for deterministic kernels (bit-exact replays; CPU runs always are)."""
-    loss_impl: Literal["auto", "full", "chunked"] = "auto"
-    """Cross-entropy: full = one fp32 logits tensor; chunked = over token chunks, no full logits; auto = chunked."""
+    loss_impl: Literal["auto", "full", "chunked", "fused"] = "auto"
+    """Cross-entropy: full = one fp32 logits tensor; chunked = over token chunks, no full logits, recomputed in
+    backward; fused = chunks whose gradients are made in forward (no recompute, one lm_head-sized gradient held
+    through the forward); auto = chunked."""
     compile: bool = False
     """torch.compile each decoder layer (GPU only)."""
     packing: bool = True
@@ -328,6 +333,13 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
+    if spec.train.recompute_layers is not None:
+        if not spec.train.activation_checkpointing:
+            out.append(Problem("train.recompute_layers", "only applies with activation checkpointing",
+                               "set train.activation_checkpointing=true, or unset train.recompute_layers"))
+        if spec.engine != "native":
+            out.append(Problem("train.recompute_layers", "the trl engine checkpoints every layer or none",
+                               "use engine=native, or unset train.recompute_layers"))
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",

@@ -5,6 +5,10 @@
 * chunked: the base model gives hidden states; only the positions that have a target go through lm_head and
   cross-entropy, a chunk of tokens at a time under activation checkpointing, so no full logits tensor ever
   exists and each chunk's logits are recomputed in backward. Sum reduction in float32, like the full path.
+* fused: the same target positions and chunks, but each chunk's gradients (for the hidden states and for
+  lm_head's weight) are computed in the forward, while its logits exist, so backward only scales them: no
+  recomputation of lm_head. Costs one lm_head-sized weight gradient and the targets' hidden-state gradient,
+  held from the forward to the backward.
 
 Both return a float32 scalar that is connected to every parameter the forward used, also when the micro-batch
 has no target (an exhausted rank's empty block): FSDP needs every rank to produce gradients for the same
@@ -61,14 +65,14 @@ def chunked_supported(config: Any) -> str | None:
 
 
 def resolve_loss_impl(requested: str, config: Any) -> tuple[str, str]:
-    """(full | chunked, reason); auto = chunked unless the model post-processes its logits."""
+    """(full | chunked | fused, reason); auto = chunked unless the model post-processes its logits."""
     if requested == "full":
         return "full", "set by train.loss_impl"
     problem = chunked_supported(config)
-    if requested == "chunked":
+    if requested in ("chunked", "fused"):
         if problem:
-            raise ValueError(f"train.loss_impl=chunked cannot reproduce this model's loss: {problem}; use full")
-        return "chunked", "set by train.loss_impl"
+            raise ValueError(f"train.loss_impl={requested} cannot reproduce this model's loss: {problem}; use full")
+        return requested, "set by train.loss_impl"
     if problem:
         return "full", f"{problem}: chunked lm_head would differ"
     return "chunked", "no full logits tensor; lm_head over target tokens in checkpointed chunks"
@@ -88,8 +92,49 @@ def _chunk_ce_sum(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) 
     return F.cross_entropy(logits, targets, reduction="sum")
 
 
-def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None) -> torch.Tensor:
-    """Sum of token cross-entropies with lm_head applied to target positions only, chunk by chunk."""
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """sum(cross_entropy(hidden @ weight.T, targets)) with both gradients made in forward, one chunk at a time.
+
+    The gradient of a summed cross-entropy with respect to the logits is softmax - one_hot, known as soon as the
+    chunk's logits are; the incoming gradient (a scalar) only scales it, so backward multiplies what forward
+    stored. Rounding follows the autograd path: fp32 softmax, the logits' gradient cast to the compute dtype for
+    the two matmuls, the weight gradient accumulated over chunks in the weight's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk: int) -> torch.Tensor:
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.size(0), chunk):
+            h = hidden[start:start + chunk]
+            t = targets[start:start + chunk]
+            logits = (h @ weight.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            probs.scatter_add_(1, t[:, None], torch.full_like(probs[:, :1], -1.0))
+            g = probs.to(h.dtype)
+            del logits, probs
+            torch.mm(g, weight, out=grad_hidden[start:start + chunk])
+            if grad_weight is not None:
+                grad_weight.addmm_(g.t(), h)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        # In place: these buffers are used once (the step's loss is backpropagated once).
+        grad_hidden.mul_(grad_out.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight.mul_(grad_out.to(grad_weight.dtype))
+        return grad_hidden, grad_weight, None, None
+
+
+def _target_hidden(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, nn.Module]:
+    """(hidden states of the whole block, target positions, their targets, lm_head) without any logits."""
     base, head = causal_lm_parts(model)
     out = base(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch))
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -100,6 +145,24 @@ def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int 
         shifted = batch["labels"].reshape(-1)[1:]
         index = torch.nonzero(shifted != IGNORE).flatten()
         targets = shifted[index]
+    return hidden, index, targets, head
+
+
+def fused_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None) -> torch.Tensor:
+    """Sum of token cross-entropies over target positions, gradients made in forward (FusedLinearCrossEntropy)."""
+    hidden, index, targets, head = _target_hidden(model, batch)
+    if index.numel() == 0:
+        return _chunk_ce_sum(head, hidden[:1], batch["input_ids"].reshape(-1)[:1]) * 0.0
+    bias = getattr(head, "bias", None)
+    if bias is not None:
+        raise ValueError("train.loss_impl=fused: lm_head has a bias; use chunked")
+    chunk = chunk_tokens or chunk_tokens_for(head.weight.shape[0])
+    return FusedLinearCrossEntropy.apply(hidden.index_select(0, index), head.weight, targets, chunk)
+
+
+def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None) -> torch.Tensor:
+    """Sum of token cross-entropies with lm_head applied to target positions only, chunk by chunk."""
+    hidden, index, targets, head = _target_hidden(model, batch)
     if index.numel() == 0:
         # No target: still run lm_head on one position so its weight gets a (zero) gradient on this rank too.
         return _chunk_ce_sum(head, hidden[:1], batch["input_ids"].reshape(-1)[:1]) * 0.0
@@ -114,15 +177,20 @@ def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int 
     return total
 
 
-def attach_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> None:
+LOSS_FUNCTIONS = {"chunked": chunked_loss_sum, "fused": fused_loss_sum}
+
+
+def attach_chunked_loss(model: nn.Module, impl: str = "chunked", chunk_tokens: int | None = None) -> None:
     """Give the (FSDP root) model a `sft_loss_sum(batch)` method that runs under FSDP's forward hooks.
 
     The chunked loss calls the base model and lm_head directly, not the root's forward; registering the method
     makes FSDP all-gather the root's own parameters (embeddings, final norm, lm_head) around it as it does
     around forward.
     """
+    fn = LOSS_FUNCTIONS[impl]
+
     def method(self: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return chunked_loss_sum(self, batch, chunk_tokens)
+        return fn(self, batch, chunk_tokens)
 
     setattr(model, LOSS_METHOD, types.MethodType(method, model))
     try:
@@ -135,7 +203,7 @@ def attach_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> No
 
 def loss_sum(model: nn.Module, batch: dict[str, Any], impl: str) -> torch.Tensor:
     """The micro-batch's loss sum with the chosen implementation."""
-    if impl == "chunked":
+    if impl in LOSS_FUNCTIONS:
         method = getattr(model, LOSS_METHOD, None)
-        return method(batch) if method is not None else chunked_loss_sum(model, batch)
+        return method(batch) if method is not None else LOSS_FUNCTIONS[impl](model, batch)
     return full_loss_sum(model, batch)

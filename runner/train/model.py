@@ -113,14 +113,40 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def text_decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The language model's decoder layers in order (a VLM-style checkpoint's language tower)."""
+    from runner.train.loss import causal_lm_parts
+
+    base, _ = causal_lm_parts(model)
+    return list(getattr(base, "language_model", base).layers)
+
+
+def enable_recompute(model: nn.Module, recompute_layers: int | None) -> int:
+    """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
+
+    The layers left out keep their activations from forward to backward. Returns how many layers recompute.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers ≥ 5.2x; the older name is a deprecated alias there
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = text_decoder_layers(model)
+    keep = len(layers) if recompute_layers is None else min(recompute_layers, len(layers))
+    for layer in layers[keep:]:
+        # transformers' GradientCheckpointingLayer consults this flag on every call.
+        layer.gradient_checkpointing = False
+    return keep
+
+
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
-                compile_layers: bool = False) -> nn.Module:
+                compile_layers: bool = False, recompute_layers: int | None = None) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_recompute(model, recompute_layers)
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).

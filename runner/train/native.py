@@ -9,6 +9,7 @@ alone in a collective.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -150,7 +151,10 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     supported = supported_attention(concrete_model_class(model_class(spec, config), config))
     attn = choose_attention(spec.model.attn_implementation, rt.device, t.seq_len * t.micro_batch, supported)
     loss_impl, loss_reason = resolve_loss_impl(t.loss_impl, config)
-    model = load_model(spec, attn.impl, seed=t.seed)
+    # Random weights are drawn where they will live: on the host, billions of them take minutes.
+    where = torch.device("cuda") if rt.device == "cuda" and spec.model.init == "random" else contextlib.nullcontext()
+    with where:
+        model = load_model(spec, attn.impl, seed=t.seed)
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
@@ -167,11 +171,11 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         model = apply_lora(model, spec)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile)
+    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers)
     model.to(rt.device)
     model.train()
-    if loss_impl == "chunked":
-        attach_chunked_loss(model)
+    if loss_impl in ("chunked", "fused"):
+        attach_chunked_loss(model, loss_impl)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
                             weight_decay=t.weight_decay, fused=rt.device == "cuda")
     info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,

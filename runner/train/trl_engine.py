@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import time
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,20 @@ def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def sft_config(spec: RunSpec, rt: Runtime, out_dir: Path, fsdp: dict[str, Any] | None, bf16: bool) -> Any:
+LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
+"""Architectures whose liger-kernel layer kernels (RMSNorm, RoPE, SwiGLU) TRL applies; the TRL engine uses them
+when liger-kernel is installed on CUDA: TRL's best measured settings (flex attention + liger) include them."""
+
+
+def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if device != "cuda" or getattr(text, "model_type", None) not in LIGER_MODEL_TYPES:
+        return False
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def sft_config(spec: RunSpec, rt: Runtime, out_dir: Path, fsdp: dict[str, Any] | None, bf16: bool,
+               liger: bool = False) -> Any:
     from trl import SFTConfig
 
     t = spec.train
@@ -340,6 +354,7 @@ def sft_config(spec: RunSpec, rt: Runtime, out_dir: Path, fsdp: dict[str, Any] |
         average_tokens_across_devices=True,
         ddp_find_unused_parameters=False,
         dataloader_pin_memory=rt.device == "cuda",
+        use_liger_kernel=liger,
     )
     if fsdp is not None:
         kwargs.update(fsdp=True, fsdp_config=fsdp)
@@ -552,7 +567,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
 
     # One process on the CPU has nothing to shard (and accelerate refuses FSDP outside distributed training).
     fsdp = fsdp_settings(model, spec) if (rt.world_size > 1 or rt.device == "cuda") else None
-    args = sft_config(spec, rt, run_dir / "checkpoints", fsdp, bf16)
+    liger = use_liger(spec, rt.device, config)
+    args = sft_config(spec, rt, run_dir / "checkpoints", fsdp, bf16, liger)
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":
         from accelerate.utils import FullyShardedDataParallelPlugin
@@ -571,6 +587,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  model_type=getattr(config, "model_type", None), init=spec.model.init,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  attn=attn, attn_reason=attn_reason, packed_mask_hook=packed_mask,
+                 liger_kernels=liger, loss_impl="trl fused lm head",
                  packing=data_mode, fsdp="fsdp2 (accelerate)" if fsdp else "none (one CPU process)",
                  precision="bf16 autocast, fp32 adapters" if bf16 else str(next(model.parameters()).dtype),
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,

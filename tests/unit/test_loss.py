@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from runner.spec import RunSpec
 from runner.train.data import collate, make_block
-from runner.train.loss import chunk_tokens_for, chunked_loss_sum, full_loss_sum, resolve_loss_impl
+from runner.train.loss import chunk_tokens_for, chunked_loss_sum, full_loss_sum, fused_loss_sum, resolve_loss_impl
 from runner.train.native import lr_at
 
 # Both paths compute the same float32 cross-entropies; only the summation order differs.
@@ -48,13 +48,14 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+@pytest.mark.parametrize("impl", [chunked_loss_sum, fused_loss_sum])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [None, 7])
-def test_chunked_equals_full_loss_and_gradients(tied, chunk):
+def test_chunked_equals_full_loss_and_gradients(impl, tied, chunk):
     model = _model(tied)
     batch = _batch()
     loss_f, grads_f = _loss_grads(model, lambda: full_loss_sum(model, batch))
-    loss_c, grads_c = _loss_grads(model, lambda: chunked_loss_sum(model, batch, chunk_tokens=chunk))
+    loss_c, grads_c = _loss_grads(model, lambda: impl(model, batch, chunk_tokens=chunk))
     assert abs(float(loss_c - loss_f)) / float(loss_f) <= LOSS_TOL
     assert grads_f.keys() == grads_c.keys()
     worst = max(_rel(grads_c[n], grads_f[n]) for n in grads_f)
@@ -62,12 +63,30 @@ def test_chunked_equals_full_loss_and_gradients(tied, chunk):
     assert model.lm_head.weight.grad is not None
 
 
-def test_chunked_loss_without_targets_is_zero_but_reaches_lm_head():
+@pytest.mark.parametrize("impl", [chunked_loss_sum, fused_loss_sum])
+def test_scaled_loss_scales_the_gradients(impl):
+    """The step multiplies the loss sum by 1/targets: gradients made in forward must be scaled in backward."""
+    model = _model(tied=False)
+    batch = _batch()
+    _, grads_f = _loss_grads(model, lambda: full_loss_sum(model, batch) * 0.25)
+    _, grads_c = _loss_grads(model, lambda: impl(model, batch, chunk_tokens=16) * 0.25)
+    assert max(_rel(grads_c[n], grads_f[n]) for n in grads_f) <= GRAD_TOL
+
+
+def test_fused_loss_keeps_a_frozen_head_frozen():
+    model = _model(tied=False)
+    model.lm_head.weight.requires_grad_(False)
+    loss, grads = _loss_grads(model, lambda: fused_loss_sum(model, _batch(), chunk_tokens=16))
+    assert "lm_head.weight" not in grads and float(loss) > 0
+
+
+@pytest.mark.parametrize("impl", [chunked_loss_sum, fused_loss_sum])
+def test_chunked_loss_without_targets_is_zero_but_reaches_lm_head(impl):
     """An exhausted rank's empty block: zero loss, yet every parameter gets a gradient (FSDP needs them all)."""
     model = _model(tied=False)
     batch = collate([make_block([], [], [], 32, 0)])
     assert batch["target_index"].numel() == 0
-    loss, grads = _loss_grads(model, lambda: chunked_loss_sum(model, batch))
+    loss, grads = _loss_grads(model, lambda: impl(model, batch))
     assert float(loss) == 0.0
     assert "lm_head.weight" in grads and float(grads["lm_head.weight"].abs().sum()) == 0.0
     assert set(grads) == {n for n, p in model.named_parameters()}
@@ -148,3 +167,36 @@ def test_gpu_benchmark_configs_and_flop_formula():
     batch, docs = bench.packed_batch(8192, 1000, seed=0)
     assert batch["input_ids"].shape == (1, 8192) and batch["cu_seqlens"].tolist()[-1] == 8192
     assert batch["target_ids"].numel() == 8192 - len(docs)  # every token but each document's first
+
+
+def _saved_bytes(model, batch) -> int:
+    """Bytes autograd keeps from forward to backward (what activation checkpointing trades for recompute)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = chunked_loss_sum(model, batch)
+    loss.backward()
+    return total
+
+
+def test_recompute_layers_trades_memory_for_exact_gradients():
+    """train.recompute_layers: the first k layers recompute; fewer of them keep more, gradients stay the same."""
+    from runner.train.model import enable_recompute
+
+    batch = _batch()
+    saved, grads = {}, {}
+    for k in (None, 1, 0):
+        model = _model(tied=False)
+        model.train()
+        if k is None or k:
+            assert enable_recompute(model, k) == (2 if k is None else k)
+        saved[k] = _saved_bytes(model, batch)
+        grads[k] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert saved[None] < saved[1] < saved[0]
+    for k in (1, 0):
+        assert max(_rel(grads[k][n], grads[None][n]) for n in grads[None]) <= GRAD_TOL

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GraniteMoeHybridConfig, Qwen3_5Te
 from runner.train import attention
 from runner.train.attention import install_document_reset, packing_support, reference_varlen_attn, set_varlen_kernel
 from runner.train.data import IGNORE, PackStats, collate, make_block, pack
-from runner.train.loss import chunked_loss_sum, full_loss_sum
+from runner.train.loss import LOSS_FUNCTIONS, chunked_loss_sum, full_loss_sum
 
 # float32 on CPU: a packed block and its documents differ only in summation order. Errors are measured relative
 # to each tensor's largest magnitude (elementwise rtol is meaningless for gradients that pass through zero).
@@ -202,12 +202,12 @@ def _assert_equal(packed, reference, label: str = ""):
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("loss", ["full", "chunked"])
+@pytest.mark.parametrize("loss", ["full", "chunked", "fused"])
 def test_packed_block_equals_documents_one_by_one_qwen3(attn, loss):
     model = _qwen3(attn)
     docs = _documents()
     batch = _packed_batch(docs)
-    fn = full_loss_sum if loss == "full" else chunked_loss_sum
+    fn = full_loss_sum if loss == "full" else LOSS_FUNCTIONS[loss]
     packed = _loss_and_grads(model, lambda: fn(model, batch))
     reference = _per_document(model, docs)
     _assert_equal(packed, reference, f"qwen3 {attn} {loss}")
@@ -274,13 +274,13 @@ def test_hybrid_gated_delta_without_document_reset_is_contaminated():
     assert _compare(contaminated, reference)[1] > BROKEN_MIN_REL
 
 
-@pytest.mark.parametrize("loss", ["full", "chunked"])
+@pytest.mark.parametrize("loss", ["full", "chunked", "fused"])
 def test_hybrid_gated_delta_with_document_reset_equals_documents_one_by_one(loss):
     model = _qwen3_5()
     assert "per-document" in install_document_reset(model) or all(attention.gated_delta_kernels().values())
     docs = _documents()
     batch = _packed_batch(docs)
-    fn = full_loss_sum if loss == "full" else chunked_loss_sum
+    fn = full_loss_sum if loss == "full" else LOSS_FUNCTIONS[loss]
     packed = _loss_and_grads(model, lambda: fn(model, batch))
     reference = _per_document(model, docs)
     _assert_equal(packed, reference, f"qwen3_5 hybrid {loss}")
