@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import json
 import math
@@ -87,6 +88,16 @@ the product. gpt-oss's clamped SwiGLU with bias: the gate/up output (2), the cla
 up + 1, their product and the down projection's input (7)."""
 GDN_CHUNK = 64
 """Chunk length of the gated-delta-rule kernels (flash-linear-attention chunk_gated_delta_rule)."""
+GDN_TORCH_PATH_BYTES = 80.0
+"""Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
+value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule
+(once per document, runner/train/attention.py): that path computes in fp32 and autograd keeps its intermediates
+(about 20 fp32 tensors of the value width). Fitted on the H200 hybrid LoRA 8k row (10.97 GiB measured, 2.49 GiB
+above the kernel count); the 2k and 32k rows are held out (memory-calibration-h200.md)."""
+COMPILED_ACTIVATION_FACTOR = 0.72
+"""Share of a decoder layer's saved activations that remains when the layer is torch.compile'd (train.compile):
+inductor fuses the norms, rotary and SwiGLU elementwise chains and keeps fewer intermediates. Fitted on the
+H200 1.72B 32k bench row with 4 layers not recomputed (24.6 GiB measured); the other compiled rows are held out."""
 SDPA_MASK_BYTES_PER_ELEM = 7.0
 """sdpa on packed documents: transformers builds a dense s × s mask for the step (bool, 1 B) and the efficient
 kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
@@ -230,6 +241,8 @@ class Plan:
     loss_impl: str
     loaded: LoadedArch
     reasons: tuple[str, ...]
+    gdn_torch: bool = False
+    """Gated-delta layers run transformers' PyTorch path (flash-linear-attention is not installed here)."""
 
     @property
     def arch(self) -> Arch:
@@ -297,7 +310,7 @@ def make_plan(spec: RunSpec) -> Plan:
         dtype = "bfloat16" if device == "cuda" else "float32"
     loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
     return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, planned_attention(spec, device), planned_loss(spec),
-                loaded, tuple(reasons))
+                loaded, tuple(reasons), gdn_torch=not gdn_kernels_installed())
 
 
 @functools.lru_cache(maxsize=64)
@@ -370,7 +383,13 @@ def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
     return up + (0 if frozen else cast), b
 
 
-def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, frozen: bool = False) -> float:
+def gdn_kernels_installed() -> bool:
+    """flash-linear-attention importable (the gated-delta kernels); checked without importing it."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, frozen: bool = False,
+                           gdn_torch: bool = False) -> float:
     """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation.
 
     `frozen`: LoRA, the base weights take no gradient, so the tensors kept only for a weight's gradient are not
@@ -394,6 +413,8 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
         # Gated RMSNorm: fp32 copy (in fp32 runs that is the kernel output itself), normalised output, silu(z).
         n += ((NORM_UPCAST_BYTES if b < NORM_UPCAST_BYTES else 0) + 2 * b) * vd
         n += b * vd  # out_proj input
+        if gdn_torch:
+            n += GDN_TORCH_PATH_BYTES * vd
     else:
         q, kv = arch.q_dim, arch.kv_dim
         if arch.qk_norm:
@@ -515,14 +536,24 @@ def memory_model(plan: Plan) -> _Memory:
         reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
 
     # -- activations --------------------------------------------------------------------
-    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=lora) * tokens
-                 for i in range(arch.layers)]
+    compiled = COMPILED_ACTIVATION_FACTOR if t.compile and plan.device == "cuda" else 1.0
+    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=lora, gdn_torch=plan.gdn_torch)
+                 * tokens * compiled for i in range(arch.layers)]
+    if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
+        reasons.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
+                       "fp32 intermediates counted")
     transient = backward_transient_bytes(arch, cb) * tokens
     layer_input = cb * arch.hidden * tokens
     k = recomputed_layers(spec, arch.layers)  # the first k layers recompute, the others keep their activations
     kept = k * layer_input + sum(per_layer[k:])
-    # A checkpointed layer is recomputed at the start of its own backward.
-    recompute_last = per_layer[-1] if k == arch.layers else 0.0
+    # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
+    # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).
+    kept_at = 0.0
+    worst = 0.0
+    for i in range(arch.layers):
+        kept_at += layer_input if i < k else per_layer[i]
+        worst = max(worst, kept_at + (per_layer[i] if i < k else 0.0))
+    recompute_last = worst - kept
     recompute_first = per_layer[0] if k else 0.0
     kept_first = layer_input if k else per_layer[0]  # by the first layer's backward the others' are freed
     mask = 0.0
