@@ -151,9 +151,14 @@ def gpu_info() -> dict[str, Any]:
 
 def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[str], steps: int, warmup: int,
           out_dir: Path, runs_dir: Path, records_dir: Path, name: str | None = None,
-          console: Console | None = None, command: str | None = None) -> dict[str, Any]:
+          console: Console | None = None, command: str | None = None, max_seq_len: str | None = None,
+          ) -> dict[str, Any]:
+    """Throughput rows (engines × sweeps), or with `max_seq_len` ('LO:HI[:STEP]') the largest block length that
+    fits per engine (runner/bench_limit.py)."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     parsed = parse_sweeps(sweeps)
+    if max_seq_len is not None and any(k == "train.seq_len" for k, _ in parsed):
+        raise UserError("--max-seq-len searches train.seq_len itself: leave it out of --sweep")
     rows: list[dict[str, Any]] = []
     peak = None
     plan = combos(engines, parsed)
@@ -165,6 +170,16 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         "gpu": gpu_info(), "peak_tflops": peak, "versions": versions(), "warmup_steps": warmup, "steps": steps,
         "rows": rows,
     }
+    if max_seq_len is not None:
+        from runner import bench_limit
+
+        lengths = bench_limit.grid(*bench_limit.parse_range(max_seq_len))
+        specs = {e: row_spec(spec_ref, overrides, [f"engine={e}"], bench_limit.PROBE_STEPS)[0] for e in engines}
+        result["limits"] = bench_limit.find_limits(specs, lengths, runs_dir, records_dir, console)
+        write_results(result, out_dir, stem)
+        console.print("\n".join(bench_limit.markdown(result["limits"])))
+        console.print(f"wrote {out_dir / stem}.json and .md")
+        return result
     for i, combo in enumerate(plan, 1):
         spec, dropped = row_spec(spec_ref, overrides, combo, warmup + steps)
         if peak is None:
@@ -222,10 +237,15 @@ def markdown(result: dict[str, Any]) -> str:
              f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}; ceiling for MFU "
              f"{result['peak_tflops']} TFLOP/s",
              f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}",
-             f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU", "",
-             "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
+             f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU"]
+    if result["rows"]:
+        lines += ["", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
+    if "limits" in result:
+        from runner.bench_limit import markdown as limits_markdown
+
+        lines += limits_markdown(result["limits"])
     return "\n".join(lines) + "\n"
 
 

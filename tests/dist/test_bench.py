@@ -28,3 +28,24 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
     assert "| sft-tui/tiny-qwen3 | native | 128 |" in md and "torch 2." in md
     assert result["command"].startswith("runner bench tiny-cpu --engines native,trl")
     assert not list(out.glob(".*.tmp"))
+
+
+def test_bench_finds_the_largest_block_that_fits_with_real_runs(dirs, tmp_path):
+    """On CPU nothing runs out of memory: every probe fits and the search says the limit is above the range."""
+    out = tmp_path / "limits"
+    code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native", "--max-seq-len", "128:384:128",
+                          "--out", str(out), "--name", "l", *dir_args(dirs)])
+    assert code == 0
+    limits = json.loads((out / "l.json").read_text())["limits"]["engines"]["native"]
+    assert limits["measured_max_seq_len"] == 384 and limits["search_complete"]
+    assert [p["seq_len"] for p in limits["probes"]] == [256, 384]
+    assert all(p["status"] == "succeeded" for p in limits["probes"])
+    assert "above the range" in limits["note"] and limits["predicted_max_seq_len"] == 384
+    assert "Largest tokens per block that fits" in (out / "l.md").read_text()
+
+
+def test_bench_rejects_seq_len_sweep_with_max_seq_len(dirs, tmp_path, capsys):
+    code, _, err = run_cli(["bench", "tiny-cpu", "--max-seq-len", "128:256", "--sweep", "train.seq_len=128",
+                            "--out", str(tmp_path), *dir_args(dirs)], capsys)
+    assert code == 2 and "leave it out of --sweep" in err
+    assert not list(tmp_path.glob("*.json"))

@@ -32,3 +32,77 @@ def test_trl_row_leaves_out_the_native_only_setting_of_the_spec_and_says_so():
 def test_bad_sweep_is_a_user_error():
     with pytest.raises(UserError, match="field=v1,v2"):
         parse_sweeps(["train.seq_len"])
+
+
+def test_max_seq_len_range_is_parsed_with_clear_errors():
+    from runner.bench_limit import grid, parse_range
+
+    assert parse_range("32768:65536:8192") == (32768, 65536, 8192)
+    assert grid(*parse_range("4096:16384")) == [4096, 8192, 12288, 16384]
+    for bad in ("32768", "a:b", "0:8", "65536:32768"):
+        with pytest.raises(UserError, match="--max-seq-len"):
+            parse_range(bad)
+
+
+@pytest.mark.parametrize("limit", [None, 4096, 12288, 40960, 65536])
+def test_bisection_finds_the_largest_fitting_length_in_log_probes(limit):
+    from runner.bench_limit import grid, largest_fitting
+
+    lengths = grid(4096, 65536, 4096)
+    tried = []
+
+    def fits(n):
+        tried.append(n)
+        return limit is not None and n <= limit
+
+    found, complete = largest_fitting(lengths, fits)
+    assert found == limit and complete
+    assert len(tried) <= 5  # 16 lengths: ceil(log2(17))
+
+
+def test_bisection_stops_on_a_failure_that_is_not_out_of_memory():
+    from runner.bench_limit import largest_fitting
+
+    found, complete = largest_fitting([1, 2, 3, 4], lambda n: True if n < 2 else None)
+    assert complete is False and found is None  # the first probe (2) failed: nothing is known to fit
+
+
+def test_predicted_limit_is_where_the_estimate_stops_fitting():
+    from runner.bench_limit import grid, predicted_limit
+    from runner.estimate import estimate
+    from runner.spec import load_spec
+
+    spec = load_spec("qwen3-1.7b-bench-h200", ["train.activation_checkpointing=false"])
+    lengths = grid(8192, 262144, 8192)
+    limit = predicted_limit(spec, lengths)
+    assert limit is not None and limit < lengths[-1]
+
+    def at(n):
+        return estimate(spec.model_copy(update={"train": spec.train.model_copy(update={"seq_len": n})}), suggest=False)
+
+    assert at(limit).fits and not at(limit + 8192).fits
+
+
+def test_limits_compare_engines_and_score_the_estimator(tmp_path):
+    from rich.console import Console
+
+    from runner.bench_limit import find_limits, grid
+    from runner.spec import load_spec
+
+    specs = {e: load_spec("qwen3-1.7b-bench-h200", [f"engine={e}", "train.activation_checkpointing=false"])
+             for e in ("native", "trl")}
+    true_limit = {"native": 65536, "trl": 40960}
+
+    def probe(spec, runs_dir, records_dir):
+        ok = spec.train.seq_len <= true_limit[spec.engine]
+        assert spec.train.max_steps == 2
+        return ok, {"seq_len": spec.train.seq_len, "status": "succeeded" if ok else "failed"}
+
+    out = find_limits(specs, grid(8192, 131072, 8192), tmp_path, tmp_path, Console(quiet=True), probe=probe)
+    assert out["engines"]["native"]["measured_max_seq_len"] == 65536
+    assert out["engines"]["trl"]["measured_max_seq_len"] == 40960
+    assert out["native_over_trl"] == 1.6
+    for row in out["engines"].values():
+        assert row["search_complete"] and row["predicted_max_seq_len"]
+        assert row["prediction_error"] == round((row["predicted_max_seq_len"] - row["measured_max_seq_len"])
+                                                / row["measured_max_seq_len"], 4)
