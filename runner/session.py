@@ -23,9 +23,12 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
     fit unless forced and warns when it is tight."""
     from runner.estimate import estimate
-    from runner.preflight import preflight
+    from runner.preflight import precision_advice, preflight
 
     preflight(spec)
+    advice = precision_advice(spec)
+    if advice and console is not None:
+        console.print(f"[yellow]note: {advice}[/yellow]")
     try:
         result = estimate(spec).to_dict()
     except UserError as e:

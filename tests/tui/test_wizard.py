@@ -142,6 +142,20 @@ def test_planned_gpu_target_on_cpu_machine_cannot_launch_here(tmp_path: Path, fi
     run_async(go())
 
 
+def test_plan_warns_when_bf16_states_would_round_updates_away(tmp_path: Path, fixed_python: None) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "plan", initial_spec=load_recipe_dict(
+            "tiny-cpu", ["hardware.device=cuda", "hardware.gpu=H200", "hardware.nproc_per_node=1",
+                         "model.dtype=bfloat16", "train.lr=1e-5"]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            await wait_for(pilot, lambda: screen.plan is not None, 10, "the plan")
+            await wait_for(pilot, lambda: "note:" in text_of(screen.query_one("#plan-verdict")), 10, "the note")
+            assert "set model.dtype=float32" in text_of(screen.query_one("#plan-verdict"))
+
+    run_async(go())
+
+
 def test_save_then_load_recipe_round_trips(tmp_path: Path) -> None:
     target = tmp_path / "saved" / "my-run.yaml"
 

@@ -23,6 +23,7 @@ from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
+from runner.preflight import precision_advice
 from runner.spec import RunSpec, field_docs, validate
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
@@ -838,6 +839,9 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
         lines = [Content(where).stylize("$text-muted"), line]
         if est.get("approximate") and est.get("approximate_reason"):
             lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
+        advice = precision_advice(spec)
+        if advice:
+            lines.append(Content(f"note: {advice}").stylize("$text-warning"))
         verdict_w.update(Content("\n").join(lines))
         bar.set_estimate(est.get("breakdown"), est.get("per_gpu_gib"), capacity, device_word)
         time_w.update(Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
