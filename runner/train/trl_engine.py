@@ -244,10 +244,26 @@ class EpochOrder(torch.utils.data.Sampler):
 
 
 class RankLoader(torch.utils.data.DataLoader):
-    """This rank's rows in order. The trainer uses it as is: accelerate must not shard it a second time."""
+    """This rank's rows in order. The trainer uses it as is: accelerate must not shard it a second time.
+
+    `wait_s` accumulates the time the trainer spent waiting for batches (collation included): the step events'
+    data_s, as the native engine reports it."""
+
+    wait_s = 0.0
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        batches = super().__iter__()
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.wait_s += time.perf_counter() - start
+            yield batch
 
 
 class CountingCollator:
@@ -262,6 +278,8 @@ class CountingCollator:
         keep = ("input_ids", "labels", "seq_lengths")
         batch = self.inner([{k: ex[k] for k in keep} for ex in examples])
         batch["real_tokens"] = sum(int(ex["real_tokens"]) for ex in examples)
+        # Σ document length² of the batch: the attention FLOPs of MFU, as the native engine reports them.
+        batch["doc_len_sq"] = sum(int(n) ** 2 for ex in examples for n in ex["seq_lengths"])
         return batch
 
 
@@ -381,6 +399,7 @@ def _trainer_class() -> type:
             self.ce_sum = 0.0
             self.targets = 0
             self.real_tokens = 0
+            self.doc_len_sq = 0
             super().__init__(*args, **kwargs)
             # TRL patched the causal LM's forward with its fused LM head; wrapping that patch gives this rank's
             # exact token-loss sum and target count per micro-batch, whatever normalisation the trainer applies.
@@ -418,6 +437,7 @@ def _trainer_class() -> type:
         def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
             self.real_tokens += int(inputs.pop("real_tokens", 0))
+            self.doc_len_sq += int(inputs.pop("doc_len_sq", 0))
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -450,10 +470,13 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             ce, n, stop = (float(x) for x in agree.tolist())
             self.last_loss = ce / n if n else float("nan")
             if step % spec.train.log_every == 0 or step >= state.max_steps or stop:
+                loader = tr._rank_loader
                 self.pending = dict(step=step, loss=tr.ce_sum / tr.targets if tr.targets else float("nan"),
                                     tokens=tr.real_tokens, step_s=round(now - self.mark, 6), mem_gib=rt.mem_gib(),
-                                    global_loss=self.last_loss, target_tokens=tr.targets)
-            tr.ce_sum, tr.targets, tr.real_tokens = 0.0, 0, 0
+                                    global_loss=self.last_loss, target_tokens=tr.targets,
+                                    data_s=round(loader.wait_s, 6), doc_len_sq=tr.doc_len_sq)
+            tr.ce_sum, tr.targets, tr.real_tokens, tr.doc_len_sq = 0.0, 0, 0, 0
+            tr._rank_loader.wait_s = 0.0
             self.mark = now
             if stop:
                 self.cancelled = True
