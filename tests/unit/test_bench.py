@@ -72,7 +72,7 @@ def test_predicted_limit_is_where_the_estimate_stops_fitting():
     from runner.estimate import estimate
     from runner.spec import load_spec
 
-    spec = load_spec("qwen3-1.7b-bench-h200", ["train.activation_checkpointing=false"])
+    spec = load_spec("qwen3-1.7b-bench-h200", ["train.activation_checkpointing=false", "train.recompute_layers=null"])
     lengths = grid(8192, 262144, 8192)
     limit = predicted_limit(spec, lengths)
     assert limit is not None and limit < lengths[-1]
@@ -89,8 +89,8 @@ def test_limits_compare_engines_and_score_the_estimator(tmp_path):
     from runner.bench_limit import find_limits, grid
     from runner.spec import load_spec
 
-    specs = {e: load_spec("qwen3-1.7b-bench-h200", [f"engine={e}", "train.activation_checkpointing=false"])
-             for e in ("native", "trl")}
+    no_ckpt = ["train.activation_checkpointing=false", "train.recompute_layers=null"]
+    specs = {e: load_spec("qwen3-1.7b-bench-h200", [f"engine={e}", *no_ckpt]) for e in ("native", "trl")}
     true_limit = {"native": 65536, "trl": 40960}
 
     def probe(spec, runs_dir, records_dir):

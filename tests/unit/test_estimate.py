@@ -457,7 +457,10 @@ def _measured_spec(name: str, row: dict, configs: dict):
 
         argv = shlex.split(row["command"])
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-        left_out = [f"{f}=null" for f in row.get("native_only_left_out", [])]
+        from runner.bench import NATIVE_ONLY
+
+        # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
+        left_out = [f"{f}=null" for f in NATIVE_ONLY] if row["engine"] != "native" else []
         return load_spec(argv[2], [*sets, *row["overrides"], *left_out])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
