@@ -236,10 +236,10 @@ def markdown(result: dict[str, Any]) -> str:
              f"- command: `{result['command']}`",
              f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}; ceiling for MFU "
              f"{result['peak_tflops']} TFLOP/s",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}",
-             f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU"]
+             f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}"]
     if result["rows"]:
-        lines += ["", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
+        lines += [f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU",
+                  "", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
     if "limits" in result:
