@@ -152,16 +152,18 @@ def gpu_info() -> dict[str, Any]:
 def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[str], steps: int, warmup: int,
           out_dir: Path, runs_dir: Path, records_dir: Path, name: str | None = None,
           console: Console | None = None, command: str | None = None, max_seq_len: str | None = None,
-          ) -> dict[str, Any]:
-    """Throughput rows (engines × sweeps), or with `max_seq_len` ('LO:HI[:STEP]') the largest block length that
-    fits per engine (runner/bench_limit.py)."""
+          repeat: int = 1) -> dict[str, Any]:
+    """Throughput rows (engines × sweeps, each `repeat` times, interleaved so that drift spreads over every
+    configuration), or with `max_seq_len` ('LO:HI[:STEP]') the largest block length that fits per engine
+    (runner/bench_limit.py)."""
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     parsed = parse_sweeps(sweeps)
     if max_seq_len is not None and any(k == "train.seq_len" for k, _ in parsed):
         raise UserError("--max-seq-len searches train.seq_len itself: leave it out of --sweep")
     rows: list[dict[str, Any]] = []
     peak = None
-    plan = combos(engines, parsed)
+    plan = [combo for _ in range(repeat) for combo in combos(engines, parsed)]
+    per_round = len(plan) // repeat
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = name or f"bench-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     result = {
@@ -192,6 +194,8 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         row: dict[str, Any] = {"engine": spec.engine, "model": spec.model.id, "seq_len": spec.train.seq_len,
                                "method": spec.method.kind, "overrides": combo, "status": rec.get("status"),
                                "record": str(active.record_path), "spec": spec.to_dict()["train"]}
+        if repeat > 1:
+            row["repeat"] = (i - 1) // per_round + 1
         if dropped:
             row["native_only_left_out"] = dropped
         if rec.get("status") == "succeeded":
@@ -199,12 +203,24 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         elif rec.get("failure"):
             row["failure"] = {k: rec["failure"].get(k) for k in ("rank", "cause", "message")}
         rows.append(row)
+        if repeat > 1:
+            result["repeats"] = repeat_spread(rows)
         # Written after every row: a long sweep that is cut short keeps what it measured.
         write_results(result, out_dir, stem)
     write_results(result, out_dir, stem)
     print_table(result, console)
     console.print(f"wrote {out_dir / stem}.json and .md")
     return result
+
+
+def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration run more than once: its tokens/s in each run and their spread, (max − min) / median."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for r in rows:
+        if r.get("status") == "succeeded" and r.get("tokens_per_s"):
+            groups.setdefault(tuple(r["overrides"]), []).append(r["tokens_per_s"])
+    return [{"overrides": list(k), "tokens_per_s": v,
+             "spread": round((max(v) - min(v)) / statistics.median(v), 4)} for k, v in groups.items() if len(v) > 1]
 
 
 def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
@@ -242,6 +258,12 @@ def markdown(result: dict[str, Any]) -> str:
                   "", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
+    if result.get("repeats"):
+        lines += ["", "## Repeats", "", "| configuration | tokens/s per run | spread (max − min) / median |",
+                  "| --- | --- | --- |"]
+        for g in result["repeats"]:
+            runs = ", ".join(f"{v:,.0f}" for v in g["tokens_per_s"])
+            lines.append(f"| {' '.join(g['overrides'])} | {runs} | {100 * g['spread']:.1f}% |")
     if "limits" in result:
         from runner.bench_limit import markdown as limits_markdown
 

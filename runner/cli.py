@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps not measured (default 3)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for the JSON and Markdown results")
     p.add_argument("--name", help="file stem of the results (default: bench-<time>)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every configuration N times, interleaved, and report the spread of tokens/s (default 1)")
     p.add_argument("--max-seq-len", metavar="LO:HI[:STEP]",
                    help="instead of timing, find each engine's largest train.seq_len that fits by bisection over "
                         "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
@@ -219,9 +221,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bad = [e for e in engines if e not in ("native", "trl")]
     if bad:
         raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use native and/or trl")
+    if args.repeat < 1:
+        raise UserError(f"--repeat expects 1 or more runs per configuration, got {args.repeat}")
     result = bench(args.spec, args.overrides, engines, args.sweep, args.steps, args.warmup, args.out, args.runs_dir,
                    args.records_dir, args.name, command=shlex.join(["runner", *args.argv]),
-                   max_seq_len=args.max_seq_len)
+                   max_seq_len=args.max_seq_len, repeat=args.repeat)
     if "limits" in result:
         return EXIT_OK if all(r["search_complete"] for r in result["limits"]["engines"].values()) else EXIT_FAILED
     return EXIT_OK if all(r.get("status") == "succeeded" for r in result["rows"]) else EXIT_FAILED

@@ -48,4 +48,19 @@ def test_bench_rejects_seq_len_sweep_with_max_seq_len(dirs, tmp_path, capsys):
     code, _, err = run_cli(["bench", "tiny-cpu", "--max-seq-len", "128:256", "--sweep", "train.seq_len=128",
                             "--out", str(tmp_path), *dir_args(dirs)], capsys)
     assert code == 2 and "leave it out of --sweep" in err
+    code, _, err = run_cli(["bench", "tiny-cpu", "--repeat", "0", "--out", str(tmp_path), *dir_args(dirs)], capsys)
+    assert code == 2 and "--repeat expects 1 or more" in err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_bench_repeats_interleave_and_report_their_spread(dirs, tmp_path):
+    out = tmp_path / "rep"
+    code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native", "--sweep", "train.seq_len=128,256",
+                          "--repeat", "2", "--steps", "2", "--warmup", "1", "--out", str(out), "--name", "r",
+                          *dir_args(dirs)])
+    assert code == 0
+    result = json.loads((out / "r.json").read_text())
+    assert [(r["seq_len"], r["repeat"]) for r in result["rows"]] == [(128, 1), (256, 1), (128, 2), (256, 2)]
+    assert [g["overrides"][-1] for g in result["repeats"]] == ["train.seq_len=128", "train.seq_len=256"]
+    assert all(len(g["tokens_per_s"]) == 2 and g["spread"] >= 0 for g in result["repeats"])
+    assert "## Repeats" in (out / "r.md").read_text()

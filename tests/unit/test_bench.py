@@ -106,3 +106,15 @@ def test_limits_compare_engines_and_score_the_estimator(tmp_path):
         assert row["search_complete"] and row["predicted_max_seq_len"]
         assert row["prediction_error"] == round((row["predicted_max_seq_len"] - row["measured_max_seq_len"])
                                                 / row["measured_max_seq_len"], 4)
+
+
+def test_repeat_spread_groups_runs_of_the_same_configuration():
+    from runner.bench import repeat_spread
+
+    rows = [{"overrides": ["engine=native"], "status": "succeeded", "tokens_per_s": 100.0},
+            {"overrides": ["engine=trl"], "status": "succeeded", "tokens_per_s": 80.0},
+            {"overrides": ["engine=native"], "status": "succeeded", "tokens_per_s": 110.0},
+            {"overrides": ["engine=trl"], "status": "failed"},
+            {"overrides": ["engine=native"], "status": "succeeded", "tokens_per_s": 104.0}]
+    assert repeat_spread(rows) == [{"overrides": ["engine=native"], "tokens_per_s": [100.0, 110.0, 104.0],
+                                    "spread": round(10 / 104, 4)}]
