@@ -75,6 +75,9 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("train.max_steps", "max steps", "optional_int"),
         ("train.epochs", "epochs (no max)", "float"),
         ("train.activation_checkpointing", "act. checkpointing", "switch"),
+        ("train.recompute_layers", "recompute layers", "optional_int"),
+        ("train.compile", "compile layers", "switch"),
+        ("train.loss_impl", "loss", "select"),
         ("output.save", "save at end", "select"),
     ],
     "launch": [
