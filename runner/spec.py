@@ -336,10 +336,10 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.train.recompute_layers is not None:
         if not spec.train.activation_checkpointing:
             out.append(Problem("train.recompute_layers", "only applies with activation checkpointing",
-                               "set train.activation_checkpointing=true, or unset train.recompute_layers"))
+                               "set train.activation_checkpointing=true, or train.recompute_layers=null"))
         if spec.engine != "native":
             out.append(Problem("train.recompute_layers", "the trl engine checkpoints every layer or none",
-                               "use engine=native, or unset train.recompute_layers"))
+                               "use engine=native, or train.recompute_layers=null"))
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",

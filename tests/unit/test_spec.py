@@ -105,3 +105,14 @@ def test_revision_must_be_a_ref_name(rev: str, ok: bool):
         with pytest.raises(SpecError) as e:
             load_spec({"dataset": {"revision": rev}})
         assert [p.field for p in e.value.problems] == ["dataset.revision"]
+
+
+def test_recompute_layers_needs_checkpointing_and_the_native_engine():
+    with pytest.raises(SpecError) as e:
+        load_spec("tiny-cpu", ["train.recompute_layers=1", "engine=trl"])
+    problems = e.value.problems
+    assert [p.field for p in problems] == ["train.recompute_layers"] * 2
+    assert "activation checkpointing" in problems[0].message and "trl engine" in problems[1].message
+    assert all("train.recompute_layers=null" in p.fix for p in problems)
+    spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", "train.recompute_layers=1"])
+    assert spec.train.recompute_layers == 1
