@@ -3,6 +3,7 @@ then the root."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,11 +66,12 @@ def model_class(spec: RunSpec, config: Any) -> Any:
     return AutoModelForCausalLM
 
 
-def load_model(spec: RunSpec, attn_impl: str, seed: int = 0) -> nn.Module:
-    """The HF model in spec.model.dtype on CPU: the checkpoint's weights, or random ones drawn with `seed`.
+def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu") -> nn.Module:
+    """The HF model in spec.model.dtype: the checkpoint's weights on CPU, or random ones drawn with `seed`.
 
     Every rank loads the whole model and FSDP keeps its shard (the notebook's way: simple, and fine up to the
-    host memory of one node); random init draws the same weights on every rank from the same seed.
+    host memory of one node); random init draws the same weights on every rank from the same seed, on `device`
+    when that is cuda: drawing billions of weights on the host takes minutes.
     """
     from runner.train.attention import VARLEN, register_varlen
 
@@ -81,8 +83,9 @@ def load_model(spec: RunSpec, attn_impl: str, seed: int = 0) -> nn.Module:
     cls = model_class(spec, config)
     if spec.model.init == "random":
         torch.manual_seed(seed)
-        model = cls.from_config(config, dtype=dtype, attn_implementation=attn_impl,
-                                trust_remote_code=spec.model.trust_remote_code)
+        with torch.device("cuda") if device == "cuda" else contextlib.nullcontext():
+            model = cls.from_config(config, dtype=dtype, attn_implementation=attn_impl,
+                                    trust_remote_code=spec.model.trust_remote_code)
     else:
         model = cls.from_pretrained(src, revision=rev, dtype=dtype, attn_implementation=attn_impl,
                                     trust_remote_code=spec.model.trust_remote_code)

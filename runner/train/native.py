@@ -9,7 +9,6 @@ alone in a collective.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import time
@@ -151,10 +150,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     supported = supported_attention(concrete_model_class(model_class(spec, config), config))
     attn = choose_attention(spec.model.attn_implementation, rt.device, t.seq_len * t.micro_batch, supported)
     loss_impl, loss_reason = resolve_loss_impl(t.loss_impl, config)
-    # Random weights are drawn where they will live: on the host, billions of them take minutes.
-    where = torch.device("cuda") if rt.device == "cuda" and spec.model.init == "random" else contextlib.nullcontext()
-    with where:
-        model = load_model(spec, attn.impl, seed=t.seed)
+    model = load_model(spec, attn.impl, seed=t.seed, device=rt.device)
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.

@@ -27,7 +27,6 @@ Choices, recorded in the `train_begin` event:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import time
@@ -169,7 +168,7 @@ def check(spec: RunSpec, config: Any = None, device: str | None = None) -> None:
 def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.Module:
     """The model through runner.train.model.load_model; MXFP4 checkpoints dequantized to bf16 at load.
 
-    A random-init model is created on the GPU it runs on: drawing billions of weights on the host takes minutes.
+    A random-init model is created on the GPU it runs on (runner.train.model.load_model).
     """
     from runner.train import model as model_mod
 
@@ -183,9 +182,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.M
                                     trust_remote_code=spec.model.trust_remote_code)
         model_mod.disable_cache(model)
         return model
-    where = torch.device("cuda") if device == "cuda" and spec.model.init == "random" else contextlib.nullcontext()
-    with where:
-        return model_mod.load_model(spec, attn, seed=spec.train.seed)
+    return model_mod.load_model(spec, attn, seed=spec.train.seed, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
