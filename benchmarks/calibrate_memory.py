@@ -139,8 +139,12 @@ def live_at_peak(snap: dict, top: int = 25) -> dict:
         key = f"{where} [{size / 2**20:.0f} MiB blocks]" if size >= 2**26 else where
         groups[key] = groups.get(key, 0) + size
     ranked = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+    # The largest single blocks, by size: a tensor's size names its shape and dtype (an fp32 copy of a bf16
+    # weight is twice its size), which the grouped view cannot tell apart.
+    largest = sorted(owners.values(), key=lambda sw: -sw[0])[:top]
     return {"traced_peak_gib": round(peak / 2**30, 3), "trace_entries": len(trace),
-            "groups_gib": {k: round(v / 2**30, 3) for k, v in ranked}}
+            "groups_gib": {k: round(v / 2**30, 3) for k, v in ranked},
+            "largest_blocks_mib": [[round(size / 2**20, 2), where] for size, where in largest]}
 
 
 def main() -> None:

@@ -31,9 +31,14 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-NATIVE_ONLY = ("train.recompute_layers",)
-"""Levers only the native engine has: a trl row runs without them (and the row says so), so one spec can hold
-the native engine's best settings and still be compared with TRL."""
+NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false"}
+"""Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
+the row says so), so one spec can hold the native engine's best settings and still be compared with TRL."""
+
+
+def _native_only_off(override: str) -> str:
+    key = override.split("=", 1)[0]
+    return f"{key}={NATIVE_ONLY[key]}" if key in NATIVE_ONLY else override
 
 
 def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list[str]]:
@@ -44,7 +49,7 @@ def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list
     for c in itertools.product(*axes):
         combo = list(c)
         if combo[0] != "engine=native":
-            combo = [o if o.split("=", 1)[0] not in NATIVE_ONLY else o.split("=", 1)[0] + "=null" for o in combo]
+            combo = [_native_only_off(o) for o in combo]
         if tuple(combo) not in seen:
             seen.add(tuple(combo))
             out.append(combo)
@@ -56,8 +61,9 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     dropped: list[str] = []
     if combo[0] != "engine=native":
         base = load_spec(spec_ref, overrides).to_dict()
-        dropped = [f for f in NATIVE_ONLY if base[f.split(".")[0]][f.split(".")[1]] is not None]
-    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}=null" for f in dropped), f"train.max_steps={steps}",
+        dropped = [f for f in NATIVE_ONLY if base[f.split(".")[0]][f.split(".")[1]] not in (None, False)]
+    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
+                                f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])
     return resolve(spec), dropped
 

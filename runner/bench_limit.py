@@ -3,8 +3,8 @@ bisection over short real runs, beside the limit the estimator predicts for the 
 
 A probe is a 2-step run at one `train.seq_len`: the first step allocates the optimizer states and reaches the
 backward peak, the second confirms it repeats. It fits when the run succeeds; it does not when a rank dies of a
-CUDA out-of-memory error. Any other failure stops the search (a crash is not a memory limit). Memory grows with
-the block length, so the fitting lengths are a prefix of the grid and bisection needs log2(grid size) probes.
+CUDA out-of-memory error or, with offloaded activations, finds too little host memory to page-lock. Any other
+failure stops the search (a crash is not a memory limit). Memory grows with the block length, so the fitting lengths are a prefix of the grid and bisection needs log2(grid size) probes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from runner.errors import UserError
 from runner.spec import RunSpec
 
 PROBE_STEPS = 2
+MEMORY_CAUSES = ("cuda_oom", "host_oom")
+"""Failures that mean 'does not fit': GPU memory, or host memory for offloaded activations."""
 
 
 def parse_range(text: str) -> tuple[int, int, int]:
@@ -43,14 +45,20 @@ def grid(lo: int, hi: int, step: int) -> list[int]:
     return list(range(lo, hi + 1, step))
 
 
-def largest_fitting(lengths: list[int], fits: Callable[[int], bool | None]) -> tuple[int | None, bool]:
-    """The largest length for which `fits` is true, assuming monotony, by bisection; (None, ...) when even the
-    first does not fit. `fits` returns None to stop the search (a failure that is not out-of-memory); the second
-    value says whether the search completed."""
+def largest_fitting(lengths: list[int], fits: Callable[[int], bool | None],
+                    start: int | None = None) -> tuple[int | None, bool]:
+    """The largest length for which `fits` is true, assuming monotony; (None, ...) when even the first does not
+    fit. `fits` returns None to stop the search (a failure that is not out-of-memory); the second value says
+    whether the search completed.
+
+    With `start` (an index, e.g. the estimator's limit) the first probe is there and the second its neighbour on
+    the side the first points to: a right estimate is confirmed in two probes. Then it bisects what is left.
+    """
     lo, hi = 0, len(lengths) - 1
     best = None
+    hint, hinted = start, 0
     while lo <= hi:
-        mid = (lo + hi) // 2
+        mid = hint if hint is not None and hinted < 2 and lo <= hint <= hi else (lo + hi) // 2
         ok = fits(lengths[mid])
         if ok is None:
             return best, False
@@ -59,6 +67,8 @@ def largest_fitting(lengths: list[int], fits: Callable[[int], bool | None]) -> t
             lo = mid + 1
         else:
             hi = mid - 1
+        if mid == hint:
+            hint, hinted = (mid + 1 if ok else mid - 1), hinted + 1
     return best, True
 
 
@@ -87,7 +97,7 @@ def probe_run(spec: RunSpec, runs_dir: Path, records_dir: Path) -> tuple[bool | 
         return True, seen
     failure = rec.get("failure") or {}
     seen["failure"] = {k: failure.get(k) for k in ("rank", "cause", "message")}
-    if failure.get("cause") == "cuda_oom":
+    if failure.get("cause") in MEMORY_CAUSES:
         return False, seen
     return None, seen
 
@@ -111,8 +121,9 @@ def find_limits(specs: dict[str, RunSpec], lengths: list[int], runs_dir: Path, r
             console.print(f"  {verdict}")
             return ok
 
-        measured, complete = largest_fitting(lengths, fits)
         predicted = predicted_limit(spec, lengths)
+        start = lengths.index(predicted) if predicted is not None else 0
+        measured, complete = largest_fitting(lengths, fits, start=start)
         row: dict[str, Any] = {"measured_max_seq_len": measured, "search_complete": complete,
                                "predicted_max_seq_len": predicted, "probes": probes}
         if measured and predicted:

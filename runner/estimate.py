@@ -148,6 +148,9 @@ CALIBRATION: dict[tuple[str, str], tuple[float, str]] = {
     ("trl", "*"): (0.29, "the H200 figure, for lack of a measurement on this GPU"),
 }
 """Hardware FLOPs utilisation (recompute included) against the GPU's practical matmul ceiling, by (engine, GPU)."""
+HOST_LINK_GB_S = 25.0
+"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at (PCIe 5 x16 is 64 GB/s
+nominal; half of it is what copies on the compute stream reach in practice)."""
 GPU_STEP_OVERHEAD_S = 0.05
 """Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
 CPU_GFLOPS_PER_CORE = 20.0
@@ -220,6 +223,8 @@ class Estimate:
     dataset_tokens: int | None = None
     mfu_source: str = ""
     phases_gib: dict[str, float] = field(default_factory=dict)
+    host_offload_gib: float = 0.0
+    """Pinned host memory per rank for offloaded activations (train.offload_activations); not in per_gpu_gib."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -469,6 +474,8 @@ class _Memory:
     default_pool: float = 0.0
     """The default stream's largest live set over the phases (the allocated peak minus what the reduce-scatter
     stream holds at that moment, at the phase where that is largest)."""
+    host_offload: float = 0.0
+    """Bytes of pinned host memory the offloaded layer inputs take at the end of forward (train.offload_activations)."""
 
 
 def memory_model(plan: Plan) -> _Memory:
@@ -545,14 +552,20 @@ def memory_model(plan: Plan) -> _Memory:
     transient = backward_transient_bytes(arch, cb) * tokens
     layer_input = cb * arch.hidden * tokens
     k = recomputed_layers(spec, arch.layers)  # the first k layers recompute, the others keep their activations
-    kept = k * layer_input + sum(per_layer[k:])
+    # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
+    offload = offloads_activations(spec, plan.device)
+    on_gpu_input = 0.0 if offload else layer_input
+    kept = k * on_gpu_input + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
     # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).
     kept_at = 0.0
     worst = 0.0
     for i in range(arch.layers):
-        kept_at += layer_input if i < k else per_layer[i]
-        worst = max(worst, kept_at + (per_layer[i] if i < k else 0.0))
+        kept_at += on_gpu_input if i < k else per_layer[i]
+        worst = max(worst, kept_at + (per_layer[i] + layer_input - on_gpu_input if i < k else 0.0))
+    host_offload = k * layer_input if offload else 0.0
+    if offload:
+        reasons.append(f"activation offload: {_gib(host_offload):.1f} GiB of pinned host memory per rank")
     recompute_last = worst - kept
     recompute_first = per_layer[0] if k else 0.0
     kept_first = layer_input if k else per_layer[0]  # by the first layer's backward the others' are freed
@@ -646,11 +659,17 @@ def memory_model(plan: Plan) -> _Memory:
     reduce_pool = 0.0 if plan.device != "cuda" or lora else grads_b + root_out
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
-                   expert_stack, reduce_pool, default_pool)
+                   expert_stack, reduce_pool, default_pool, host_offload)
 
 
 # =============================================================================================
 # Time
+
+
+def offloads_activations(spec: RunSpec, device: str) -> bool:
+    """Recomputed layers' inputs go to host memory: the native engine on a GPU with train.offload_activations."""
+    t = spec.train
+    return t.offload_activations and t.activation_checkpointing and spec.engine == "native" and device == "cuda"
 
 
 def recomputed_layers(spec: RunSpec, layers: int) -> int:
@@ -863,6 +882,10 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
             moved = PARAMWRAPPER_TRAFFIC * uses * mem.expert_stack * 2 * sum(
                 1 for i in range(arch.layers) if arch.is_moe_layer(i))
             step_s += moved / (plan.gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+        if mem.host_offload:
+            # Each offloaded input comes back over the host link on the compute stream, just before its recompute
+            # (the forward copies run on a side stream, overlapped).
+            step_s += t.grad_accum * mem.host_offload / (HOST_LINK_GB_S * 1e9)
         step_s += GPU_STEP_OVERHEAD_S
     else:
         cores = max(1, (os.cpu_count() or 2))
@@ -882,7 +905,8 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
     setup_s = SETUP_BASE_S[plan.device] + arch.params_total * DTYPE_BYTES[plan.dtype] / (LOAD_GB_PER_S * 1e9)
     total_s = None if steps is None else setup_s + steps * step_s
 
-    approx_reasons = [r for r in reasons if not r.startswith("dataset size:") and not r.startswith("one rank")]
+    notes = ("dataset size:", "one rank", "activation offload:")  # said, but nothing approximate about them
+    approx_reasons = [r for r in reasons if not r.startswith(notes)]
     if plan.loaded.note:
         reasons.append(plan.loaded.note)
     approximate = bool(approx_reasons) or plan.device == "cpu"
@@ -901,6 +925,7 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         activation_checkpointing=t.activation_checkpointing, params_trainable=mem.trainable,
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, mfu_source=mfu_source,
         phases_gib={k: _gib(sum(v.values())) for k, v in mem.phases.items()},
+        host_offload_gib=_gib(mem.host_offload),
     )
     if suggest and verdict != "fits":
         est.suggestion = suggestion(spec, est, doc_len)

@@ -7,6 +7,8 @@ import signal
 from pathlib import Path
 
 _OOM = re.compile(r"(?:CUDA out of memory|OutOfMemoryError).*?Tried to allocate ([\d.]+ [KMGT]i?B)", re.S)
+# runner.train.offload's refusal to page-lock more host memory than the machine has free.
+_HOST_OOM = re.compile(r"could not page-lock [^\n]*")
 _NCCL_TIMEOUT = re.compile(r"(Watchdog caught collective operation timeout|NCCL.*timed? ?out|Timeout.*NCCL)", re.I)
 _NCCL = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ProcessGroupNCCL)", re.I)
 # torchrun's failure report: "rank : 1 (local_rank: 1)" ... "exitcode : -9 (pid: 123)"
@@ -20,6 +22,9 @@ def classify_text(text: str) -> tuple[str, str]:
         return "cuda_oom", f"CUDA out of memory (tried to allocate {m.group(1)})"
     if "out of memory" in text and "CUDA" in text:
         return "cuda_oom", "CUDA out of memory"
+    m = _HOST_OOM.search(text)
+    if m:
+        return "host_oom", m.group(0).strip()[:500]
     if _NCCL_TIMEOUT.search(text):
         return "nccl_timeout", _last_line_matching(text, _NCCL_TIMEOUT) or "NCCL collective timed out"
     if _NCCL.search(text):

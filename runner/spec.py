@@ -126,6 +126,10 @@ class TrainSpec(_Section):
     recompute_layers: int | None = Field(None, ge=0)
     """With activation_checkpointing, how many decoder layers (the first ones) recompute in backward; the others
     keep their activations: faster, more memory (`runner estimate` shows how much). None = all (native engine)."""
+    offload_activations: bool = False
+    """With activation_checkpointing, the input each recomputing layer keeps from forward to backward waits in
+    pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
+    and one copy each way per layer, overlapped with compute in forward."""
     log_every: int = Field(1, gt=0)
     """Write a step event every N steps."""
     deterministic: bool = True
@@ -340,6 +344,13 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
         if spec.engine != "native":
             out.append(Problem("train.recompute_layers", "the trl engine checkpoints every layer or none",
                                "use engine=native, or train.recompute_layers=null"))
+    if spec.train.offload_activations:
+        if not spec.train.activation_checkpointing:
+            out.append(Problem("train.offload_activations", "only applies with activation checkpointing",
+                               "set train.activation_checkpointing=true, or train.offload_activations=false"))
+        if spec.engine != "native":
+            out.append(Problem("train.offload_activations", "the trl engine does not offload activations",
+                               "use engine=native, or train.offload_activations=false"))
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",

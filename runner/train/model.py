@@ -4,6 +4,7 @@ then the root."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,10 +125,11 @@ def text_decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(getattr(base, "language_model", base).layers)
 
 
-def enable_recompute(model: nn.Module, recompute_layers: int | None) -> int:
+def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False) -> int:
     """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
 
-    The layers left out keep their activations from forward to backward. Returns how many layers recompute.
+    The layers left out keep their activations from forward to backward. With `offload` the recomputed layers'
+    inputs wait in host memory (runner.train.offload). Returns how many layers recompute.
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers ≥ 5.2x; the older name is a deprecated alias there
@@ -139,17 +141,24 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None) -> int:
     for layer in layers[keep:]:
         # transformers' GradientCheckpointingLayer consults this flag on every call.
         layer.gradient_checkpointing = False
+    if offload:
+        from runner.train.offload import offloaded_checkpoint
+
+        for layer in layers[:keep]:
+            # GradientCheckpointingLayer calls this in place of torch.utils.checkpoint.checkpoint.
+            layer._gradient_checkpointing_func = functools.partial(offloaded_checkpoint, use_reentrant=False)
     return keep
 
 
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
-                compile_layers: bool = False, recompute_layers: int | None = None) -> nn.Module:
+                compile_layers: bool = False, recompute_layers: int | None = None,
+                offload_activations: bool = False) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if activation_checkpointing:
-        enable_recompute(model, recompute_layers)
+        enable_recompute(model, recompute_layers, offload=offload_activations and device == "cuda")
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).

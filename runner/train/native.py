@@ -167,7 +167,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         model = apply_lora(model, spec)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers)
+    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
+                        t.offload_activations)
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):

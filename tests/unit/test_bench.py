@@ -29,6 +29,15 @@ def test_trl_row_leaves_out_the_native_only_setting_of_the_spec_and_says_so():
     assert trl.train.seq_len == native.train.seq_len and trl.train.seed == native.train.seed
 
 
+def test_trl_row_runs_without_activation_offload():
+    over = ["train.activation_checkpointing=true", "train.offload_activations=true", "train.recompute_layers=2"]
+    trl, dropped = row_spec("tiny-cpu", over, ["engine=trl"], 5)
+    assert trl.train.offload_activations is False and trl.train.recompute_layers is None
+    assert dropped == ["train.recompute_layers", "train.offload_activations"]
+    assert combos(["trl"], parse_sweeps(["train.offload_activations=true,false"])) == [
+        ["engine=trl", "train.offload_activations=false"]]
+
+
 def test_bad_sweep_is_a_user_error():
     with pytest.raises(UserError, match="field=v1,v2"):
         parse_sweeps(["train.seq_len"])
@@ -58,6 +67,30 @@ def test_bisection_finds_the_largest_fitting_length_in_log_probes(limit):
     found, complete = largest_fitting(lengths, fits)
     assert found == limit and complete
     assert len(tried) <= 5  # 16 lengths: ceil(log2(17))
+
+
+def test_bisection_started_at_the_estimate_is_always_right_and_short_when_the_estimate_is():
+    """Started anywhere, the search still finds the limit; started at the limit, it takes two probes."""
+    import random
+
+    from runner.bench_limit import largest_fitting
+
+    rng = random.Random(0)
+    for _ in range(500):
+        lengths = list(range(1, rng.randint(1, 40) + 1))
+        limit = rng.randint(0, len(lengths))  # 0: nothing fits
+        start = rng.randrange(len(lengths))
+        tried = []
+
+        def fits(n, limit=limit, tried=tried):
+            tried.append(n)
+            return n <= limit
+
+        found, complete = largest_fitting(lengths, fits, start=start)
+        assert (found or 0) == limit and complete, (lengths, limit, start)
+        assert len(tried) <= 2 + len(lengths).bit_length()
+        if 0 < limit < len(lengths) and start == limit - 1:
+            assert tried == [limit, limit + 1]
 
 
 def test_bisection_stops_on_a_failure_that_is_not_out_of_memory():

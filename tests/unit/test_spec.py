@@ -116,3 +116,14 @@ def test_recompute_layers_needs_checkpointing_and_the_native_engine():
     assert all("train.recompute_layers=null" in p.fix for p in problems)
     spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", "train.recompute_layers=1"])
     assert spec.train.recompute_layers == 1
+
+
+def test_offload_activations_needs_checkpointing_and_the_native_engine():
+    with pytest.raises(SpecError) as e:
+        load_spec("tiny-cpu", ["train.offload_activations=true", "engine=trl"])
+    problems = e.value.problems
+    assert [p.field for p in problems] == ["train.offload_activations"] * 2
+    assert "activation checkpointing" in problems[0].message and "trl engine" in problems[1].message
+    assert all("train.offload_activations=false" in p.fix for p in problems)
+    spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", "train.offload_activations=true"])
+    assert spec.train.offload_activations is True

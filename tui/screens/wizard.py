@@ -76,6 +76,7 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("train.epochs", "epochs (no max)", "float"),
         ("train.activation_checkpointing", "act. checkpointing", "switch"),
         ("train.recompute_layers", "recompute layers", "optional_int"),
+        ("train.offload_activations", "offload activations", "switch"),
         ("train.compile", "compile layers", "switch"),
         ("train.loss_impl", "loss", "select"),
         ("output.save", "save at end", "select"),
