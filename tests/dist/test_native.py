@@ -3,7 +3,6 @@ a single-process reference, checkpoint/resume bit for bit, cancel, export round 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -237,7 +236,6 @@ def test_hybrid_vlm_random_init_packs_trains_and_exports(tmp_path):
         assert torch.equal(exported(input_ids=ids).logits, trained(input_ids=ids).logits)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("runner.train.lora") is None, reason="runner.train.lora not present")
 def test_lora_adapter_export_round_trip(tmp_path):
     from peft import PeftModel
 

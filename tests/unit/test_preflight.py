@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 from pathlib import Path
@@ -120,13 +119,6 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert {"dataset.messages_field", "train.seq_len"} <= _fields(err.value.problems)
 
 
-def _cli_runs_preflight() -> bool:
-    from runner import session
-
-    return "preflight(" in inspect.getsource(session)
-
-
-@pytest.mark.skipif(not _cli_runs_preflight(), reason="runner.session does not call runner.preflight.preflight yet")
 def test_cli_refuses_bad_input_before_creating_anything(tmp_path, capsys):
     data = tmp_path / "plain.jsonl"
     data.write_text(json.dumps({"text": "x"}) + "\n")
