@@ -114,9 +114,20 @@ def _where(frames: list[dict]) -> str:
     return f"{f.get('filename', '?')}:{f.get('line')} {str(f.get('name'))[:120]}"
 
 
-def live_at_peak(snap: dict, top: int = 25) -> dict:
-    """Replay the allocator trace: the largest sum of live blocks and, at that moment, where they came from."""
+def _first_backward(trace: list[dict]) -> int:
+    """Index of the first allocation made inside a backward pass (the training phase starts there at the latest)."""
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc" and any("backward" in str(f.get("name", "")).lower() for f in e.get("frames", [])):
+            return i
+    return 0
+
+
+def live_at_peak(snap: dict, top: int = 25, since_backward: bool = False) -> dict:
+    """Replay the allocator trace: the largest sum of live blocks and, at that moment, where they came from.
+    With `since_backward` the peak is looked for only from the first backward on (what was allocated before and is
+    still live counts), so a peak made while the model was being prepared does not hide the training one."""
     trace = snap["device_traces"][0]
+    start = _first_backward(trace) if since_backward else 0
     live: dict[int, int] = {}
     cur = peak = 0
     peak_i = -1
@@ -124,7 +135,7 @@ def live_at_peak(snap: dict, top: int = 25) -> dict:
         if e["action"] == "alloc":
             live[e["addr"]] = e["size"]
             cur += e["size"]
-            if cur > peak:
+            if cur > peak and i >= start:
                 peak, peak_i = cur, i
         elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
             cur -= live.pop(e["addr"])
@@ -142,8 +153,8 @@ def live_at_peak(snap: dict, top: int = 25) -> dict:
     # The largest single blocks, by size: a tensor's size names its shape and dtype (an fp32 copy of a bf16
     # weight is twice its size), which the grouped view cannot tell apart.
     largest = sorted(owners.values(), key=lambda sw: -sw[0])[:top]
-    return {"traced_peak_gib": round(peak / 2**30, 3), "trace_entries": len(trace),
-            "groups_gib": {k: round(v / 2**30, 3) for k, v in ranked},
+    return {"traced_peak_gib": round(peak / 2**30, 3), "trace_entries": len(trace), "peak_entry": peak_i,
+            "from_entry": start, "groups_gib": {k: round(v / 2**30, 3) for k, v in ranked},
             "largest_blocks_mib": [[round(size / 2**20, 2), where] for size, where in largest]}
 
 
@@ -201,7 +212,9 @@ def main() -> None:
             try:
                 summary = engine.train(spec, rt, EventWriter(run_dir / "events.jsonl", 0), run_dir=run_dir)
                 if snapshot:
-                    row["at_peak"] = live_at_peak(torch.cuda.memory._snapshot())
+                    snap = torch.cuda.memory._snapshot()
+                    row["at_peak"] = live_at_peak(snap)
+                    row["at_training_peak"] = live_at_peak(snap, since_backward=True)
             finally:
                 if snapshot:
                     torch.cuda.memory._record_memory_history(enabled=None)

@@ -256,8 +256,8 @@ def markdown(result: dict[str, Any]) -> str:
     gpu = result["gpu"]
     lines = [f"# Benchmark {result['created']}", "",
              f"- command: `{result['command']}`",
-             f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}; ceiling for MFU "
-             f"{result['peak_tflops']} TFLOP/s",
+             f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}"
+             + (f"; ceiling for MFU {result['peak_tflops']} TFLOP/s" if result.get("peak_tflops") else ""),
              f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}"]
     if result["rows"]:
         lines += [f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU",

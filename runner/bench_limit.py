@@ -90,9 +90,10 @@ def probe_run(spec: RunSpec, runs_dir: Path, records_dir: Path) -> tuple[bool | 
     rec = active.finish(code) or {}
     seen: dict[str, Any] = {"seq_len": spec.train.seq_len, "status": rec.get("status"),
                             "record": str(active.record_path)}
-    peak = (rec.get("metrics") or {}).get("peak_mem_gib")
-    if peak:
-        seen["peak_mem_gib"] = peak
+    # Each rank's own peak (allocated and reserved on a GPU, RSS on CPU), from its end event; the largest rank's.
+    peaks = [r["peak_mem"] for r in ((rec.get("metrics") or {}).get("per_rank") or {}).values() if r.get("peak_mem")]
+    if peaks:
+        seen["peak_mem_gib"] = max(peaks, key=lambda p: max(p.values()))
     if rec.get("status") == "succeeded":
         return True, seen
     failure = rec.get("failure") or {}

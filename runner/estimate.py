@@ -120,6 +120,12 @@ FRAGMENTATION_FRACTION = 0.15
 """Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
 share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the
 seven native runs of memory-calibration-h200.json (H200): their median is 0.16 (range 0.02 to 0.29)."""
+TRL_FRAGMENTATION_FRACTION = 0.04
+"""The same share for the TRL engine, whose allocation pattern leaves fewer holes. With 0.15 the reserved peak of
+the TRL rows of memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k, full and LoRA) was over-predicted
+by 5 to 14 %, with 0.04 it is within -4 to +4 %; and TRL's limit on one H200 (4.02B, full, bench-h200/
+limit-4b-trl.json) fits at 229,376 tokens with 133.2 GiB allocated as counted, which leaves room for at most 4.5 %
+(0.15 predicted 196,608)."""
 TIGHT_FRACTION = 0.05
 """Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
 allocator pattern can tip it over."""
@@ -642,6 +648,12 @@ def memory_model(plan: Plan) -> _Memory:
         "backward_end": max(first_layer, root_phase, key=total),
         "optimizer": optimizer,
     }
+    if plan.device == "cuda" and spec.model.init == "random":
+        # Random init draws the whole model on each GPU (runner.train.model.load_model), then FSDP2 keeps the
+        # rank's shard. fully_shard (native) swaps one layer's parameters at a time; accelerate's
+        # fsdp2_prepare_model (TRL) keeps the drawn state dict until the sharded model holds all of it.
+        whole = (text + vision) * b
+        phases["setup"] = {"params": whole + (params_b if trl else layer_u * b / n)}
     if trl and not lora:
         reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
     totals = {k: total(v) for k, v in phases.items()}
@@ -655,7 +667,7 @@ def memory_model(plan: Plan) -> _Memory:
     on_reduce = {"loss": phases["loss"]["grads"], "backward_start": phases["backward_start"]["grads"],
                  "backward_end": phases["backward_end"]["grads"] + (root_out if phases["backward_end"] is root_phase
                                                                     else 0.0),
-                 "optimizer": grads_b}
+                 "optimizer": grads_b, "setup": 0.0}
     reduce_pool = 0.0 if plan.device != "cuda" or lora else grads_b + root_out
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
@@ -832,7 +844,7 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         assert plan.gpu is not None
         capacity = plan.gpu.memory_gib * GIB
         context = (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB
-        fragmentation = FRAGMENTATION_FRACTION * mem.allocated
+        fragmentation = (TRL_FRAGMENTATION_FRACTION if spec.engine == "trl" else FRAGMENTATION_FRACTION) * mem.allocated
         # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.

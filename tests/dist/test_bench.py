@@ -41,6 +41,7 @@ def test_bench_finds_the_largest_block_that_fits_with_real_runs(dirs, tmp_path):
     # The search starts where the estimator puts the limit: the top of the range, confirmed by one probe.
     assert [p["seq_len"] for p in limits["probes"]] == [384]
     assert all(p["status"] == "succeeded" for p in limits["probes"])
+    assert all(p["peak_mem_gib"]["rss"] > 0 for p in limits["probes"])  # each probe's measured peak is kept
     assert "above the range" in limits["note"] and limits["predicted_max_seq_len"] == 384
     assert "Largest tokens per block that fits" in (out / "l.md").read_text()
 
