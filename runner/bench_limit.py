@@ -4,7 +4,9 @@ bisection over short real runs, beside the limit the estimator predicts for the 
 A probe is a 2-step run at one `train.seq_len`: the first step allocates the optimizer states and reaches the
 backward peak, the second confirms it repeats. It fits when the run succeeds; it does not when a rank dies of a
 CUDA out-of-memory error or, with offloaded activations, finds too little host memory to page-lock. Any other
-failure stops the search (a crash is not a memory limit). Memory grows with the block length, so the fitting lengths are a prefix of the grid and bisection needs log2(grid size) probes.
+failure stops the search (a crash is not a memory limit). Memory grows with the block length, so the fitting
+lengths are a prefix of the grid and bisection needs log2(grid size) probes; started at the estimator's limit,
+two when the estimate is right.
 """
 
 from __future__ import annotations

@@ -337,20 +337,19 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
-    if spec.train.recompute_layers is not None:
-        if not spec.train.activation_checkpointing:
-            out.append(Problem("train.recompute_layers", "only applies with activation checkpointing",
-                               "set train.activation_checkpointing=true, or train.recompute_layers=null"))
+    # Recompute levers of the native engine: each is set when it differs from the value that switches it off.
+    t = spec.train
+    for field, is_set, off, trl_says in (
+            ("recompute_layers", t.recompute_layers is not None, "null",
+             "the trl engine checkpoints every layer or none"),
+            ("offload_activations", t.offload_activations, "false", "the trl engine does not offload activations")):
+        if not is_set:
+            continue
+        if not t.activation_checkpointing:
+            out.append(Problem(f"train.{field}", "only applies with activation checkpointing",
+                               f"set train.activation_checkpointing=true, or train.{field}={off}"))
         if spec.engine != "native":
-            out.append(Problem("train.recompute_layers", "the trl engine checkpoints every layer or none",
-                               "use engine=native, or train.recompute_layers=null"))
-    if spec.train.offload_activations:
-        if not spec.train.activation_checkpointing:
-            out.append(Problem("train.offload_activations", "only applies with activation checkpointing",
-                               "set train.activation_checkpointing=true, or train.offload_activations=false"))
-        if spec.engine != "native":
-            out.append(Problem("train.offload_activations", "the trl engine does not offload activations",
-                               "use engine=native, or train.offload_activations=false"))
+            out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",

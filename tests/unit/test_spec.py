@@ -107,23 +107,15 @@ def test_revision_must_be_a_ref_name(rev: str, ok: bool):
         assert [p.field for p in e.value.problems] == ["dataset.revision"]
 
 
-def test_recompute_layers_needs_checkpointing_and_the_native_engine():
+@pytest.mark.parametrize("field, on, off, trl_says", [
+    ("recompute_layers", "1", "null", "checkpoints every layer or none"),
+    ("offload_activations", "true", "false", "does not offload activations")])
+def test_native_recompute_levers_need_checkpointing_and_the_native_engine(field, on, off, trl_says):
     with pytest.raises(SpecError) as e:
-        load_spec("tiny-cpu", ["train.recompute_layers=1", "engine=trl"])
+        load_spec("tiny-cpu", [f"train.{field}={on}", "engine=trl"])
     problems = e.value.problems
-    assert [p.field for p in problems] == ["train.recompute_layers"] * 2
-    assert "activation checkpointing" in problems[0].message and "trl engine" in problems[1].message
-    assert all("train.recompute_layers=null" in p.fix for p in problems)
-    spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", "train.recompute_layers=1"])
-    assert spec.train.recompute_layers == 1
-
-
-def test_offload_activations_needs_checkpointing_and_the_native_engine():
-    with pytest.raises(SpecError) as e:
-        load_spec("tiny-cpu", ["train.offload_activations=true", "engine=trl"])
-    problems = e.value.problems
-    assert [p.field for p in problems] == ["train.offload_activations"] * 2
-    assert "activation checkpointing" in problems[0].message and "trl engine" in problems[1].message
-    assert all("train.offload_activations=false" in p.fix for p in problems)
-    spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", "train.offload_activations=true"])
-    assert spec.train.offload_activations is True
+    assert [p.field for p in problems] == [f"train.{field}"] * 2
+    assert "activation checkpointing" in problems[0].message and trl_says in problems[1].message
+    assert all(f"train.{field}={off}" in p.fix for p in problems)
+    spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", f"train.{field}={on}"])
+    assert getattr(spec.train, field) == (1 if on == "1" else True)
