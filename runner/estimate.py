@@ -161,8 +161,8 @@ the per-step overhead together; held out and checked in tests/unit/test_estimate
 (4.02B, both engines; 1.72B on the embedded data). A missing (engine, GPU, compiled) falls back to the same engine on
 the H200, then to the other compile setting."""
 HOST_LINK_GB_S = 25.0
-"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at (PCIe 5 x16 is 64 GB/s
-nominal; half of it is what copies on the compute stream reach in practice)."""
+"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at: an assumption, half of
+PCIe 5 x16's 64 GB/s nominal, not yet measured (the 4.02B limit run checks the memory side only)."""
 GPU_STEP_OVERHEAD_S = 0.05
 """Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
 TRL_STEP_OVERHEAD_S = 0.14
