@@ -55,8 +55,11 @@ CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM = 10.0
 of it is kept (the chunk is checkpointed)."""
 FUSED_LOSS_BYTES_PER_ELEM = 6.0
 """Peak bytes per (token × vocab) of one chunk in the native fused loss (runner/train/loss.py
-FusedLinearCrossEntropy): the bf16 logits and their fp32 copy (2 + 4), later the fp32 softmax and its bf16 cast
-(4 + 2); the softmax is made in place of the fp32 logits."""
+FusedLinearCrossEntropy) run eagerly: the bf16 logits and their fp32 copy (2 + 4), later the fp32 softmax and its
+bf16 cast (4 + 2); the softmax is made in place of the fp32 logits."""
+FUSED_LOSS_COMPILED_BYTES_PER_ELEM = 4.0
+"""The same with train.compile on GPU: the chunk's softmax and gradient are one compiled pass that keeps the fp32
+values in registers, so only the bf16 logits and their bf16 gradient exist (2 + 2)."""
 TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA = 16.0
 """TRL ≥ 1.16 SFTTrainer computes the loss with its fused LM head (trl/trainer/utils.py add_fused_lm_head: chunked
 log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: what remains per token is the gathered
@@ -65,9 +68,19 @@ CHUNK_LOGIT_BYTES = 2**28
 """Mirrors runner/train/loss.py: a chunk holds about 256 MiB of fp32 logits (256..8192 tokens, multiples of 256)."""
 
 
+FUSED_CHUNK_BYTES = 2**29
+"""Mirrors runner/train/loss.py: a fused-loss chunk holds about 512 MiB of bf16 logits and their gradient."""
+
+
 def loss_chunk_tokens(vocab: int) -> int:
     """Tokens per chunk of the native engine's chunked loss (runner/train/loss.py chunk_tokens_for)."""
     n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab))
+    return max(256, min(8192, n // 256 * 256))
+
+
+def fused_chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk of the native engine's fused loss (runner/train/loss.py fused_chunk_tokens_for)."""
+    n = FUSED_CHUNK_BYTES // (4 * max(1, vocab))
     return max(256, min(8192, n // 256 * 256))
 
 ACTIVATION_CALIBRATION = 1.0
@@ -146,8 +159,9 @@ EAGER_ATTENTION_EFFICIENCY = 0.5
 """Eager attention (two matmuls and a softmax over materialised scores) runs at this share of the matmul rate:
 an assumption until measured."""
 CALIBRATION: dict[tuple[str, str, bool], tuple[float, str]] = {
-    ("native", "H200", True): (0.69, "runner bench on one H200, Qwen3 1.72B, compiled layers, 400-3,000-token "
-                                     "conversations: 0.900 s at 32k and 0.268 s at 8k (bench-1p7b-longchat)"),
+    ("native", "H200", True): (0.73, "runner bench on one H200, Qwen3 1.72B, compiled layers: 0.742 s at 32k with "
+                                     "the compiled fused-loss chunks (bench-1p7b-32k); the 400-3,000-token rows "
+                                     "measured before that change (0.900 s, bench-1p7b-longchat) stay within 10%"),
     ("native", "H200", False): (0.43, "runner bench on one H200, Qwen3 1.72B at 32k without compile: 1.388 s "
                                       "(ablation-1p7b-nocompile)"),
     ("trl", "H200", True): (0.77, "runner bench on one H200, Qwen3 1.72B, TRL with liger and compile: 0.925 s at 32k "
@@ -160,9 +174,11 @@ compiled decoder layers). Fitted on the 1.72B long-conversation rows, where the 
 the per-step overhead together; held out and checked in tests/unit/test_estimate.py: every other 32k bench row
 (4.02B, both engines; 1.72B on the embedded data). A missing (engine, GPU, compiled) falls back to the same engine on
 the H200, then to the other compile setting."""
-HOST_LINK_GB_S = 25.0
-"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at: an assumption, half of
-PCIe 5 x16's 64 GB/s nominal, not yet measured (the 4.02B limit run checks the memory side only)."""
+HOST_LINK_GB_S = 47.0
+"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at. Measured on one H200
+(benchmarks/host_link_bw.py, benchmarks/host-link-h200.json): 55.3 GB/s each way alone, 47.4 GB/s each way with
+both directions at once (offload copies out and back can overlap), 55.2 GB/s beside a running matmul, which kept
+its rate (678 vs 676 TFLOP/s). The conservative figure is used."""
 GPU_STEP_OVERHEAD_S = 0.05
 """Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
 TRL_STEP_OVERHEAD_S = 0.14
@@ -611,12 +627,14 @@ def memory_model(plan: Plan) -> _Memory:
         # when lm_head trains, the chunk's weight gradient before it is added to the accumulated one.
         loss_bwd = max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad)
     elif plan.loss_impl == "fused":
-        chunk = min(tokens, loss_chunk_tokens(v))
+        chunk = min(tokens, fused_chunk_tokens(v))
+        per_elem = FUSED_LOSS_COMPILED_BYTES_PER_ELEM if t.compile and plan.device == "cuda" else \
+            FUSED_LOSS_BYTES_PER_ELEM
         # Made in forward and held to backward: the targets' hidden-state gradient and lm_head's weight gradient
         # (the latter is the head_grad that the backward phases count). In backward the hidden-state gradient
         # is scattered back into a zero tensor of the whole block.
         grad_hidden = cb * arch.hidden * tokens
-        loss_fwd = FUSED_LOSS_BYTES_PER_ELEM * chunk * v + grad_hidden + head_grad
+        loss_fwd = per_elem * chunk * v + grad_hidden + head_grad
         loss_bwd = 2 * grad_hidden
     else:
         loss_fwd = loss_bwd = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens

@@ -31,11 +31,21 @@ from runner.train.data import IGNORE
 LOSS_METHOD = "sft_loss_sum"
 # Logits of one chunk in float32: about 2**28 bytes (256 MiB) whatever the vocabulary.
 CHUNK_LOGIT_BYTES = 2**28
+# The fused loss holds a chunk's bf16 logits and their bf16 gradient: about 2**29 bytes (512 MiB). Larger chunks
+# than the chunked loss's because each chunk re-reads and re-writes lm_head's whole weight gradient (addmm_): at
+# 256 tokens that traffic, not the matrix products, set the chunk's time.
+FUSED_CHUNK_BYTES = 2**29
 
 
 def chunk_tokens_for(vocab_size: int) -> int:
     """Tokens per lm_head chunk: keeps one chunk's float32 logits near CHUNK_LOGIT_BYTES (256..8192 tokens)."""
     n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab_size))
+    return max(256, min(8192, n // 256 * 256))
+
+
+def fused_chunk_tokens_for(vocab_size: int) -> int:
+    """Tokens per chunk of the fused loss: bf16 logits + their gradient near FUSED_CHUNK_BYTES (256..8192)."""
+    n = FUSED_CHUNK_BYTES // (4 * max(1, vocab_size))
     return max(256, min(8192, n // 256 * 256))
 
 
@@ -92,34 +102,68 @@ def _chunk_ce_sum(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) 
     return F.cross_entropy(logits, targets, reduction="sum")
 
 
+def ce_sum_and_grad_inplace(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of cross-entropies, d sum / d logits in the logits' dtype) of one chunk, eagerly, in few buffers.
+
+    fp32 softmax made in place of an fp32 copy of the logits; minus one at each target.
+    """
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    loss = (lse - x.gather(1, targets[:, None]).squeeze(1)).sum()
+    probs = x.sub_(lse[:, None]).exp_()
+    probs.scatter_add_(1, targets[:, None], torch.full_like(probs[:, :1], -1.0))
+    return loss, probs.to(logits.dtype)
+
+
+def ce_sum_and_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same function written for torch.compile: one reduction and one pointwise pass, no fp32 copy in memory.
+
+    Same operations in the same precision (fp32 from the logits, the gradient cast last), so it agrees with the
+    eager version to float32 rounding (tests/unit/test_loss.py).
+    """
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    target = torch.arange(x.size(1), device=x.device)[None, :] == targets[:, None]
+    loss = (lse.squeeze(1) - torch.where(target, x, 0.0).sum(1)).sum()
+    probs = torch.exp(x - lse)
+    return loss, torch.where(target, probs - 1.0, probs).to(logits.dtype)
+
+
+_compiled_ce: Any = None
+
+
+def compiled_ce_sum_and_grad() -> Any:
+    """ce_sum_and_grad compiled once per process (chunk rows vary: dynamic after the first different size)."""
+    global _compiled_ce
+    if _compiled_ce is None:
+        _compiled_ce = torch.compile(ce_sum_and_grad)
+    return _compiled_ce
+
+
 class FusedLinearCrossEntropy(torch.autograd.Function):
     """sum(cross_entropy(hidden @ weight.T, targets)) with both gradients made in forward, one chunk at a time.
 
     The gradient of a summed cross-entropy with respect to the logits is softmax - one_hot, known as soon as the
     chunk's logits are; the incoming gradient (a scalar) only scales it, so backward multiplies what forward
     stored. Rounding follows the autograd path: fp32 softmax, the logits' gradient cast to the compute dtype for
-    the two matmuls, the weight gradient accumulated over chunks in the weight's dtype.
+    the two matmuls, the weight gradient accumulated over chunks in the weight's dtype. `ce` computes one
+    chunk's loss and logits' gradient (ce_sum_and_grad_inplace, or its compiled twin on GPU).
     """
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk: int) -> torch.Tensor:
+                chunk: int, ce: Any) -> torch.Tensor:
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.size(0), chunk):
             h = hidden[start:start + chunk]
-            t = targets[start:start + chunk]
-            logits = (h @ weight.t()).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
-            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            probs.scatter_add_(1, t[:, None], torch.full_like(probs[:, :1], -1.0))
-            g = probs.to(h.dtype)
-            del logits, probs
+            loss, g = ce(h @ weight.t(), targets[start:start + chunk])
+            total += loss
             torch.mm(g, weight, out=grad_hidden[start:start + chunk])
             if grad_weight is not None:
                 grad_weight.addmm_(g.t(), h)
+            del g
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total
 
@@ -130,7 +174,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden.mul_(grad_out.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight.mul_(grad_out.to(grad_weight.dtype))
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 def _target_hidden(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, nn.Module]:
@@ -148,16 +192,21 @@ def _target_hidden(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tenso
     return hidden, index, targets, head
 
 
-def fused_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None) -> torch.Tensor:
-    """Sum of token cross-entropies over target positions, gradients made in forward (FusedLinearCrossEntropy)."""
+def fused_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None,
+                   compiled: bool = False) -> torch.Tensor:
+    """Sum of token cross-entropies over target positions, gradients made in forward (FusedLinearCrossEntropy).
+
+    `compiled`: each chunk's softmax and gradient in one compiled pass (CUDA), instead of the eager in-place ops.
+    """
     hidden, index, targets, head = _target_hidden(model, batch)
     if index.numel() == 0:
         return _chunk_ce_sum(head, hidden[:1], batch["input_ids"].reshape(-1)[:1]) * 0.0
     bias = getattr(head, "bias", None)
     if bias is not None:
         raise ValueError("train.loss_impl=fused: lm_head has a bias; use chunked")
-    chunk = chunk_tokens or chunk_tokens_for(head.weight.shape[0])
-    return FusedLinearCrossEntropy.apply(hidden.index_select(0, index), head.weight, targets, chunk)
+    chunk = chunk_tokens or fused_chunk_tokens_for(head.weight.shape[0])
+    ce = compiled_ce_sum_and_grad() if compiled else ce_sum_and_grad_inplace
+    return FusedLinearCrossEntropy.apply(hidden.index_select(0, index), head.weight, targets, chunk, ce)
 
 
 def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int | None = None) -> torch.Tensor:
@@ -180,17 +229,19 @@ def chunked_loss_sum(model: nn.Module, batch: dict[str, Any], chunk_tokens: int 
 LOSS_FUNCTIONS = {"chunked": chunked_loss_sum, "fused": fused_loss_sum}
 
 
-def attach_chunked_loss(model: nn.Module, impl: str = "chunked", chunk_tokens: int | None = None) -> None:
+def attach_chunked_loss(model: nn.Module, impl: str = "chunked", chunk_tokens: int | None = None,
+                        compiled: bool = False) -> None:
     """Give the (FSDP root) model a `sft_loss_sum(batch)` method that runs under FSDP's forward hooks.
 
     The chunked loss calls the base model and lm_head directly, not the root's forward; registering the method
     makes FSDP all-gather the root's own parameters (embeddings, final norm, lm_head) around it as it does
-    around forward.
+    around forward. `compiled` (fused only): each chunk's softmax and gradient run as one compiled kernel pair.
     """
     fn = LOSS_FUNCTIONS[impl]
+    extra = {"compiled": True} if compiled and impl == "fused" else {}
 
     def method(self: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return fn(self, batch, chunk_tokens)
+        return fn(self, batch, chunk_tokens, **extra)
 
     setattr(model, LOSS_METHOD, types.MethodType(method, model))
     try:

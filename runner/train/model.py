@@ -162,8 +162,10 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device == "cuda" else \
-        MixedPrecisionPolicy()
+    # One rank has nothing to sum: there an fp32 reduction only copies each gradient to fp32 and back (the same
+    # values either way), so it reduces in the compute dtype.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32 if world > 1 else None) \
+        if device == "cuda" else MixedPrecisionPolicy()
     layers = decoder_layers(model)
     for layer in layers:
         if compile_layers and device == "cuda":

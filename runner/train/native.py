@@ -172,7 +172,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):
-        attach_chunked_loss(model, loss_impl)
+        attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
                             weight_decay=t.weight_decay, fused=rt.device == "cuda")
     info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,

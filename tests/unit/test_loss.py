@@ -10,7 +10,17 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from runner.spec import RunSpec
 from runner.train.data import collate, make_block
-from runner.train.loss import chunk_tokens_for, chunked_loss_sum, full_loss_sum, fused_loss_sum, resolve_loss_impl
+from runner.estimate import fused_chunk_tokens
+from runner.train.loss import (
+    ce_sum_and_grad,
+    ce_sum_and_grad_inplace,
+    chunk_tokens_for,
+    chunked_loss_sum,
+    full_loss_sum,
+    fused_chunk_tokens_for,
+    fused_loss_sum,
+    resolve_loss_impl,
+)
 from runner.train.native import lr_at
 
 # Both paths compute the same float32 cross-entropies; only the summation order differs.
@@ -97,6 +107,38 @@ def test_chunk_size_keeps_float32_logits_near_256_mib():
     assert chunk_tokens_for(248_320) == 256
     assert chunk_tokens_for(512) == 8192
     assert chunk_tokens_for(32_000) == 2048
+
+
+def test_fused_chunk_holds_bf16_logits_and_their_gradient_near_512_mib():
+    assert fused_chunk_tokens_for(151_936) == 768
+    assert fused_chunk_tokens_for(151_936) * 151_936 * 4 <= 2**29
+    for vocab in (512, 32_000, 151_936, 201_088, 248_320):
+        assert fused_chunk_tokens(vocab) == fused_chunk_tokens_for(vocab)  # the estimator counts the same chunk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_gradient_written_for_the_compiler_equals_the_in_place_one(dtype):
+    """Run eagerly, the two forms of a chunk's loss and logits' gradient give identical bits."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(37, 1000, generator=g) * 3).to(dtype)
+    targets = torch.randint(0, 1000, (37,), generator=g)
+    loss_a, grad_a = ce_sum_and_grad_inplace(logits.clone(), targets)
+    loss_b, grad_b = ce_sum_and_grad(logits, targets)
+    assert grad_a.dtype == grad_b.dtype == dtype
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    ref = torch.nn.functional.cross_entropy(logits.double(), targets, reduction="sum")
+    assert float(loss_b) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_fused_loss_with_the_compiled_chunk_matches_the_chunked_loss():
+    """The GPU path (train.compile): each chunk's softmax and gradient from torch.compile (here inductor on CPU)."""
+    model = _model(tied=True)
+    batch = _batch()
+    loss_c, grads_c = _loss_grads(model, lambda: chunked_loss_sum(model, batch, chunk_tokens=16))
+    loss_f, grads_f = _loss_grads(model, lambda: fused_loss_sum(model, batch, chunk_tokens=16, compiled=True))
+    assert abs(float(loss_f - loss_c)) / float(loss_c) <= LOSS_TOL
+    assert grads_f.keys() == grads_c.keys()
+    assert max(_rel(grads_f[n], grads_c[n]) for n in grads_c) <= GRAD_TOL
 
 
 def test_auto_loss_is_chunked_unless_logits_are_transformed():
