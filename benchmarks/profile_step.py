@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
+# First match wins: attention kernels carry cutlass template names, so they are tested before matmuls.
 KINDS = [
-    ("matmul", re.compile(r"gemm|cutlass|nvjet|sm90_xmma|sm100|cublas|wgmma|splitK", re.I)),
     ("attention", re.compile(r"flash|fmha|attn|attention|flex", re.I)),
+    ("matmul", re.compile(r"gemm|cutlass|nvjet|sm90_xmma|sm100|cublas|wgmma|splitK", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor|foreach|l2norm|norm_kernel", re.I)),
     ("collective", re.compile(r"nccl", re.I)),
     ("copy", re.compile(r"memcpy|memset|copy|cat|chunk_cat|split_with_sizes", re.I)),

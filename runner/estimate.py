@@ -72,16 +72,19 @@ FUSED_CHUNK_BYTES = 2**29
 """Mirrors runner/train/loss.py: a fused-loss chunk holds about 512 MiB of bf16 logits and their gradient."""
 
 
+def _chunk_tokens(budget: int, bytes_per_elem: int, vocab: int) -> int:
+    n = budget // (bytes_per_elem * max(1, vocab))
+    return max(256, min(8192, n // 256 * 256))
+
+
 def loss_chunk_tokens(vocab: int) -> int:
     """Tokens per chunk of the native engine's chunked loss (runner/train/loss.py chunk_tokens_for)."""
-    n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab))
-    return max(256, min(8192, n // 256 * 256))
+    return _chunk_tokens(CHUNK_LOGIT_BYTES, 4, vocab)
 
 
 def fused_chunk_tokens(vocab: int) -> int:
     """Tokens per chunk of the native engine's fused loss (runner/train/loss.py fused_chunk_tokens_for)."""
-    n = FUSED_CHUNK_BYTES // (4 * max(1, vocab))
-    return max(256, min(8192, n // 256 * 256))
+    return _chunk_tokens(FUSED_CHUNK_BYTES, 2 + 2, vocab)
 
 ACTIVATION_CALIBRATION = 1.0
 """Measured / counted per-layer activations. Fitted on the native engine's Qwen3-0.6B 8k run without checkpointing

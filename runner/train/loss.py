@@ -37,16 +37,20 @@ CHUNK_LOGIT_BYTES = 2**28
 FUSED_CHUNK_BYTES = 2**29
 
 
-def chunk_tokens_for(vocab_size: int) -> int:
-    """Tokens per lm_head chunk: keeps one chunk's float32 logits near CHUNK_LOGIT_BYTES (256..8192 tokens)."""
-    n = CHUNK_LOGIT_BYTES // (4 * max(1, vocab_size))
+def _tokens_within(budget: int, bytes_per_elem: int, vocab_size: int) -> int:
+    """Tokens per chunk (multiples of 256, 256..8192) whose tokens × vocab buffers stay near `budget` bytes."""
+    n = budget // (bytes_per_elem * max(1, vocab_size))
     return max(256, min(8192, n // 256 * 256))
+
+
+def chunk_tokens_for(vocab_size: int) -> int:
+    """Tokens per lm_head chunk: keeps one chunk's float32 logits near CHUNK_LOGIT_BYTES."""
+    return _tokens_within(CHUNK_LOGIT_BYTES, 4, vocab_size)
 
 
 def fused_chunk_tokens_for(vocab_size: int) -> int:
-    """Tokens per chunk of the fused loss: bf16 logits + their gradient near FUSED_CHUNK_BYTES (256..8192)."""
-    n = FUSED_CHUNK_BYTES // (4 * max(1, vocab_size))
-    return max(256, min(8192, n // 256 * 256))
+    """Tokens per chunk of the fused loss: bf16 logits + their bf16 gradient near FUSED_CHUNK_BYTES."""
+    return _tokens_within(FUSED_CHUNK_BYTES, 2 + 2, vocab_size)
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
