@@ -162,9 +162,10 @@ EAGER_ATTENTION_EFFICIENCY = 0.5
 """Eager attention (two matmuls and a softmax over materialised scores) runs at this share of the matmul rate:
 an assumption until measured."""
 CALIBRATION: dict[tuple[str, str, bool], tuple[float, str]] = {
-    ("native", "H200", True): (0.73, "runner bench on one H200, Qwen3 1.72B, compiled layers: 0.742 s at 32k with "
-                                     "the compiled fused-loss chunks (bench-1p7b-32k); the 400-3,000-token rows "
-                                     "measured before that change (0.900 s, bench-1p7b-longchat) stay within 10%"),
+    ("native", "H200", True): (0.75, "runner bench on one H200, Qwen3 1.72B and 4.02B, compiled layers with the "
+                                     "checkpoint inside them: 0.701 s (1.72B), 1.698 s (4.02B) at 32k on the "
+                                     "embedded chats, 0.819 s on 400-3,000-token ones (bench-1p7b-32k, bench-4b-32k, "
+                                     "bench-1p7b-longchat-32k); all within 7%"),
     ("native", "H200", False): (0.43, "runner bench on one H200, Qwen3 1.72B at 32k without compile: 1.388 s "
                                       "(ablation-1p7b-nocompile)"),
     ("trl", "H200", True): (0.77, "runner bench on one H200, Qwen3 1.72B, TRL with liger and compile: 0.925 s at 32k "
@@ -725,6 +726,19 @@ def recomputed_layers(spec: RunSpec, layers: int) -> int:
     return layers if t.recompute_layers is None else min(t.recompute_layers, layers)
 
 
+def recompute_skipped_params(plan: Plan) -> int:
+    """Matmul parameters per token that recomputation does not run again. The native engine's compiled layers hold
+    their checkpoint inside the compiled graph (runner.train.model.checkpoint_in_compile), and backward never reads
+    a dense MLP's output projection, so it is not recomputed; a MoE layer's expert outputs feed the routing
+    weights' gradient and are. Offloaded layers keep transformers' eager checkpoint."""
+    spec = plan.spec
+    if spec.engine != "native" or not spec.train.compile or plan.gpu is None or offloads_activations(spec, "cuda"):
+        return 0
+    arch = plan.arch
+    return sum(x.params for i in range(recomputed_layers(spec, arch.layers)) if not arch.is_moe_layer(i)
+               for x in arch.linears(i) if x.name == "mlp.down_proj")
+
+
 def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
     """(hardware FLOPs of one optimizer step over all ranks, the attention part of it)."""
     arch, t = plan.arch, plan.spec.train
@@ -735,6 +749,7 @@ def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[floa
         per_token = (4 + 2 * share) * n_flops
     else:
         per_token = (6 + 2 * share) * n_flops
+    per_token -= 2 * recompute_skipped_params(plan)
     passes = 3 + share  # attention: forward, two backward matmuls' worth, recompute
     s = t.seq_len
     d = max(1, min(doc_len, s))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
 
@@ -125,11 +126,34 @@ def text_decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(getattr(base, "language_model", base).layers)
 
 
-def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False) -> int:
+def checkpoint_in_compile(layer: nn.Module) -> None:
+    """Make the layer's own forward a checkpoint region, so a later `layer.compile()` sees it.
+
+    Recomputing around a compiled layer (what transformers 5.17's GradientCheckpointingLayer does: checkpoint calls
+    the compiled `__call__`) reruns the whole compiled forward in backward, down_proj and the residual adds included,
+    although backward reads none of their outputs. With the checkpoint inside the compiled region, the partitioner
+    keeps only the layer's inputs and recomputes, within the compiled backward, just the operations whose results
+    backward reads: a dense decoder layer no longer recomputes its last projection (a third of the MLP's matmul
+    work; measured −5% step time on the 1.72B model at 32k). Later transformers releases checkpoint `forward`,
+    which comes to the same; this makes it so on every version.
+    """
+    forward = layer.forward
+
+    def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    layer.gradient_checkpointing = False  # transformers' wrapper (outside the compiled region) stays out
+    layer.forward = recomputed_forward
+
+
+def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False,
+                     inside_compile: bool = False) -> int:
     """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
 
     The layers left out keep their activations from forward to backward. With `offload` the recomputed layers'
-    inputs wait in host memory (runner.train.offload). Returns how many layers recompute.
+    inputs wait in host memory (runner.train.offload). With `inside_compile` each recomputed layer's forward
+    becomes a checkpoint region for the layer's compilation (`checkpoint_in_compile`; the caller compiles the
+    layers). Returns how many layers recompute.
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers ≥ 5.2x; the older name is a deprecated alias there
@@ -141,7 +165,10 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
     for layer in layers[keep:]:
         # transformers' GradientCheckpointingLayer consults this flag on every call.
         layer.gradient_checkpointing = False
-    if offload:
+    if inside_compile:
+        for layer in layers[:keep]:
+            checkpoint_in_compile(layer)
+    elif offload:
         from runner.train.offload import offloaded_checkpoint
 
         for layer in layers[:keep]:
@@ -157,8 +184,11 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    compile_layers = compile_layers and device == "cuda"
+    offload = offload_activations and device == "cuda"
     if activation_checkpointing:
-        enable_recompute(model, recompute_layers, offload=offload_activations and device == "cuda")
+        # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
+        enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload)
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).
@@ -168,7 +198,7 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
         if device == "cuda" else MixedPrecisionPolicy()
     layers = decoder_layers(model)
     for layer in layers:
-        if compile_layers and device == "cuda":
+        if compile_layers:
             # Blocks have one fixed length but the number of documents (cu_seqlens' length) varies: default
             # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
             layer.compile()

@@ -406,6 +406,8 @@ RESERVED_EXCEPTIONS = {
     # 10%). The fragmentation share was fitted where most layers recompute; not refitted for this pattern.
     "bench bench-1p7b-8k native 8192": 0.21,
     "bench bench-1p7b-8k native 8192 run 2": 0.21,
+    "bench bench-1p7b-8k-b native 8192": 0.21,
+    "bench bench-1p7b-8k-b native 8192 run 2": 0.21,
 }
 NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-reduced-h200"}
 BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
@@ -517,7 +519,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
 def test_measured_rows_are_all_there():
     names = [n for n, _ in MEASURED]
-    assert len(names) == 59 and len(set(names)) == 59
+    assert len(names) == 67 and len(set(names)) == 67
     assert {n.split()[0] for n in names} == {"calibration", "native", "bench"}
     assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
 
@@ -635,6 +637,9 @@ STEP_TIME_EXCEPTIONS = {
     # The chunked loss recomputes lm_head in backward and runs its softmax eagerly; the time model counts its FLOPs
     # only (0.857 s estimated, 0.968 measured).
     "bench ablation-1p7b-chunked native 32768",
+    # Measured two engine changes ago (0.900 s; before the compiled fused-loss chunks and the checkpoint inside the
+    # compiled layers): the same command now measures 0.819 s (bench-1p7b-longchat-32k), 0.792 estimated.
+    "bench bench-1p7b-longchat native 32768",
 }
 STEP_TIME_ROWS = [(n, r) for n, r in MEASURED
                   if n.startswith("bench ") and r["seq_len"] == 32768 and n not in STEP_TIME_EXCEPTIONS]
