@@ -139,7 +139,8 @@ class TrainSpec(_Section):
     backward; fused = chunks whose gradients are made in forward (no recompute, one lm_head-sized gradient held
     through the forward); auto = chunked."""
     compile: bool = False
-    """torch.compile each decoder layer (GPU only)."""
+    """torch.compile each decoder layer (GPU only). With activation_checkpointing the checkpoint sits inside the
+    compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
     """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
     checkpoint_every: int = Field(0, ge=0)
