@@ -172,21 +172,30 @@ def reference_varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     return out
 
 
-_varlen_kernel: Callable[..., torch.Tensor] | None = None
+_varlen: tuple[Callable[..., torch.Tensor], frozenset[str]] | None = None
+"""The kernel varlen attention calls and its parameter names, resolved before any layer is compiled: the
+signature is read once here rather than inside the traced attention function."""
 
 
-def set_varlen_kernel(kernel: Callable[..., torch.Tensor] | None) -> None:
-    """Use another kernel with varlen_attn's signature (tests use `reference_varlen_attn`); None = torch's."""
-    global _varlen_kernel
-    _varlen_kernel = kernel
-
-
-@functools.lru_cache(maxsize=4)
 def _kernel_params(kernel: Callable[..., Any]) -> frozenset[str]:
     try:
         return frozenset(inspect.signature(kernel).parameters)
     except (TypeError, ValueError):
         return frozenset()
+
+
+def set_varlen_kernel(kernel: Callable[..., torch.Tensor] | None) -> None:
+    """Use another kernel with varlen_attn's signature (tests use `reference_varlen_attn`); None = torch's."""
+    global _varlen
+    _varlen = None if kernel is None else (kernel, _kernel_params(kernel))
+
+
+def _varlen_choice() -> tuple[Callable[..., torch.Tensor], frozenset[str]]:
+    global _varlen
+    if _varlen is None:
+        kernel = _torch_varlen_kernel()
+        _varlen = (kernel, _kernel_params(kernel))
+    return _varlen
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -225,8 +234,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q = query.transpose(1, 2).reshape(batch * length, heads_q, head_dim)
     k = key.transpose(1, 2).reshape(batch * length, heads_kv, head_dim)
     v = value.transpose(1, 2).reshape(batch * length, heads_kv, value.shape[-1])
-    kernel = _varlen_kernel or _torch_varlen_kernel()
-    params = _kernel_params(kernel)
+    kernel, params = _varlen_choice()
     extra: dict[str, Any] = {"scale": scaling}
     window = getattr(module, "sliding_window", None)
     left = int(window) - 1 if window else -1
@@ -247,9 +255,11 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
 
 def register_varlen() -> None:
-    """Make attn_implementation="varlen" loadable by transformers (idempotent)."""
+    """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now."""
     from transformers import AttentionInterface
 
+    if _varlen is None and varlen_available():
+        _varlen_choice()
     AttentionInterface.register(VARLEN, varlen_attention_forward)
 
 

@@ -33,7 +33,8 @@ from runner.train.runtime import Runtime
 GC_FREEZE_AFTER_STEPS = 2
 """Steps after which every live object (the model, compiled graphs and their guards: millions of them) is frozen
 out of Python's garbage collector. A full collection over them took 330-420 ms on the H200 host (measured with
-gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again."""
+gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again. (The run-to-run
+spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
 
 
 def segment_len_sq(block: PackedBlock) -> int:
