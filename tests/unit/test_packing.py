@@ -286,6 +286,26 @@ def test_hybrid_gated_delta_with_document_reset_equals_documents_one_by_one(loss
     _assert_equal(packed, reference, f"qwen3_5 hybrid {loss}")
 
 
+def test_hybrid_recomputed_inside_compiled_layers_equals_documents_one_by_one():
+    """train.compile with recompute on a hybrid model: the per-document path of its gated-delta layers breaks the
+    compiled graph inside each checkpoint region (runner.train.model.checkpoint_in_compile); packing stays exact.
+    aot_eager runs the traced graphs eagerly, so the comparison holds to the same tolerance as uncompiled."""
+    from runner.train.model import enable_recompute, text_decoder_layers
+
+    model = _qwen3_5()
+    install_document_reset(model)
+    docs = _documents()
+    reference = _per_document(model, docs)
+    enable_recompute(model, None, inside_compile=True)
+    for layer in text_decoder_layers(model):
+        layer.compile(backend="aot_eager")
+    try:
+        packed = _loss_and_grads(model, lambda: LOSS_FUNCTIONS["fused"](model, _packed_batch(docs)))
+    finally:
+        torch._dynamo.reset()
+    _assert_equal(packed, reference, "qwen3_5 hybrid recomputed inside compiled layers")
+
+
 def test_packing_refused_where_no_kernel_keeps_documents_apart(monkeypatch):
     assert packing_support(Qwen3Config()).safe
     hybrid = Qwen3_5TextConfig(layer_types=["linear_attention", "full_attention"], num_hidden_layers=2)
