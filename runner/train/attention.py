@@ -258,7 +258,7 @@ def register_varlen() -> None:
     """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now."""
     from transformers import AttentionInterface
 
-    if _varlen is None and varlen_available():
+    if varlen_available():
         _varlen_choice()
     AttentionInterface.register(VARLEN, varlen_attention_forward)
 

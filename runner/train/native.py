@@ -235,7 +235,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     last_loss = None
     last_saved = step if resumed_from else None
     cancelled = False
-    steps_here = 0
+    first_step = step  # where this process started (a resumed run starts past 0)
     loop_start = time.perf_counter()
     while total_steps is None or step < total_steps:
         step_start = time.perf_counter()
@@ -277,8 +277,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm)
         step += 1
-        steps_here += 1
-        if steps_here == GC_FREEZE_AFTER_STEPS:  # compiled by now (the first step compiles, the second recompiles)
+        # Compiled by now: the first step compiles, the second recompiles for a new number of documents.
+        if step - first_step == GC_FREEZE_AFTER_STEPS:
             gc.collect()
             gc.freeze()
         step_tokens = sum(b.real_tokens for g in micro for b in g)

@@ -244,7 +244,6 @@ def test_recompute_layers_trades_memory_for_exact_gradients():
         assert max(_rel(grads[k][n], grads[None][n]) for n in grads[None]) <= GRAD_TOL
 
 
-
 def _mm_counting_backend(phase: dict[str, str]):
     """A torch.compile backend that partitions like inductor (min-cut, checkpoint tags honoured) and runs the
     graphs as they are, counting the matmuls executed per phase ("forward" / "backward", set by the caller)."""
@@ -290,10 +289,12 @@ def test_recompute_inside_the_compiled_layer_skips_what_backward_does_not_read()
     layers = text_decoder_layers(model)
     for layer in layers:
         layer.compile(backend=backend)
-    loss = model(input_ids=batch["input_ids"], **kwargs).loss
-    phase["now"] = "backward"
-    loss.backward()
-    torch._dynamo.reset()
+    try:
+        loss = model(input_ids=batch["input_ids"], **kwargs).loss
+        phase["now"] = "backward"
+        loss.backward()
+    finally:
+        torch._dynamo.reset()
     assert executed == {"forward": 7 * len(layers), "backward": (2 * 7 + 6) * len(layers)}
     worst = max(_rel(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
     assert worst <= GRAD_TOL
