@@ -11,6 +11,13 @@ _OOM = re.compile(r"(?:CUDA out of memory|OutOfMemoryError).*?Tried to allocate 
 _HOST_OOM = re.compile(r"could not page-lock [^\n]*")
 _NCCL_TIMEOUT = re.compile(r"(Watchdog caught collective operation timeout|NCCL.*timed? ?out|Timeout.*NCCL)", re.I)
 _NCCL = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ProcessGroupNCCL)", re.I)
+# A collective's transport lost its peer (gloo's "Connection reset by peer ... a remote worker hanging", a closed
+# socket): what the surviving ranks raise when another rank died.
+_PEER_LOST = re.compile(r"(Connection (?:reset|closed) by peer"
+                        r"|remote (?:worker|process|peer)[^\n]*(?:exit|died|hang|clos))", re.I)
+PEER_FAILURE_CAUSES = ("peer_lost", "nccl_timeout", "nccl_error")
+"""Causes that a rank's error can have because another rank died: they never name the first failure when a rank
+was killed."""
 # torchrun's failure report: "rank : 1 (local_rank: 1)" ... "exitcode : -9 (pid: 123)"
 _REPORT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
@@ -29,6 +36,8 @@ def classify_text(text: str) -> tuple[str, str]:
         return "nccl_timeout", _last_line_matching(text, _NCCL_TIMEOUT) or "NCCL collective timed out"
     if _NCCL.search(text):
         return "nccl_error", _last_line_matching(text, _NCCL) or "NCCL error"
+    if _PEER_LOST.search(text):
+        return "peer_lost", _last_line_matching(text, _PEER_LOST) or "a peer rank's connection was lost"
     last = _last_exception_line(text)
     return "exception", last or "unknown error"
 

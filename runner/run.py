@@ -11,7 +11,7 @@ from typing import Any, Callable
 from runner import pins as pins_mod
 from runner import records
 from runner.events import read_events
-from runner.failure import classify_text, log_tail, signal_cause, torchrun_exit_codes
+from runner.failure import PEER_FAILURE_CAUSES, classify_text, log_tail, signal_cause, torchrun_exit_codes
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
 from runner.sampler import NodeSampler
 from runner.spec import RunSpec
@@ -103,9 +103,12 @@ def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> dict[str, Any]
         for e in evs:
             if e.get("event") == "error":
                 errors.append((e.get("t", 0.0), r, e))
-    # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it.
+    # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it, unless a
+    # rank failed first for a reason of its own (not a lost peer). torchrun's "first observed" is only the order
+    # in which it noticed the exits, which a fast-exiting peer can win.
     killed = [r for r, c in sorted(codes.items()) if signal_cause(c) and signal_cause(c)[0] == "signal"]
-    if root is not None and root in killed or (root is None and killed):
+    own_errors = [x for x in errors if x[2].get("cause") not in PEER_FAILURE_CAUSES]
+    if killed and (root in killed or root is None or not own_errors):
         rank = root if root is not None and root in killed else killed[0]
         cause, message = signal_cause(codes[rank])  # type: ignore[misc]
     elif errors:

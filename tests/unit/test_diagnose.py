@@ -1,0 +1,54 @@
+"""Which rank a failed run blames, from torchrun's report and the ranks' error events (runner.run.diagnose)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runner.events import EventWriter
+from runner.failure import classify_exception
+from runner.launch import RunPaths
+from runner.run import diagnose
+
+GLOO_PEER_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:10130: "
+                   "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
+                   "application.")
+
+
+def _report(failures: list[tuple[int, int]], root: tuple[int, int]) -> str:
+    """torchrun's ChildFailedError text: other failures, then the root cause (first observed)."""
+    def entry(rank: int, code: int) -> str:
+        return (f"[{rank}]:\n  time      : 2026-12-03_15:10:25\n  host      : localhost\n"
+                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: {100 + rank})\n")
+    return ("runner.train FAILED\nFailures:\n" + "".join(entry(*f) for f in failures)
+            + "Root Cause (first observed failure):\n" + entry(*root))
+
+
+def _run(tmp_path: Path, report: str, errors: dict[int, BaseException]) -> RunPaths:
+    paths = RunPaths(tmp_path)
+    paths.logs.mkdir(parents=True)
+    paths.launcher_log.write_text(report)
+    for rank in (0, 1):
+        events = EventWriter(paths.events / f"rank{rank}.jsonl", rank)
+        events.write(step=3, loss=1.0)
+        if rank in errors:
+            cause, message = classify_exception(errors[rank])
+            events.write(event="error", step=3, cause=cause, message=message)
+        events.close()
+    return paths
+
+
+def test_a_killed_rank_is_blamed_when_its_peer_only_lost_the_connection(tmp_path):
+    """The survivor exits fast after its collective fails, so torchrun may observe it first: still the killed rank."""
+    paths = _run(tmp_path, _report([(1, -9)], root=(0, 1)), {0: RuntimeError(GLOO_PEER_RESET)})
+    failure = diagnose(paths, world_size=2, exit_code=1)
+    assert (failure["rank"], failure["cause"]) == (1, "signal") and "SIGKILL" in failure["message"]
+
+
+def test_a_rank_that_failed_for_its_own_reason_is_blamed_before_a_peer_killed_after_it(tmp_path):
+    paths = _run(tmp_path, _report([(1, -6)], root=(0, 1)), {0: TypeError("'NoneType' object is not iterable")})
+    failure = diagnose(paths, world_size=2, exit_code=1)
+    assert (failure["rank"], failure["cause"]) == (0, "exception") and "TypeError" in failure["message"]
+
+
+def test_lost_peer_is_its_own_cause():
+    assert classify_exception(RuntimeError(GLOO_PEER_RESET))[0] == "peer_lost"
