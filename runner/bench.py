@@ -120,7 +120,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
         "mfu": None,
         "final_loss": final_loss,
         # What the engine chose, as its train_begin event says.
-        "choices": {k: begin[k] for k in ("attn", "loss_impl", "liger_kernels") if k in begin},
+        "choices": {k: begin[k] for k in ("attn", "loss_impl", "liger_kernels", "fsdp") if k in begin},
     }
     fpt, full_layers, width = flops_per_token(spec)
     if fpt and peak_tflops:

@@ -128,7 +128,8 @@ def find_limits(specs: dict[str, RunSpec], lengths: list[int], runs_dir: Path, r
         start = lengths.index(predicted) if predicted is not None else 0
         measured, complete = largest_fitting(lengths, fits, start=start)
         row: dict[str, Any] = {"measured_max_seq_len": measured, "search_complete": complete,
-                               "predicted_max_seq_len": predicted, "probes": probes}
+                               "predicted_max_seq_len": predicted, "probes": probes,
+                               "spec": spec.to_dict()["train"]}  # what every probe ran, but its seq_len
         if measured and predicted:
             row["prediction_error"] = round((predicted - measured) / measured, 4)
         if measured == lengths[-1]:

@@ -142,6 +142,10 @@ the TRL rows of memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k
 by 5 to 14 %, with 0.04 it is within -4 to +4 %; and TRL's limit on one H200 (4.02B, full, bench-h200/
 limit-4b-trl.json) fits at 229,376 tokens with 133.2 GiB allocated as counted, which leaves room for at most 4.5 %
 (0.15 predicted 196,608)."""
+UNWRAPPED_FRAGMENTATION_FRACTION = 0.02
+"""The same share for one rank that trains the plain module (no FSDP2): no gathered copies or reduce-scatter
+inputs come and go, so few holes. Fitted on the 1.72B runs at 8k (22.06 GiB allocated, 22.39 reserved:
+0.015) and 32k (bench-h200/bench-1p7b-*-unwrapped)."""
 TIGHT_FRACTION = 0.05
 """Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
 allocator pattern can tip it over."""
@@ -287,6 +291,17 @@ class Plan:
     @property
     def arch(self) -> Arch:
         return self.loaded.arch
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is wrapped in FSDP2: as runner/train/model.py needs_fsdp decides for the native engine
+        (one rank trains the plain module unless its weights are not bf16 on GPU, or train.fsdp_one_rank); the TRL
+        engine shards on GPU whatever the rank count, and one TRL process on the CPU does not."""
+        if self.world > 1:
+            return True
+        if self.spec.engine == "trl":
+            return self.device == "cuda"
+        return self.spec.train.fsdp_one_rank or (self.device == "cuda" and self.dtype != "bfloat16")
 
 
 VARLEN_MIN_TOKENS = 32_768
@@ -559,6 +574,7 @@ def memory_model(plan: Plan) -> _Memory:
     # a reduce-dtype input, then the reduce-scatter output (1/N of it) is cast to the parameter's dtype, which
     # becomes the sharded gradient. The unit's parameters are resharded before that.
     reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if plan.device == "cuda" else b
+    sharded = plan.sharded
 
     def reduce_peak(params: int) -> float:
         cast = tb if tb != reduce_bytes else 0
@@ -566,7 +582,9 @@ def memory_model(plan: Plan) -> _Memory:
 
     layer_u = arch.max_layer_params
     root_u = arch.root_params
-    root_unsharded = root_u * cb  # FSDP2 keeps the root unsharded from its forward to the end of backward
+    # FSDP2 keeps the root unsharded from its forward to the end of backward; unwrapped, the weights are used
+    # where they are.
+    root_unsharded = root_u * cb if sharded else 0.0
     # ... unless reshard_after_forward is set explicitly, as accelerate does (TRL): then the root is gathered again
     # for the loss's backward, and with LoRA (no root gradient to wait for) let go before the layers' backward.
     # The allocator trace of the TRL GPT-OSS LoRA run shows no root copy at its training peak (estimator-notes.md).
@@ -574,11 +592,14 @@ def memory_model(plan: Plan) -> _Memory:
     head_grad = 0 if lora else (arch.lm_head_params or arch.embed_params) * cb  # lm_head grad, from the loss on
     layer_grad = 0 if lora else layer_u * cb
     # The layer just reduced keeps its reduce-scatter input until the next layer's reduce starts.
-    layer_reduce_input = 0.0 if lora else layer_u * reduce_bytes
-    root_reduce = 0.0 if lora else reduce_peak(root_u)
-    root_grad_shard = 0.0 if lora else root_u * tb / n
-    layer_grad_shard = 0.0 if lora else layer_u * tb / n
-    if n == 1:
+    layer_reduce_input = 0.0 if lora or not sharded else layer_u * reduce_bytes
+    root_reduce = 0.0 if lora or not sharded else reduce_peak(root_u)
+    root_grad_shard = 0.0 if lora or not sharded else root_u * tb / n
+    layer_grad_shard = 0.0 if lora or not sharded else layer_u * tb / n
+    # Unwrapped, a gradient is the parameter's own .grad from the moment backward makes it; FSDP2 gathers the
+    # layer being run (and prefetches the next) into buffers of their own.
+    gathered = layer_u * cb if sharded else 0.0
+    if n == 1 and sharded:
         reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
 
     # -- activations --------------------------------------------------------------------
@@ -659,14 +680,17 @@ def memory_model(plan: Plan) -> _Memory:
     loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded,
                   "activations": kept + acts_common, "logits_loss": final_norm + loss_fwd,
                   "lora": lora_kept + merged_kept}
-    loss_back = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + head_grad + layer_u * cb,
+    loss_back = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + head_grad + gathered,
                  "activations": kept + acts_common, "logits_loss": final_norm + loss_bwd,
                  "lora": lora_kept + merged_kept}
-    last_layer = {**base, "grads": g_accum, "fsdp_buffers": root_in_layers_bwd + head_grad + 2 * layer_u * cb
+    last_layer = {**base, "grads": g_accum, "fsdp_buffers": root_in_layers_bwd + head_grad + 2 * gathered
                   + layer_grad, "activations": kept + recompute_last + transient + acts_common + score_transient,
                   "logits_loss": 0.0, "lora": lora_b + last_merged}
+    # Unwrapped, the gradients made so far are the parameters' own .grad: `grads` counts them all here (the
+    # input embedding's, still to come, is the lm_head's when tied).
     first_layer = {**base, "grads": max(g_accum, grads_b - root_grad_shard - layer_grad_shard),
-                   "fsdp_buffers": root_in_layers_bwd + head_grad + layer_u * cb + layer_grad + layer_reduce_input,
+                   "fsdp_buffers": root_in_layers_bwd + head_grad + gathered + layer_grad + layer_reduce_input
+                   if sharded else 0.0,
                    "activations": kept_first + recompute_first + transient + acts_common + score_transient,
                    "logits_loss": 0.0, "lora": lora_b + merged_bwd}
     root_phase = {**base, "grads": max(g_accum, grads_b - root_grad_shard), "fsdp_buffers": root_reduce,
@@ -688,7 +712,7 @@ def memory_model(plan: Plan) -> _Memory:
         # rank's shard. fully_shard (native) swaps one layer's parameters at a time; accelerate's
         # fsdp2_prepare_model (TRL) keeps the drawn state dict until the sharded model holds all of it.
         whole = (text + vision) * b
-        phases["setup"] = {"params": whole + (params_b if trl else layer_u * b / n)}
+        phases["setup"] = {"params": whole + (params_b if trl else layer_u * b / n if sharded else 0.0)}
     if trl and not lora:
         reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
     totals = {k: total(v) for k, v in phases.items()}
@@ -703,7 +727,7 @@ def memory_model(plan: Plan) -> _Memory:
                  "backward_end": phases["backward_end"]["grads"] + (root_out if phases["backward_end"] is root_phase
                                                                     else 0.0),
                  "optimizer": grads_b, "setup": 0.0}
-    reduce_pool = 0.0 if plan.device != "cuda" or lora else grads_b + root_out
+    reduce_pool = 0.0 if plan.device != "cuda" or lora or not sharded else grads_b + root_out
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
                    expert_stack, reduce_pool, default_pool, host_offload)
@@ -897,7 +921,9 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         assert plan.gpu is not None
         capacity = plan.gpu.memory_gib * GIB
         context = (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB
-        fragmentation = (TRL_FRAGMENTATION_FRACTION if spec.engine == "trl" else FRAGMENTATION_FRACTION) * mem.allocated
+        share = TRL_FRAGMENTATION_FRACTION if spec.engine == "trl" else \
+            FRAGMENTATION_FRACTION if plan.sharded else UNWRAPPED_FRAGMENTATION_FRACTION
+        fragmentation = share * mem.allocated
         # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.

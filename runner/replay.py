@@ -16,7 +16,12 @@ STRICT_KEYS = ("packages", "torch", "cuda", "model", "dataset", "tokenizer_sha25
 
 def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> RunSpec:
     """The record's resolved spec; never runs code from the record without explicit consent."""
-    spec = validate(rec["spec"])
+    data = dict(rec["spec"])
+    train = data.get("train") or {}
+    if "fsdp_one_rank" not in train:
+        # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
+        data["train"] = {**train, "fsdp_one_rank": True}
+    spec = validate(data)
     if spec.model.trust_remote_code and not trust_remote_code:
         raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "
                         "code; pass --trust-remote-code if you trust it")

@@ -177,10 +177,22 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
     return keep
 
 
+def needs_fsdp(model: nn.Module, device: str, world: int, fsdp_one_rank: bool = False) -> bool:
+    """FSDP2 with more than one rank; on one rank only when asked, or when the weights are not in the compute
+    dtype (bf16 on GPU): then FSDP's mixed precision is what computes them in bf16."""
+    if world > 1 or fsdp_one_rank:
+        return True
+    return device == "cuda" and any(p.dtype != torch.bfloat16 for p in model.parameters())
+
+
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 compile_layers: bool = False, recompute_layers: int | None = None,
-                offload_activations: bool = False) -> nn.Module:
-    """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU."""
+                offload_activations: bool = False, fsdp_one_rank: bool = False) -> nn.Module:
+    """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
+
+    One rank trains the plain module unless `needs_fsdp` says otherwise: FSDP2 there copies each layer's weights
+    in and its gradients out, and its hooks cost host time that short steps cannot hide.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -190,18 +202,21 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload)
     world = torch.distributed.get_world_size()
+    layers = decoder_layers(model)
+    if compile_layers:
+        # Blocks have one fixed length but the number of documents (cu_seqlens' length) varies: default
+        # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
+        for layer in layers:
+            layer.compile()
+    if not needs_fsdp(model, device, world, fsdp_one_rank):
+        return model
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).
     # One rank has nothing to sum: there an fp32 reduction only copies each gradient to fp32 and back (the same
     # values either way), so it reduces in the compute dtype.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32 if world > 1 else None) \
         if device == "cuda" else MixedPrecisionPolicy()
-    layers = decoder_layers(model)
     for layer in layers:
-        if compile_layers:
-            # Blocks have one fixed length but the number of documents (cu_seqlens' length) varies: default
-            # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
-            layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

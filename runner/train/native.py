@@ -149,6 +149,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         recurrent_layer_types,
         supported_attention,
     )
+    from torch.distributed.fsdp import FSDPModule
+
     from runner.train.loss import attach_chunked_loss, resolve_loss_impl
     from runner.train.model import load_config, load_model, load_tokenizer, model_class, param_count, shard_model
 
@@ -176,7 +178,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
-                        t.offload_activations)
+                        t.offload_activations, t.fsdp_one_rank)
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):
@@ -186,7 +188,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,
             "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
             else "off: one document per block",
-            "params": params, "trainable_params": trainable, "model_type": model.config.model_type}
+            "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
+            "fsdp": f"fsdp2 over {rt.world_size} ranks" if isinstance(model, FSDPModule) else "none (one rank)"}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info}
 

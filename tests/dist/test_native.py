@@ -4,6 +4,7 @@ a single-process reference, checkpoint/resume bit for bit, cancel, export round 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -163,6 +164,39 @@ def test_resume_gives_the_same_losses_bit_for_bit(full_run, tmp_path):
             assert (got[step]["loss"], got[step]["global_loss"], got[step]["grad_norm"]) == \
                 (want[step]["loss"], want[step]["global_loss"], want[step]["grad_norm"]), step
         assert _events(run_dir, rank, "end")[-1]["steps"] == STEPS
+
+
+def test_one_rank_trains_the_plain_module_as_fsdp2_would(tmp_path):
+    """One rank trains the unwrapped module (FSDP2 there only copies); it gives the losses, gradient norms and
+    exported weights of the same rank wrapped in FSDP2 (`train.fsdp_one_rank`), and its checkpoint resumes."""
+    runs = {}
+    for wrapped in (False, True):
+        spec = _spec(hardware__nproc_per_node=1, fsdp_one_rank=wrapped, checkpoint_every=2, output__save="full")
+        active = _run(spec, tmp_path / str(wrapped))
+        assert active.record["status"] == "succeeded", \
+            (active.paths.run_dir / "logs" / "rank0.log").read_text()[-3000:]
+        runs[wrapped] = (spec, active.paths.run_dir)
+    (spec, plain), (_, sharded) = runs[False], runs[True]
+    assert _events(plain, 0, "train_begin")[0]["fsdp"] == "none (one rank)"
+    assert _events(sharded, 0, "train_begin")[0]["fsdp"] == "fsdp2 over 1 ranks"
+    got, want = _steps(plain, 0), _steps(sharded, 0)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert abs(got[step]["global_loss"] - want[step]["global_loss"]) <= 1e-6 * want[step]["global_loss"], step
+        assert abs(got[step]["grad_norm"] - want[step]["grad_norm"]) <= 1e-5 * want[step]["grad_norm"], step
+    a, b = (AutoModelForCausalLM.from_pretrained(_events(r, 0, "end")[0]["export"]["dir"], dtype=torch.float32)
+            for r in (plain, sharded))
+    assert max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())) < 1e-6
+
+    # Without its last checkpoint, the unwrapped run resumes from step 2 and repeats steps 3 and 4 bit for bit.
+    shutil.rmtree(ckpt.step_dir(plain, STEPS))
+    paths = RunPaths(plain)
+    launcher = Launcher(build_command(spec, paths.spec, plain.name) + ["--resume"], paths, run_env())
+    launcher.start()
+    assert launcher.wait() == 0, (plain / "logs" / "rank0.log").read_text()[-3000:]
+    assert _events(plain, 0, "resume")[0]["step"] == 2
+    resumed = _steps(plain, 0)
+    assert [resumed[s]["global_loss"] for s in (3, 4)] == [got[s]["global_loss"] for s in (3, 4)]
 
 
 def test_cancel_stops_every_rank_at_one_step_and_checkpoints(tmp_path):

@@ -500,7 +500,9 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
         # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
-        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out])
+        # Rows from before one native rank trained the plain module ran FSDP2 on it (their spec lacks the field).
+        wrapped = [] if "fsdp_one_rank" in row["spec"] else ["train.fsdp_one_rank=true"]
+        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *wrapped])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
         # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be
@@ -509,9 +511,12 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
             [o for o in ours if not o.startswith("model.path=")]
         overrides = [o if not o.startswith("model.path=") else next(x for x in ours if x.startswith("model.path="))
                      for o in row["overrides"]]
+        # Measured when one rank always ran FSDP2.
         return resolve(load_spec("tiny-cpu", [*overrides, "hardware.device=cuda", "hardware.nproc_per_node=1",
-                                              "hardware.gpu=H200"]), cuda_available=True, gpu_count=1)
+                                              "hardware.gpu=H200", "train.fsdp_one_rank=true"]),
+                       cuda_available=True, gpu_count=1)
     spec = load_spec(NATIVE_RECIPES[row["model"]], ["model.dtype=bfloat16", f"train.seq_len={row['seq_len']}",
+                                                     "train.fsdp_one_rank=true",
                                                      f"model.attn_implementation={row['attn']}",
                                                      f"train.compile={str(row['compile']).lower()}"])
     arch = load_arch(spec).arch
@@ -629,7 +634,9 @@ def test_estimator_predicts_the_measured_limits_within_10_percent(path, generate
     assert result["limits"]["engines"]
     for engine, row in result["limits"]["engines"].items():
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if engine != "native" else []
-        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out])
+        # Searches from before one native rank trained the plain module ran FSDP2 on it (no spec in the row).
+        wrapped = [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
+        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *wrapped])
         measured = row["measured_max_seq_len"]
         assert row["search_complete"] and measured < hi  # a real limit, inside the range searched
         predicted = predicted_limit(spec, grid(lo, hi, step))

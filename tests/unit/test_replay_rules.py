@@ -20,6 +20,14 @@ def test_trust_remote_code_needs_consent():
     assert spec_from_record(rec, trust_remote_code=True).model.trust_remote_code
 
 
+def test_records_from_before_unwrapped_single_rank_replay_wrapped():
+    """A record without train.fsdp_one_rank ran its one rank in FSDP2; replay keeps that, newer records keep theirs."""
+    data = load_spec("tiny-cpu").to_dict()
+    assert spec_from_record({"id": "new", "spec": data}).train.fsdp_one_rank is False
+    del data["train"]["fsdp_one_rank"]
+    assert spec_from_record({"id": "old", "spec": data}).train.fsdp_one_rank is True
+
+
 def test_drift_rows_mark_strict_pins():
     a = {"python": "3.11.7", "torch": "2.13.0", "packages": {"trl": "1.16.0", "rich": "15"},
          "model": {"content_sha256": "a"}, "git": {"commit": "c1"}}
