@@ -189,7 +189,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
             else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
-            "fsdp": f"fsdp2 over {rt.world_size} ranks" if isinstance(model, FSDPModule) else "none (one rank)"}
+            "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
+            else "none (one rank)"}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info}
 
@@ -313,7 +314,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank)
     summary: dict[str, Any] = {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3),
                                "final_loss": last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
-                               "reason": "cancelled" if cancelled else "done"}
+                               "reason": "cancelled" if cancelled else "done",
+                               "fsdp_sharded": parts["info"]["fsdp"].startswith("fsdp2")}
     if exported is not None:
         summary["export"] = exported
     return summary

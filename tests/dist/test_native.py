@@ -178,7 +178,8 @@ def test_one_rank_trains_the_plain_module_as_fsdp2_would(tmp_path):
         runs[wrapped] = (spec, active.paths.run_dir)
     (spec, plain), (_, sharded) = runs[False], runs[True]
     assert _events(plain, 0, "train_begin")[0]["fsdp"] == "none (one rank)"
-    assert _events(sharded, 0, "train_begin")[0]["fsdp"] == "fsdp2 over 1 ranks"
+    assert _events(sharded, 0, "train_begin")[0]["fsdp"] == "fsdp2 over 1 rank"
+    assert _events(plain, 0, "end")[0]["fsdp_sharded"] is False and _events(sharded, 0, "end")[0]["fsdp_sharded"]
     got, want = _steps(plain, 0), _steps(sharded, 0)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
