@@ -142,10 +142,6 @@ the TRL rows of memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k
 by 5 to 14 %, with 0.04 it is within -4 to +4 %; and TRL's limit on one H200 (4.02B, full, bench-h200/
 limit-4b-trl.json) fits at 229,376 tokens with 133.2 GiB allocated as counted, which leaves room for at most 4.5 %
 (0.15 predicted 196,608)."""
-UNWRAPPED_FRAGMENTATION_FRACTION = 0.02
-"""The same share for one rank that trains the plain module (no FSDP2): no gathered copies or reduce-scatter
-inputs come and go, so few holes. Fitted on the 1.72B runs at 8k (22.06 GiB allocated, 22.39 reserved:
-0.015) and 32k (bench-h200/bench-1p7b-*-unwrapped)."""
 TIGHT_FRACTION = 0.05
 """Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
 allocator pattern can tip it over."""
@@ -190,6 +186,12 @@ both directions at once (offload copies out and back can overlap), 55.2 GB/s bes
 its rate (678 vs 676 TFLOP/s). The conservative figure is used."""
 GPU_STEP_OVERHEAD_S = 0.05
 """Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
+UNWRAPPED_RATE_FACTOR = 1.064
+UNWRAPPED_STEP_OVERHEAD_S = 0.021
+"""One native rank that trains the plain module (no FSDP2): the CALIBRATION rates and GPU_STEP_OVERHEAD_S were
+fitted on wrapped runs, whose per-layer copies cost GPU and host time. Both fitted on the 1.72B runs of the same
+commands unwrapped: 0.681 s at 32k (bench-1p7b-32k-unwrapped; 0.701 wrapped) and 0.165 s at 8k
+(bench-1p7b-8k-unwrapped, -b; 0.185-0.215 wrapped, host-bound)."""
 TRL_STEP_OVERHEAD_S = 0.14
 """The same for the TRL engine (Trainer callbacks, logging, accelerate's step): fitted with its H200 rate above."""
 CPU_GFLOPS_PER_CORE = 20.0
@@ -921,9 +923,7 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         assert plan.gpu is not None
         capacity = plan.gpu.memory_gib * GIB
         context = (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB
-        share = TRL_FRAGMENTATION_FRACTION if spec.engine == "trl" else \
-            FRAGMENTATION_FRACTION if plan.sharded else UNWRAPPED_FRAGMENTATION_FRACTION
-        fragmentation = share * mem.allocated
+        fragmentation = (TRL_FRAGMENTATION_FRACTION if spec.engine == "trl" else FRAGMENTATION_FRACTION) * mem.allocated
         # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.
@@ -961,6 +961,10 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         tokens_per_step = min(doc_len, t.seq_len) * per_rank_seqs * plan.world
     flops, attn_flops = flops_per_step(plan, doc_len, tokens_per_step)
     mfu, mfu_source = calibration(plan)
+    unwrapped = plan.device == "cuda" and spec.engine == "native" and not plan.sharded
+    if unwrapped:
+        mfu *= UNWRAPPED_RATE_FACTOR
+        mfu_source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
     if plan.device == "cuda":
         assert plan.gpu is not None
         rate = plan.world * plan.gpu.ceiling_tflops * 1e12 * mfu
@@ -977,7 +981,8 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
             # Each offloaded input comes back over the host link on the compute stream, just before its recompute
             # (the forward copies run on a side stream, overlapped).
             step_s += t.grad_accum * mem.host_offload / (HOST_LINK_GB_S * 1e9)
-        step_s += TRL_STEP_OVERHEAD_S if spec.engine == "trl" else GPU_STEP_OVERHEAD_S
+        step_s += TRL_STEP_OVERHEAD_S if spec.engine == "trl" else \
+            UNWRAPPED_STEP_OVERHEAD_S if unwrapped else GPU_STEP_OVERHEAD_S
     else:
         cores = max(1, (os.cpu_count() or 2))
         step_s = flops / (cores * CPU_GFLOPS_PER_CORE * 1e9 * CPU_EFFICIENCY) + CPU_STEP_OVERHEAD_S

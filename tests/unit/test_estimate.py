@@ -411,6 +411,11 @@ RESERVED_EXCEPTIONS = {
     "bench bench-1p7b-8k-native-gcfreeze native 8192": 0.21,
     "bench bench-1p7b-8k-native-gcfreeze native 8192 run 2": 0.21,
     "bench bench-1p7b-8k-native-gcfreeze native 8192 run 3": 0.21,
+    # The same at 8k with one rank unwrapped: 22.4 GiB reserved against 26.9 counted (allocated within 6.2%).
+    "bench bench-1p7b-8k-unwrapped native 8192": 0.21,
+    "bench bench-1p7b-8k-unwrapped native 8192 run 2": 0.21,
+    "bench bench-1p7b-8k-unwrapped-b native 8192": 0.21,
+    "bench bench-1p7b-8k-unwrapped-b native 8192 run 2": 0.21,
 }
 NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-reduced-h200"}
 BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
@@ -527,7 +532,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
 def test_measured_rows_are_all_there():
     names = [n for n, _ in MEASURED]
-    assert len(names) == 70 and len(set(names)) == 70
+    assert len(names) == 81 and len(set(names)) == 81
     assert {n.split()[0] for n in names} == {"calibration", "native", "bench"}
     assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
 
