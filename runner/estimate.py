@@ -682,11 +682,16 @@ def memory_model(plan: Plan) -> _Memory:
     loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded,
                   "activations": kept + acts_common, "logits_loss": final_norm + loss_fwd,
                   "lora": lora_kept + merged_kept}
-    loss_back = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + head_grad + gathered,
+    # Gradients that backward has made and FSDP2 has not yet reduced sit in its buffers; unwrapped they are the
+    # parameters' own .grad.
+    grads_at_loss, held_at_loss = (0.0, head_grad) if sharded else (head_grad, 0.0)
+    grads_at_last, held_at_last = (0.0, head_grad + layer_grad) if sharded else (head_grad + layer_grad, 0.0)
+    loss_back = {**base, "grads": g_accum + grads_at_loss, "fsdp_buffers": root_unsharded + held_at_loss + gathered,
                  "activations": kept + acts_common, "logits_loss": final_norm + loss_bwd,
                  "lora": lora_kept + merged_kept}
-    last_layer = {**base, "grads": g_accum, "fsdp_buffers": root_in_layers_bwd + head_grad + 2 * gathered
-                  + layer_grad, "activations": kept + recompute_last + transient + acts_common + score_transient,
+    last_layer = {**base, "grads": g_accum + grads_at_last,
+                  "fsdp_buffers": root_in_layers_bwd + held_at_last + 2 * gathered,
+                  "activations": kept + recompute_last + transient + acts_common + score_transient,
                   "logits_loss": 0.0, "lora": lora_b + last_merged}
     # Unwrapped, the gradients made so far are the parameters' own .grad: `grads` counts them all here (the
     # input embedding's, still to come, is the lm_head's when tied).
