@@ -598,8 +598,7 @@ def memory_model(plan: Plan) -> _Memory:
     root_reduce = 0.0 if lora or not sharded else reduce_peak(root_u)
     root_grad_shard = 0.0 if lora or not sharded else root_u * tb / n
     layer_grad_shard = 0.0 if lora or not sharded else layer_u * tb / n
-    # Unwrapped, a gradient is the parameter's own .grad from the moment backward makes it; FSDP2 gathers the
-    # layer being run (and prefetches the next) into buffers of their own.
+    # FSDP2 gathers the layer being run (and prefetches the next) into buffers of their own.
     gathered = layer_u * cb if sharded else 0.0
     if n == 1 and sharded:
         reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
@@ -693,11 +692,9 @@ def memory_model(plan: Plan) -> _Memory:
                   "fsdp_buffers": root_in_layers_bwd + held_at_last + 2 * gathered,
                   "activations": kept + recompute_last + transient + acts_common + score_transient,
                   "logits_loss": 0.0, "lora": lora_b + last_merged}
-    # Unwrapped, the gradients made so far are the parameters' own .grad: `grads` counts them all here (the
-    # input embedding's, still to come, is the lm_head's when tied).
+    # Unwrapped, `grads` holds every gradient here (the input embedding's, still to come, is lm_head's when tied).
     first_layer = {**base, "grads": max(g_accum, grads_b - root_grad_shard - layer_grad_shard),
-                   "fsdp_buffers": root_in_layers_bwd + head_grad + gathered + layer_grad + layer_reduce_input
-                   if sharded else 0.0,
+                   "fsdp_buffers": root_in_layers_bwd + held_at_last + gathered + layer_reduce_input,
                    "activations": kept_first + recompute_first + transient + acts_common + score_transient,
                    "logits_loss": 0.0, "lora": lora_b + merged_bwd}
     root_phase = {**base, "grads": max(g_accum, grads_b - root_grad_shard), "fsdp_buffers": root_reduce,

@@ -198,6 +198,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
 def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
           resume: bool = False) -> dict[str, Any]:
     """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
+    from torch.distributed.fsdp import FSDPModule
+
     from runner.train import checkpoint as ckpt
     from runner.train.export import export
 
@@ -315,7 +317,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     summary: dict[str, Any] = {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3),
                                "final_loss": last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
                                "reason": "cancelled" if cancelled else "done",
-                               "fsdp_sharded": parts["info"]["fsdp"].startswith("fsdp2")}
+                               "fsdp_sharded": isinstance(model, FSDPModule)}
     if exported is not None:
         summary["export"] = exported
     return summary

@@ -421,6 +421,12 @@ NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-r
 BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
 
 
+def _as_measured(train: dict) -> list[str]:
+    """Results from before one native rank trained the plain module ran FSDP2 on it: their train spec lacks the
+    field (or is not recorded), so they are rebuilt wrapped."""
+    return [] if "fsdp_one_rank" in train else ["train.fsdp_one_rank=true"]
+
+
 def _calibration_script():
     import importlib.util
 
@@ -505,9 +511,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
         # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
-        # Rows from before one native rank trained the plain module ran FSDP2 on it (their spec lacks the field).
-        wrapped = [] if "fsdp_one_rank" in row["spec"] else ["train.fsdp_one_rank=true"]
-        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *wrapped])
+        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *_as_measured(row["spec"])])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
         # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be
@@ -639,9 +643,7 @@ def test_estimator_predicts_the_measured_limits_within_10_percent(path, generate
     assert result["limits"]["engines"]
     for engine, row in result["limits"]["engines"].items():
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if engine != "native" else []
-        # Searches from before one native rank trained the plain module ran FSDP2 on it (no spec in the row).
-        wrapped = [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
-        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *wrapped])
+        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *_as_measured(row.get("spec", {}))])
         measured = row["measured_max_seq_len"]
         assert row["search_complete"] and measured < hi  # a real limit, inside the range searched
         predicted = predicted_limit(spec, grid(lo, hi, step))
