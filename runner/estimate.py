@@ -36,7 +36,8 @@ ADAM_STATES_PER_PARAM = 2
 """torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype."""
 TRL_TRAINABLE_BYTES = 4
 """accelerate's FSDP2 preparation upcasts every trainable parameter to fp32 when mixed precision is on
-(accelerate/utils/fsdp_utils.py, fsdp2_prepare_model): fp32 master + fp32 grad + 2 fp32 Adam states = 16 B."""
+(accelerate/utils/fsdp_utils.py, fsdp2_prepare_model), and one unwrapped TRL process does the same
+(trl_engine.fp32_master_weights): fp32 master + fp32 grad + 2 fp32 Adam states = 16 B."""
 NATIVE_REDUCE_BYTES = 4
 """runner/train/model.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): reduce-scatter input in fp32."""
 TRL_REDUCE_BYTES = 2
@@ -297,12 +298,12 @@ class Plan:
     @property
     def sharded(self) -> bool:
         """Whether the model is wrapped in FSDP2: as runner/train/model.py needs_fsdp decides for the native engine
-        (one rank trains the plain module unless its weights are not bf16 on GPU, or train.fsdp_one_rank); the TRL
-        engine shards on GPU whatever the rank count, and one TRL process on the CPU does not."""
+        (one rank trains the plain module unless its weights are not bf16 on GPU, or train.fsdp_one_rank), and as
+        trl_engine.needs_fsdp decides for the TRL engine (one GPU process only with train.fsdp_one_rank)."""
         if self.world > 1:
             return True
         if self.spec.engine == "trl":
-            return self.device == "cuda"
+            return self.device == "cuda" and self.spec.train.fsdp_one_rank
         return self.spec.train.fsdp_one_rank or (self.device == "cuda" and self.dtype != "bfloat16")
 
 
@@ -591,8 +592,10 @@ def memory_model(plan: Plan) -> _Memory:
     # for the loss's backward, and with LoRA (no root gradient to wait for) let go before the layers' backward.
     # The allocator trace of the TRL GPT-OSS LoRA run shows no root copy at its training peak (estimator-notes.md).
     root_in_layers_bwd = 0.0 if trl and lora else root_unsharded
-    head_grad = 0 if lora else (arch.lm_head_params or arch.embed_params) * cb  # lm_head grad, from the loss on
-    layer_grad = 0 if lora else layer_u * cb
+    # Gradients made in backward: FSDP2 makes them in the compute dtype; unwrapped, in the parameter's own.
+    gb = cb if sharded else tb
+    head_grad = 0 if lora else (arch.lm_head_params or arch.embed_params) * gb  # lm_head grad, from the loss on
+    layer_grad = 0 if lora else layer_u * gb
     # The layer just reduced keeps its reduce-scatter input until the next layer's reduce starts.
     layer_reduce_input = 0.0 if lora or not sharded else layer_u * reduce_bytes
     root_reduce = 0.0 if lora or not sharded else reduce_peak(root_u)
@@ -676,9 +679,16 @@ def memory_model(plan: Plan) -> _Memory:
     merged_kept = 0.0 if ac or not lora else moe_layers * expert_stack * cb
     last_merged = merged_bwd if ac or not lora else merged_kept + expert_stack * cb  # + the last one's gradient
 
+    # One unwrapped TRL process computes its fp32 trainable weights in bf16 under autocast, which keeps the bf16
+    # copy of every weight it casts until the forward (the loss included) returns: the decoder layers' and
+    # lm_head's matmul weights, not the input embedding's lookup. Counted with FSDP's gathered copies (the
+    # breakdown's fsdp_buffers): the same bf16 weight copies, made by autocast instead.
+    cast_cache = 0.0
+    if trl and not sharded and plan.device == "cuda" and tb != cb:
+        cast_cache = trainable * cb if lora else (text - (arch.embed_params if arch.lm_head_params else 0)) * cb
     base = {"params": params_b, "optimizer": opt_b}
     acts_common = mask
-    loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded,
+    loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + cast_cache,
                   "activations": kept + acts_common, "logits_loss": final_norm + loss_fwd,
                   "lora": lora_kept + merged_kept}
     # Gradients that backward has made and FSDP2 has not yet reduced sit in its buffers; unwrapped they are the

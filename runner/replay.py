@@ -18,7 +18,13 @@ def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> Ru
     """The record's resolved spec; never runs code from the record without explicit consent."""
     data = dict(rec["spec"])
     train = data.get("train") or {}
-    if "fsdp_one_rank" not in train:
+    per_rank = (rec.get("metrics") or {}).get("per_rank") or {}
+    sharded = per_rank.get("0", {}).get("fsdp_sharded") if len(per_rank) == 1 else None
+    if sharded is not None:
+        # One rank runs as it ran, wrapped in FSDP2 or not: the rule for one rank has changed between versions
+        # (native, then TRL, train the plain module by default).
+        data["train"] = {**train, "fsdp_one_rank": bool(sharded)}
+    elif "fsdp_one_rank" not in train:
         # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
         data["train"] = {**train, "fsdp_one_rank": True}
     spec = validate(data)

@@ -148,11 +148,11 @@ class TrainSpec(_Section):
     data_workers: int = Field(0, ge=0)
     """DataLoader worker processes per rank for tokenising and packing (0 = in the training process)."""
     fsdp_one_rank: bool = False
-    """Native engine: wrap the model in FSDP2 even when the run has one rank. Off, one rank trains the plain
-    module: there is nothing to shard, and FSDP's per-layer copies and hooks only cost time (11-28% of the step
-    at 8k tokens on an H200, 3% at 32k). FSDP2 stays on one rank when the weights need its mixed precision (fp32
-    weights computed in bf16). The TRL engine always shards on GPU (accelerate's FSDP2 gives it fp32 master
-    weights)."""
+    """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there
+    is nothing to shard, and FSDP's per-layer copies and hooks only cost time (native: 11-28% of the step at 8k
+    tokens on an H200, 3% at 32k). The native engine keeps FSDP2 on one rank when the weights need its mixed
+    precision (fp32 weights computed in bf16); the TRL engine casts its trainable weights to fp32 and computes in
+    bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does the same cast)."""
 
 
 class OutputSpec(_Section):

@@ -15,10 +15,12 @@ Choices, recorded in the `train_begin` event:
   cu_seqlens).
 - Attention. GPT-OSS has attention sinks: `auto` picks eager on CPU (flex cannot apply sinks there) and
   flex_attention on CUDA; sdpa, varlen and flash-attn are refused for it. Other models follow the native choice.
-- FSDP2 through accelerate (`fsdp_config` version 2, decoder-layer classes from `_no_split_modules`, reshard after
-  forward, FSDP's own activation checkpointing). accelerate only enables FSDP on accelerator devices; on CPU ranks
-  the trainer's accelerator is switched to FSDP2 after creation, so the same code path runs under gloo, on the
-  process group that runtime.py initialised.
+- FSDP2 through accelerate with more than one rank (`fsdp_config` version 2, decoder-layer classes from
+  `_no_split_modules`, reshard after forward, FSDP's own activation checkpointing). accelerate only enables FSDP on
+  accelerator devices; on CPU ranks the trainer's accelerator is switched to FSDP2 after creation, so the same code
+  path runs under gloo, on the process group that runtime.py initialised. One process trains the plain module, as
+  TRL's own single-GPU setup does (and as the native engine does): bf16 autocast over fp32 trainable weights, the
+  trainer's gradient checkpointing. `train.fsdp_one_rank` wraps one GPU process in FSDP2 anyway.
 - Loss. TRL's chunked LM head, normalised by the target count of the whole step over every rank (the native
   engine's normalisation). The MoE router's auxiliary loss is off (`router_aux_loss_coef=0`), as in the notebook
   and the native engine. Learning-rate schedules are transformers' (warmup starts at 0, one step earlier than the
@@ -296,6 +298,24 @@ def warmup(spec: RunSpec) -> float:
     t = spec.train
     ratio = getattr(t, "warmup_ratio", None)
     return float(ratio) if not t.warmup_steps and ratio else t.warmup_steps
+
+
+def needs_fsdp(world: int, device: str, fsdp_one_rank: bool) -> bool:
+    """accelerate's FSDP2 with more than one rank, or on one GPU when train.fsdp_one_rank asks. One process has
+    nothing to shard: FSDP2 there only copies each layer in and its gradients out, and its hooks cost host time
+    that short steps cannot hide. accelerate refuses FSDP for one CPU process (not distributed training)."""
+    return world > 1 or (device == "cuda" and fsdp_one_rank)
+
+
+def fp32_master_weights(model: torch.nn.Module) -> int:
+    """Cast the trainable parameters to fp32 in place (the optimizer steps them; autocast computes in bf16), as
+    accelerate's FSDP2 preparation does under mixed precision. Frozen weights stay as loaded. Returns the count."""
+    cast = 0
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+            cast += p.numel()
+    return cast
 
 
 def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
@@ -585,8 +605,9 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                         collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
                         pin_memory=rt.device == "cuda")
 
-    # One process on the CPU has nothing to shard (and accelerate refuses FSDP outside distributed training).
-    fsdp = fsdp_settings(model, spec) if (rt.world_size > 1 or rt.device == "cuda") else None
+    fsdp = fsdp_settings(model, spec) if needs_fsdp(rt.world_size, rt.device, t.fsdp_one_rank) else None
+    if fsdp is None and bf16:
+        fp32_master_weights(model)
     liger = use_liger(spec, rt.device, config)
     args = sft_config(spec, rt, run_dir / "checkpoints", fsdp, bf16, liger)
     cpu_plugin = None
@@ -608,8 +629,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  attn=attn, attn_reason=attn_reason, packed_mask_hook=packed_mask,
                  liger_kernels=liger, loss_impl="trl fused lm head",
-                 packing=data_mode, fsdp="fsdp2 (accelerate)" if fsdp else "none (one CPU process)",
-                 precision="bf16 autocast, fp32 adapters" if bf16 else str(next(model.parameters()).dtype),
+                 packing=data_mode,
+                 fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
+                 precision="bf16 autocast over fp32 trainable weights" if bf16 else
+                 str(next(model.parameters()).dtype),
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
                  tokenisation="generation markers" if has_generation_markers(tokenizer) else "prefix bracketing")
     events.event("train_begin", **begin)

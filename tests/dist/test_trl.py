@@ -92,7 +92,7 @@ def test_trl_run_trains_with_fsdp2_and_lora_on_experts(trl_run):
         assert all(e["tokens"] == 2 * 512 for e in steps)  # grad_accum 2 × one 512-token block per rank
         begin = next(e for e in evs if e.get("event") == "train_begin")
         assert begin["engine"] == "trl" and begin["attn"] == "eager" and begin["packed_mask_hook"] is True
-        assert begin["fsdp"] == "fsdp2 (accelerate)" and begin["tokenisation"] == "generation markers"
+        assert begin["fsdp"] == "fsdp2 (accelerate) over 2 rank(s)" and begin["tokenisation"] == "generation markers"
         end = next(e for e in evs if e.get("event") == "end")
         assert end["fsdp_sharded"] is True and end["steps"] == STEPS
         # Every rank's global loss is the same number: the mean over every target of the step, all ranks.

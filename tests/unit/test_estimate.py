@@ -421,10 +421,13 @@ NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-r
 BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
 
 
-def _as_measured(train: dict) -> list[str]:
-    """Results from before one native rank trained the plain module ran FSDP2 on it: their train spec lacks the
-    field (or is not recorded), so they are rebuilt wrapped."""
-    return [] if "fsdp_one_rank" in train else ["train.fsdp_one_rank=true"]
+def _as_measured(row: dict) -> list[str]:
+    """Whether the row's one rank ran in FSDP2, as it did: from what the run said (`choices.fsdp`) where the result
+    keeps it; results from before one native rank trained the plain module lack the spec field too (wrapped)."""
+    said = row.get("choices", {}).get("fsdp")
+    if said is not None:
+        return [f"train.fsdp_one_rank={'true' if said.startswith('fsdp2') else 'false'}"]
+    return [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
 
 
 def _calibration_script():
@@ -511,7 +514,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
         # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
-        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *_as_measured(row["spec"])])
+        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *_as_measured(row)])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
         # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be
@@ -643,7 +646,7 @@ def test_estimator_predicts_the_measured_limits_within_10_percent(path, generate
     assert result["limits"]["engines"]
     for engine, row in result["limits"]["engines"].items():
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if engine != "native" else []
-        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *_as_measured(row.get("spec", {}))])
+        spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *_as_measured(row)])
         measured = row["measured_max_seq_len"]
         assert row["search_complete"] and measured < hi  # a real limit, inside the range searched
         predicted = predicted_limit(spec, grid(lo, hi, step))

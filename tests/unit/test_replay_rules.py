@@ -28,6 +28,17 @@ def test_records_from_before_unwrapped_single_rank_replay_wrapped():
     assert spec_from_record({"id": "old", "spec": data}).train.fsdp_one_rank is True
 
 
+@pytest.mark.parametrize("sharded", [True, False])
+def test_one_rank_replays_as_it_ran_whatever_its_spec_says(sharded):
+    """A one-rank record says whether its model was wrapped (the end event's fsdp_sharded): replay follows that,
+    so a TRL record from when one GPU process always ran FSDP2 replays wrapped."""
+    data = load_spec("tiny-cpu", ["engine=trl", f"train.fsdp_one_rank={str(not sharded).lower()}"]).to_dict()
+    rec = {"id": "r", "spec": data, "metrics": {"per_rank": {"0": {"fsdp_sharded": sharded}}}}
+    assert spec_from_record(rec).train.fsdp_one_rank is sharded
+    two = {**rec, "metrics": {"per_rank": {"0": {"fsdp_sharded": True}, "1": {"fsdp_sharded": True}}}}
+    assert spec_from_record(two).train.fsdp_one_rank is (not sharded)  # more ranks always shard: spec kept
+
+
 def test_drift_rows_mark_strict_pins():
     a = {"python": "3.11.7", "torch": "2.13.0", "packages": {"trl": "1.16.0", "rich": "15"},
          "model": {"content_sha256": "a"}, "git": {"commit": "c1"}}
