@@ -529,6 +529,9 @@ class _Memory:
     stream holds at that moment, at the phase where that is largest)."""
     host_offload: float = 0.0
     """Bytes of pinned host memory the offloaded layer inputs take at the end of forward (train.offload_activations)."""
+    state_holes: float = 0.0
+    """Reserved, not allocated: the first step's working set that one unwrapped TRL process reserves again in its
+    second step, after the AdamW states (created at the first optimizer step) took the blocks it had freed."""
 
 
 def memory_model(plan: Plan) -> _Memory:
@@ -724,9 +727,11 @@ def memory_model(plan: Plan) -> _Memory:
     if plan.device == "cuda" and spec.model.init == "random":
         # Random init draws the whole model on each GPU (runner.train.model.load_model), then FSDP2 keeps the
         # rank's shard. fully_shard (native) swaps one layer's parameters at a time; accelerate's
-        # fsdp2_prepare_model (TRL) keeps the drawn state dict until the sharded model holds all of it.
+        # fsdp2_prepare_model (TRL) keeps the drawn state dict until the sharded model holds all of it. Unwrapped,
+        # the model is trained as drawn (TRL casts its trainable weights to fp32 one tensor at a time).
         whole = (text + vision) * b
-        phases["setup"] = {"params": whole + (params_b if trl else layer_u * b / n if sharded else 0.0)}
+        copy = (params_b if trl else layer_u * b / n) if sharded else 0.0
+        phases["setup"] = {"params": whole + copy}
     if trl and not lora:
         reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
     totals = {k: total(v) for k, v in phases.items()}
@@ -743,8 +748,20 @@ def memory_model(plan: Plan) -> _Memory:
                  "optimizer": grads_b, "setup": 0.0}
     reduce_pool = 0.0 if plan.device != "cuda" or lora or not sharded else grads_b + root_out
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
+
+    # -- blocks the AdamW states take over (one unwrapped TRL process) ----------------------
+    # Its fp32 AdamW states are created at the first optimizer step, in the blocks the first step freed (layer
+    # inputs, autocast's weight copies, the loss's and the recompute's buffers) wherever a state tensor fits in
+    # one; the second step then reserves that working set again. Measured on the H200 (trl_reserved_steps.py):
+    # 1.72B at 32k reserved 25.9 GiB after step 1 and 38.7 from step 2 on, 31.0 allocated; at 8k, where a layer
+    # input (32 MiB) is smaller than an MLP weight's state (48 MiB), 28.1 with 27.0 allocated.
+    state_holes = 0.0
+    if trl and not sharded and plan.device == "cuda" and opt_b:
+        state_tensor = tb * arch.hidden * arch.intermediate
+        freed = transient + (kept + cast_cache + final_norm + loss_fwd if layer_input >= state_tensor else 0.0)
+        state_holes = min(opt_b, freed)
     return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
-                   expert_stack, reduce_pool, default_pool, host_offload)
+                   expert_stack, reduce_pool, default_pool, host_offload, state_holes)
 
 
 # =============================================================================================
@@ -940,6 +957,9 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.
         idle_pools = max(0.0, mem.default_pool + mem.reduce_pool - mem.allocated)
+        # The same for the blocks around the AdamW states: free space inside segments that the working set, at the
+        # sizes it asks for, takes again (TRL's limit sat at its allocated peak, limit-4b-trl).
+        idle_pools += mem.state_holes
         gpu_name = plan.gpu.name
     else:
         import psutil

@@ -416,6 +416,10 @@ RESERVED_EXCEPTIONS = {
     "bench bench-1p7b-8k-unwrapped native 8192 run 2": 0.21,
     "bench bench-1p7b-8k-unwrapped-b native 8192": 0.21,
     "bench bench-1p7b-8k-unwrapped-b native 8192 run 2": 0.21,
+    "bench bench-1p7b-8k-plain native 8192": 0.21,
+    "bench bench-1p7b-8k-plain native 8192 run 2": 0.21,
+    "bench bench-1p7b-8k-plain-b native 8192": 0.21,
+    "bench bench-1p7b-8k-plain-b native 8192 run 2": 0.21,
 }
 NATIVE_RECIPES = {"qwen3-1.7b": R17, "qwen3.5-hybrid-reduced": "qwen3.5-hybrid-reduced-h200"}
 BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
@@ -482,6 +486,8 @@ def _measured_rows() -> list[tuple[str, dict]]:
         for r in result["rows"]:
             if r.get("peak_alloc_gib") is not None:
                 name = f"bench {path.stem} {r['engine']} {r['seq_len']}"
+                swept = [o for o in r["overrides"] if not o.startswith(("engine=", "train.seq_len="))]
+                name += "".join(f" {o}" for o in swept)  # a --sweep over another field
                 seen[name] = seen.get(name, 0) + 1
                 if seen[name] > 1:  # --repeat: the same configuration run again
                     name += f" run {seen[name]}"
@@ -539,7 +545,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
 def test_measured_rows_are_all_there():
     names = [n for n, _ in MEASURED]
-    assert len(names) == 81 and len(set(names)) == 81
+    assert len(names) == 97 and len(set(names)) == 97
     assert {n.split()[0] for n in names} == {"calibration", "native", "bench"}
     assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
 
@@ -556,6 +562,19 @@ def test_estimate_matches_measured_h200_peak(name, row, calibration_configs, gen
     reserved = e.per_gpu_reserved_gib - e.breakdown["cuda_context_nccl"]  # torch's reserved excludes the context
     reserved_err = (reserved - row["peak_reserved_gib"]) / row["peak_reserved_gib"]
     assert abs(reserved_err) <= RESERVED_EXCEPTIONS.get(name, RESERVED_BOUND), (name, reserved, reserved_err)
+
+
+def test_trl_lora_on_one_gpu_trains_the_plain_module_at_the_measured_peak():
+    """The reduced GPT-OSS LoRA recipe, TRL engine, one H200 (the last run of trl-gpt-oss-reduced-h200.json): the
+    plain module's peak, without FSDP2's copy of the drawn model at setup (which made the wrapped run's peak)."""
+    runs = json.loads((BENCH / "trl-gpt-oss-reduced-h200.json").read_text())["runs"]
+    row = runs[-1]["rows"][0]
+    assert row["fsdp"] == "none (one rank)" and row["recipe"] == "gpt-oss-reduced-lora-h200"
+    e = est(row["recipe"], suggest=False)
+    assert e.peak_phase != "setup"
+    assert abs(e.per_gpu_allocated_gib - row["peak_alloc_gib"]) / row["peak_alloc_gib"] <= ALLOC_BOUND
+    wrapped = est(row["recipe"], "train.fsdp_one_rank=true", suggest=False)
+    assert wrapped.peak_phase == "setup" and wrapped.per_gpu_allocated_gib > 1.5 * e.per_gpu_allocated_gib
 
 
 def test_gated_delta_torch_path_costs_memory_only_on_hybrid_models(monkeypatch):
