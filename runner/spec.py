@@ -153,8 +153,8 @@ class TrainSpec(_Section):
     tokens on an H200, 3% at 32k). The native engine keeps FSDP2 on one rank when the weights need its mixed
     precision (fp32 weights computed in bf16); the TRL engine casts its trainable weights to fp32 and computes in
     bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does the same cast). Measured for
-    TRL's full fine-tune on an H200: unwrapped 13-44% faster at 8k tokens, wrapped 6-12% faster and 2.4-4.2 GiB
-    leaner at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
+    TRL's full fine-tune on an H200: unwrapped 13-44% faster at 8k tokens, wrapped 6-12% faster and 2.6-4.2 GiB
+    less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
 
 
 class OutputSpec(_Section):
