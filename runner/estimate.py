@@ -195,6 +195,11 @@ commands unwrapped: 0.681 s at 32k (bench-1p7b-32k-unwrapped; 0.701 wrapped) and
 (bench-1p7b-8k-unwrapped, -b; 0.185-0.215 wrapped, host-bound)."""
 TRL_STEP_OVERHEAD_S = 0.14
 """The same for the TRL engine (Trainer callbacks, logging, accelerate's step): fitted with its H200 rate above."""
+TRL_UNWRAPPED_RATE_FACTOR = 0.93
+"""One TRL process training the plain module (autocast casts each fp32 weight to bf16 in forward, in the
+recompute and in backward, where FSDP2 copied each layer once per pass): its H200 rate was fitted wrapped. Fitted
+on the 32k rows of the same commands plain: 0.919 s at 1.72B (bench-1p7b-32k-plain; 0.821-0.852 wrapped) and
+2.074 s at 4.02B (bench-4b-32k-plain; 1.939 wrapped)."""
 CPU_GFLOPS_PER_CORE = 20.0
 CPU_EFFICIENCY = 0.25
 CPU_STEP_OVERHEAD_S = 0.1
@@ -997,6 +1002,9 @@ def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) ->
     if unwrapped:
         mfu *= UNWRAPPED_RATE_FACTOR
         mfu_source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
+    elif plan.device == "cuda" and spec.engine == "trl" and not plan.sharded:
+        mfu *= TRL_UNWRAPPED_RATE_FACTOR
+        mfu_source += f"; × {TRL_UNWRAPPED_RATE_FACTOR} for one unwrapped process (autocast casts)"
     if plan.device == "cuda":
         assert plan.gpu is not None
         rate = plan.world * plan.gpu.ceiling_tflops * 1e12 * mfu
