@@ -692,7 +692,7 @@ def memory_model(plan: Plan) -> _Memory:
     # lm_head's matmul weights, not the input embedding's lookup. Counted with FSDP's gathered copies (the
     # breakdown's fsdp_buffers): the same bf16 weight copies, made by autocast instead.
     cast_cache = 0.0
-    if trl and not sharded and plan.device == "cuda" and tb != cb:
+    if trl and not sharded and plan.device == "cuda" and plan.dtype != "float32":  # the engine's autocast rule
         cast_cache = trainable * cb if lora else (text - (arch.embed_params if arch.lm_head_params else 0)) * cb
     base = {"params": params_b, "optimizer": opt_b}
     acts_common = mask
