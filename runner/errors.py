@@ -31,6 +31,8 @@ class UserError(Exception):
         head = super().__str__()
         if not self.problems:
             return head
+        if len(self.problems) == 1:  # one line: the message, the field, what is wrong and the fix
+            return f"{head}: {self.problems[0]}"
         lines = [f"{head} ({len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}):"]
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)

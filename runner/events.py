@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -18,8 +19,8 @@ class EventWriter:
         self._f = open(path, "a", buffering=1, encoding="utf-8")
 
     def write(self, **fields: Any) -> None:
-        line = {"t": round(time.time(), 3), "rank": self.rank, **fields}
-        self._f.write(json.dumps(line, separators=(",", ":")) + "\n")
+        line = strict_line({"t": round(time.time(), 3), "rank": self.rank, **fields})
+        self._f.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
         self._f.flush()
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, step_s: float,
@@ -35,6 +36,15 @@ class EventWriter:
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+
+
+def strict_line(fields: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinity are not JSON: such a top-level number is written as null and named in `nonfinite`
+    ({"loss": "nan"}), so strict parsers read every line and a diverged loss still reaches the display."""
+    bad = {k: str(v) for k, v in fields.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return fields
+    return {**{k: None if k in bad else v for k, v in fields.items()}, "nonfinite": bad}
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

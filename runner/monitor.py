@@ -26,8 +26,15 @@ _TERMINAL = ("done", "failed", "cancelled")
 
 
 def _num(rec: dict[str, Any], key: str) -> float | None:
-    """The record's number at `key`, None when absent or not a number (keys are written by other code)."""
+    """The record's number at `key`, None when absent or not a number (keys are written by other code). A NaN or
+    infinity comes back as such from the `nonfinite` names that strict event lines carry (runner.events)."""
     v = rec.get(key)
+    nonfinite = rec.get("nonfinite")
+    if v is None and isinstance(nonfinite, dict) and key in nonfinite:
+        try:
+            return float(nonfinite[key])
+        except (TypeError, ValueError):
+            return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)

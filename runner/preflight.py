@@ -1,7 +1,8 @@
 """Preflight: what would make a run fail or train on wrong data, found before any rank starts (all at once).
 
-Checks: the dataset has the messages column (a few rows of a local file); the chat template yields assistant
-tokens on a sample; train.seq_len suits the attention kernels; a pretrained model has weights to load; the model
+Checks: every line of a local JSONL file parses; the dataset's format is detected (or the asked one fits) and a
+few rows convert; the chat template yields assistant tokens on a sample; train.seq_len suits the attention kernels
+and holds a sampled prompt with its first trained token; a pretrained model has weights to load; the model
 can keep packed documents apart with the installed kernels; LoRA targets exist; nproc fits the visible GPUs.
 Hub datasets and models are checked only as far as the local cache allows (nothing is downloaded here).
 """
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
+
+if TYPE_CHECKING:
+    from runner.formats import Sample
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS = 16
@@ -106,19 +110,33 @@ def data_file(path: Path, split: str) -> Path | None:
     return next((p for p in files if split in p.stem), files[0] if files else None)
 
 
+class DataFileError(ValueError):
+    """A data file that does not parse: the message names the file and the 1-based line."""
+
+
+def _jsonl_row(line: str, path: Path, n: int) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataFileError(f"{path}: line {n} is not valid JSON ({e.msg} at column {e.colno})") from None
+
+
 def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
         with open(path, encoding="utf-8") as f:
-            for line in f:
+            for n, line in enumerate(f, 1):
                 if line.strip():
-                    rows.append(json.loads(line))
+                    rows.append(_jsonl_row(line, path, n))
                 if len(rows) >= limit:
                     break
         return rows
     if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataFileError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
         if isinstance(data, dict):
             data = next((v for v in data.values() if isinstance(v, list)), [data])
         return list(data)[:limit]
@@ -134,12 +152,33 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     raise ValueError(f"unsupported dataset file type {suffix!r}")
 
 
-def _is_conversation(x: Any) -> bool:
-    return isinstance(x, list) and bool(x) and all(isinstance(m, dict) and "role" in m and "content" in m for m in x)
+def bad_jsonl_line(path: Path) -> str | None:
+    """The first line of a JSONL file that is not a JSON object, as a sentence; None when every line is one.
+
+    The whole file is read: the ranks stream all of it, and a bad line anywhere kills them mid-run."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = _jsonl_row(line, path, n)
+            except DataFileError as e:
+                return str(e)
+            if not isinstance(row, dict):
+                return f"{path}: line {n} is a JSON {type(row).__name__}, not an object of columns"
+    return None
 
 
-def _sample_rows(spec: RunSpec) -> tuple[list[list[dict[str, Any]]], list[Problem]]:
-    """A few conversations of a local dataset (none for hub datasets: not downloaded here)."""
+def _data_files(path: Path, chosen: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted({chosen, *(p for p in path.rglob("*.jsonl"))})
+
+
+def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
+    """A few rows of a local dataset as Samples (none for hub datasets: not downloaded here)."""
+    from runner.formats import FormatError, RowFormat, detect, samples
+
     d = spec.dataset
     if not d.path:
         return [], []
@@ -150,27 +189,32 @@ def _sample_rows(spec: RunSpec) -> tuple[list[list[dict[str, Any]]], list[Proble
     if f is None:
         return [], [Problem("dataset.path", f"no {'/'.join(DATA_SUFFIXES)} file under {path}",
                             "point dataset.path at a JSONL/JSON/parquet/CSV file or a folder of them")]
+    for file in _data_files(path, f):
+        bad = bad_jsonl_line(file) if file.suffix.lower() == ".jsonl" else None
+        if bad:
+            return [], [Problem("dataset.path", bad, "fix or remove that line")]
     try:
         rows = read_rows(f, SAMPLE_ROWS)
+    except DataFileError as e:
+        return [], [Problem("dataset.path", str(e), "fix the file")]
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
         return [], [Problem("dataset.path", f"cannot read {f}: {e}", "check the file's format")]
     if not rows:
         return [], [Problem("dataset.path", f"{f} holds no rows", "give a dataset with at least one conversation")]
-    columns = sorted({k for r in rows for k in r})
-    field = d.messages_field
-    if not any(field in r for r in rows):
-        return [], [Problem("dataset.messages_field", f"column '{field}' not found in {f.name}; columns: "
-                                                      f"{', '.join(columns)}",
-                            "set dataset.messages_field to the column holding the chat messages")]
-    convs = [r[field] for r in rows if _is_conversation(r.get(field))]
-    if not convs:
-        return [], [Problem("dataset.messages_field", f"column '{field}' of {f.name} does not hold lists of "
-                                                      "{role, content} messages",
-                            "convert the rows to chat format: [{\"role\": ..., \"content\": ...}, ...]")]
-    if not any(m.get("role") == "assistant" for c in convs for m in c):
-        return convs, [Problem("dataset.messages_field", f"no assistant message in the first {len(rows)} rows",
-                               "SFT trains on assistant turns: check the role names (assistant, not bot/gpt)")]
-    return convs, []
+    fmt = RowFormat.from_spec(d)
+    try:
+        detected = detect(rows, fmt)
+        out = samples(rows, fmt, detected)
+    except FormatError as e:
+        return [], [Problem(e.field, f"{f.name}: {e}", e.fix)]
+    if not any(s.has_targets for s in out):
+        what = ("no assistant turn" if detected.format not in ("text", "prompt_completion")
+                else "nothing to train on")
+        return out, [Problem("dataset.roles", f"{what} in the first {len(rows)} rows of {f.name} "
+                                              f"({detected.describe()})",
+                             "SFT trains on assistant turns: map the dataset's role names with dataset.roles, "
+                             "e.g. {bot: assistant}")]
+    return out, []
 
 
 def _local_files_only(spec: RunSpec) -> bool:
@@ -201,8 +245,9 @@ def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
     return config, problems
 
 
-def _template_problems(spec: RunSpec, convs: list[list[dict[str, Any]]]) -> list[Problem]:
-    from runner.train.data import tokenizer_fn
+def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
+    from runner.formats import Sample
+    from runner.train.data import tokenize_sample
 
     try:
         AutoTokenizer = from_transformers("AutoTokenizer")
@@ -214,24 +259,38 @@ def _template_problems(spec: RunSpec, convs: list[list[dict[str, Any]]]) -> list
                                             local_files_only=True)
     except Exception:  # noqa: BLE001 - hub tokenizer not cached: checked when the ranks load it
         return []
-    if not getattr(tok, "chat_template", None):
+    chat = [s for s in sampled if s.messages is not None]
+    if (chat or not sampled) and not getattr(tok, "chat_template", None):
         return [Problem("model.path" if spec.model.path else "model.id", "the tokenizer has no chat template",
                         "use a chat/instruct checkpoint, or add chat_template.jinja to the model folder")]
-    samples = [c for c in convs if any(m.get("role") == "assistant" for m in c)][:4]
-    if not samples:
-        samples = [[{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]]
-    tokenize = tokenizer_fn(tok)
+    picked = [s for s in sampled if s.has_targets][:SAMPLE_ROWS]
+    if not picked:
+        picked = [Sample(messages=[{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}],
+                         trained=[False, True])]
     try:
-        trained = sum(sum(tokenize(tok, c)[1]) for c in samples)
+        examples = [tokenize_sample(tok, s) for s in picked]
     except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-        return [Problem("dataset.messages_field", f"the chat template cannot render the dataset's messages: {e}",
-                        "check the roles and content types against the template")]
-    if trained == 0:
+        return [Problem("dataset.format", f"the chat template cannot render the dataset's rows: {e}",
+                        "check the roles and content types against the template (dataset.roles, dataset.columns)")]
+    if not any(any(mask) for _, mask in examples):
         return [Problem("model.path" if spec.model.path else "model.id",
-                        f"the chat template yields no assistant tokens on {len(samples)} sample conversation(s): "
+                        f"the chat template yields no assistant tokens on {len(picked)} sample row(s): "
                         "nothing would be trained",
                         "use a template that renders assistant turns (or wraps them in {% generation %} markers)")]
-    return []
+    return _block_problems(spec, examples)
+
+
+def _block_problems(spec: RunSpec, examples: list[tuple[list[int], list[bool]]]) -> list[Problem]:
+    """A block too short to hold any sampled row's prompt and its first trained token trains nothing: every
+    target would sit in a later piece of a cut document, without its prompt (and the run would stop at step 0)."""
+    # A block's first token is never a target (nothing predicts it), so a row needs its first trained index + 1.
+    firsts = [max(mask.index(True), 1) + 1 for _, mask in examples if any(mask)]
+    n = spec.train.seq_len
+    if not firsts or n >= min(firsts):
+        return []
+    return [Problem("train.seq_len", f"{n} tokens per block cannot hold any sampled row's prompt and its first "
+                                     f"trained token (the shortest needs {min(firsts)}): no target token survives",
+                    f"use train.seq_len={max(512, min(firsts))} or more")]
 
 
 def _packing_problems(spec: RunSpec, config: Any) -> list[Problem]:

@@ -199,12 +199,13 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
             if start:
                 wall.append(steps[-1]["t"] - start["t"])
         per_rank[str(r)] = info
-    rank0 = curves.get("0") or []
+    rank0 = [point for point in curves.get("0") or [] if point[1] is not None]
     train_s = max(wall) if wall else None
     tokens_per_s = tokens_total / train_s if train_s else None
     out: dict[str, Any] = {
         "steps": max((i["last_step"] for i in per_rank.values()), default=0),
         "loss_curve": curves,
+        # Rank 0's own loss until the global one is known below (older events lack it).
         "final_loss": rank0[-1][1] if rank0 else None,
         "first_loss": rank0[0][1] if rank0 else None,
         "tokens": tokens_total,
@@ -218,12 +219,28 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
     for key in ("export", "trainable_params", "params"):
         if key in rank0_info:
             out[key] = rank0_info[key]
-    global_losses = [e.get("global_loss") for e in read_events(events_dir / "rank0.jsonl") if "global_loss" in e]
+    global_losses = global_loss_curve(read_events(events_dir / "rank0.jsonl"))
     if global_losses:
-        out["final_global_loss"] = global_losses[-1]
+        # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.
+        out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
+        out["first_loss"] = global_losses[0][1]
     if device == "cuda" and flops_per_token and peak_flops and tokens_per_s:
         out["mfu"] = round(tokens_per_s * flops_per_token / (peak_flops * world_size), 4)
     return out
+
+
+def global_loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, global loss) of the steps that had a target on some rank; a non-finite one is kept as NaN."""
+    by_step: dict[int, float] = {}
+    for e in events:
+        if "event" in e or "step" not in e or "global_loss" not in e:
+            continue
+        value = e["global_loss"]
+        if value is None and "global_loss" in (e.get("nonfinite") or {}):
+            value = math.nan
+        if isinstance(value, (int, float)):
+            by_step[e["step"]] = float(value)
+    return sorted(by_step.items())
 
 
 def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:

@@ -76,9 +76,63 @@ def tolerance(spec: RunSpec) -> float:
 
 
 def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dict[str, Any]:
+    """Whether the replay reproduced the original, and `message`: one sentence saying what was compared.
+
+    Loss curves are compared only where both runs trained: a failed original is reproduced by the same failure
+    at the same step (and the same curve before it), a cancelled original by the same curve over the steps it
+    ran, and a cancelled replay is not compared at all.
+    """
     a = (original.get("metrics") or {}).get("loss_curve") or {}
     b = (replay.get("metrics") or {}).get("loss_curve") or {}
+    status_a, status_b = original.get("status"), replay.get("status")
+    if status_a == "cancelled":
+        kept = {r: {s for s, _ in c} for r, c in a.items()}
+        b = {r: [p for p in c if p[0] in kept.get(r, set())] for r, c in b.items()}
     result = compare_curves(a, b)
     result["tolerance"] = tol
-    result["reproduced"] = bool(a) and result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    steps = _steps(original)
+    curve_ok = result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    if status_b == "cancelled":
+        result["reproduced"] = False
+        result["message"] = f"the replay was cancelled after {_steps(replay)} steps; not compared"
+    elif status_a == "failed" or status_b == "failed":
+        same = status_a == status_b == "failed" and _failure(original) == _failure(replay)
+        result["reproduced"] = same and curve_ok
+        verdict = "same failure" if same else "a different outcome"
+        if same and not curve_ok:
+            verdict = "same failure, but the loss curves before it differ"
+        result["message"] = f"the original {_outcome(original)}; the replay {_outcome(replay)}: {verdict}"
+    elif not steps or not any(a.values()):
+        result["reproduced"] = False
+        result["message"] = f"the original {_outcome(original)}: no loss curve to compare"
+    else:
+        result["reproduced"] = curve_ok
+        over = f"the {steps} steps the original ran before it was cancelled" if status_a == "cancelled" \
+            else "every rank and step"
+        result["message"] = (f"{'reproduced' if curve_ok else 'not reproduced'}: max |Δloss| = "
+                             f"{result['max_abs_loss_diff']:g} over {over} (tolerance {tol:g})")
+        if not result["same_steps"]:
+            result["message"] += f"; the replay logged other steps ({_steps(replay)} against {steps})"
     return result
+
+
+def _steps(rec: dict[str, Any]) -> int:
+    return int((rec.get("metrics") or {}).get("steps") or 0)
+
+
+def _failure(rec: dict[str, Any]) -> tuple[Any, Any]:
+    f = rec.get("failure") or {}
+    return f.get("cause"), f.get("last_step")
+
+
+def _outcome(rec: dict[str, Any]) -> str:
+    status = rec.get("status")
+    if status == "failed":
+        f = rec.get("failure") or {}
+        what = f.get("cause") or "an unknown cause"
+        if f.get("message"):
+            what += f" ({str(f['message']).splitlines()[0][:120]})"
+        return f"failed at step {f.get('last_step', _steps(rec))} with {what}"
+    if status == "cancelled":
+        return f"was cancelled after {_steps(rec)} steps"
+    return f"{status} after {_steps(rec)} steps"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from runner import records
@@ -173,17 +174,15 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     _report(console, active)
     rec = active.record or {}
     result = compare(original, rec, tolerance(spec))
-    if result["reproduced"]:
-        console.print(f"reproduced: max |Δloss| = {result['max_abs_loss_diff']:g} over every rank and step "
-                      f"(tolerance {result['tolerance']:g})")
-    else:
-        first = result["first_divergence"]
-        where = f"; first divergence at rank {first['rank']} step {first['step']}: {first['original']} → " \
-                f"{first['replay']}" if first else ""
-        console.print(f"[red]not reproduced[/red]: max |Δloss| = {result['max_abs_loss_diff']:g}{where}")
+    first = result["first_divergence"]
+    where = f"; first divergence at rank {first['rank']} step {first['step']}: {first['original']} → " \
+            f"{first['replay']}" if first and not result["reproduced"] else ""
+    style = "" if result["reproduced"] else "[red]"
+    console.print(f"{style}{escape(result['message'] + where)}{'[/red]' if style else ''}")
     if as_json:
         print(json.dumps({"id": active.run_id, "status": rec.get("status"), "record": str(active.record_path),
                           "replay_of": original["id"], "reproduced": result["reproduced"],
+                          "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"], "drift": rows}))
     status_code = _status_exit(rec, code)

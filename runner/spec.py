@@ -54,7 +54,20 @@ class DatasetSpec(_Section):
     split: str = "train"
     """Split to train on."""
     messages_field: str = "messages"
-    """Column holding the conversation: a list of {role, content}."""
+    """Column holding the conversation (same as columns.messages, which wins when both are set)."""
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"] = "auto"
+    """Row format: messages ({role, content} lists), sharegpt ({from, value} lists, human/gpt/function_call/
+    observation), alpaca (instruction/input/output), prompt_completion (TRL's prompt + completion, strings or
+    message lists; loss on the completion), text (loss on every token); auto = detected from the rows."""
+    columns: dict[Literal["messages", "tools", "system", "instruction", "input", "output", "history", "prompt",
+                          "completion", "text", "role", "content"], str] = Field(default_factory=dict)
+    """Which dataset column (or message key: role, content) holds each part, where it differs from the format's
+    usual name, e.g. {messages: conversations, role: from, content: value, tools: functions}."""
+    roles: dict[str, Literal["user", "assistant", "system", "tool", "function_call"]] = Field(default_factory=dict)
+    """Role names of the dataset mapped to chat roles, added to the usual ones (human/gpt/observation/...),
+    e.g. {bot: assistant, customer: user}."""
+    train_on: Literal["assistant", "assistant+tool_calls"] = "assistant"
+    """Which turns carry the loss: assistant replies, or also the assistant's function/tool calls."""
 
 
 class LoraSpec(_Section):

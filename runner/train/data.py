@@ -5,9 +5,12 @@ Rules, in the order the data meets them:
 * Sharding: every (rank, DataLoader worker) stream reads a disjoint shard, `split_dataset_by_node` over
   rank * workers + worker of world * workers (the same for hub datasets and local files). The order is
   deterministic for a given seed, world size and `train.data_workers`, which is what resume relies on.
-* Tokenisation: templates with `{% generation %}` markers give ids and mask in one render; any other template is
-  bracketed turn by turn (the prefix method, below). Examples without a trained assistant token are skipped and
-  counted (`skipped_no_assistant`).
+* Rows: `runner.formats` reads each row in the dataset's format (messages, ShareGPT, alpaca, prompt/completion,
+  text; detected on the stream's first row unless dataset.format says) as messages with a trained flag each, or
+  as text segments.
+* Tokenisation: templates with `{% generation %}` markers give ids and mask in one render when exactly the
+  assistant turns train; otherwise turns are bracketed one by one (the prefix method, below); text is tokenised
+  as it is, ending in EOS. Examples without a trained token are skipped and counted (`skipped_no_assistant`).
 * Packing (`train.packing=true`): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
   a block each document is a segment: position_ids restart at 0, `cu_seqlens` / `seq_idx` / `max_len` give the
   boundaries, and the label of a segment's first token is -100 so the shifted loss never predicts across a
@@ -32,6 +35,8 @@ from typing import Any
 
 import torch
 
+from runner.formats import RowFormat, RowReader, Sample
+
 IGNORE = -100
 Example = tuple[list[int], list[bool]]
 
@@ -49,32 +54,98 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def tokenize_sft(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
-    """Token ids of a conversation and a mask that is True only on assistant responses (any chat template).
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation: bool = False) -> list[int]:
+    return _ids(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=True,
+                                              return_dict=False))
 
-    Each assistant turn is bracketed by two renders: the conversation up to just before it with the generation
-    prompt, and the conversation through it. The response is what lies between where each render stops agreeing
-    with the full conversation: measuring agreement (a common prefix) rather than render length keeps the mask
-    right for templates whose generation prompt adds tokens the full render lacks (a prefilled `<think>`). The
-    generation prompt itself is never a target: the model is given it at inference time.
+
+def tokenize_sft(tokenizer: Any, messages: list[dict[str, Any]], trained: list[bool] | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[bool]]:
+    """Token ids of a conversation and a mask that is True only on the trained turns' responses (any template).
+
+    `trained` flags the turns that carry the loss (default: every assistant turn). Each is bracketed by two
+    renders: the conversation up to just before it with the generation prompt, and the conversation through it.
+    The response is what lies between where each render stops agreeing with the full conversation: measuring
+    agreement (a common prefix) rather than render length keeps the mask right for templates whose generation
+    prompt adds tokens the full render lacks (a prefilled `<think>`). The generation prompt itself is never a
+    target: the model is given it at inference time, also when the full render spells it differently
+    (`_align_to_header`).
     """
-    full = _ids(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+    if trained is None:
+        trained = [m.get("role") == "assistant" for m in messages]
+    full = _render(tokenizer, messages, tools)
     mask = [False] * len(full)
-    for i, msg in enumerate(messages):
-        if msg.get("role") != "assistant":
+    for i, _ in enumerate(messages):
+        if not trained[i]:
             continue
-        prefix = _ids(tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)) if i else []
-        through = _ids(tokenizer.apply_chat_template(messages[: i + 1], tokenize=True, return_dict=False))
-        for j in range(_common_prefix(prefix, full), _common_prefix(through, full)):
+        prefix = _render(tokenizer, messages[:i], tools, generation=True) if i else []
+        through = _render(tokenizer, messages[: i + 1], tools)
+        start, end = _common_prefix(prefix, full), _common_prefix(through, full)
+        if start < len(prefix):
+            start = _align_to_header(tokenizer, full, start, end, prefix, _render(tokenizer, messages[:i], tools))
+        for j in range(start, end):
             mask[j] = True
     return full, mask
 
 
-def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+HEADER_SLACK = 4  # tokens the full render may add before the turn header that the generation prompt lacks
+
+
+def _align_to_header(tokenizer: Any, full: list[int], start: int, end: int, prompt: list[int],
+                     before: list[int]) -> int:
+    """Where the response starts when the generation prompt is not a prefix of the full render.
+
+    Templates that put a separator before each turn header (a newline between turns) render the header
+    differently in the full conversation than at the end of the generation prompt, so agreement stops before the
+    header and the header would be trained. Find the generation prompt's header (less leading and trailing
+    whitespace tokens) just after `start` in the full render and start after it and its trailing whitespace.
+    A prefilled generation prompt (`<think>` the full render lacks) agrees through its header: nothing to find.
+    """
+    header = prompt[_common_prefix(before, prompt):]
+    blank = [not tokenizer.decode([t]).strip() for t in header]
+    lo, hi = 0, len(header)
+    while lo < hi and blank[lo]:
+        lo += 1
+    while hi > lo and blank[hi - 1]:
+        hi -= 1
+    core = header[lo:hi]
+    if not core:
+        return start
+    for p in range(start, min(end - len(core), start + HEADER_SLACK + lo) + 1):
+        if full[p:p + len(core)] == core:
+            q = p + len(core)
+            for _ in range(len(header) - hi):  # the header's trailing whitespace, as the full render spells it
+                if q < end and not tokenizer.decode([full[q]]).strip():
+                    q += 1
+            return q
+    return start
+
+
+def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[bool]]:
     """Fast path for templates with `{% generation %}` markers: one render gives ids and mask."""
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
     return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+
+
+def tokenize_text(tokenizer: Any, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
+    """Plain text segments (text, trained?) as one document ending in EOS (TRL's standard prompt/completion and
+    language-modeling rows); a segment's mask starts where the tokenisation of the text so far stops agreeing
+    with the text before it, so a token merged across a boundary belongs to the later segment."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    text = ""
+    for piece, trained in segments:
+        text += piece
+        cur = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        keep = _common_prefix(ids, cur)
+        ids, mask = cur, mask[:keep] + [trained] * (len(cur) - keep)
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not ids or ids[-1] != eos):
+        ids.append(eos)
+        mask.append(bool(segments) and segments[-1][1])
+    return ids, mask
 
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -87,6 +158,19 @@ def has_generation_markers(tokenizer: Any) -> bool:
 
 def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[list[int], list[bool]]]:
     return tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
+
+
+def tokenize_sample(tokenizer: Any, sample: Sample, markers: bool | None = None) -> tuple[list[int], list[bool]]:
+    """One row (runner.formats.Sample) as ids and loss mask. Generation markers mark every assistant turn, so they
+    serve only when exactly the assistant turns train; any other choice of turns is bracketed turn by turn."""
+    if sample.segments is not None:
+        return tokenize_text(tokenizer, sample.segments)
+    messages = sample.messages or []
+    if markers is None:
+        markers = has_generation_markers(tokenizer)
+    if markers and sample.trained == [m.get("role") == "assistant" for m in messages]:
+        return tokenize_sft_generation(tokenizer, messages, sample.tools)
+    return tokenize_sft(tokenizer, messages, sample.trained, sample.tools)
 
 
 def _ids(x: Any) -> list[int]:
@@ -364,6 +448,7 @@ class DataSource:
     packing: bool
     seed: int
     epochs: float | None  # None = repeat until the trainer stops (train.max_steps)
+    row_format: RowFormat | None = None  # None = conversations in messages_field (dataset.format=auto)
 
 
 class BlockStream(torch.utils.data.IterableDataset):
@@ -393,7 +478,9 @@ class BlockStream(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[PackedBlock]:
         s = self.source
-        tokenize = tokenizer_fn(self.tokenizer)
+        markers = has_generation_markers(self.tokenizer)
+        read = RowReader(s.row_format or RowFormat(columns=() if s.messages_field == "messages"
+                                                   else (("messages", s.messages_field),)))
 
         def examples() -> Iterator[Example]:
             if s.epochs is None:
@@ -413,7 +500,7 @@ class BlockStream(torch.utils.data.IterableDataset):
                 n = 0
                 for row in rows:
                     n += 1
-                    yield tokenize(self.tokenizer, row[s.messages_field])
+                    yield tokenize_sample(self.tokenizer, read(row), markers)
                 shard_rows = n if epoch < whole else shard_rows
 
         yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing)

@@ -108,13 +108,15 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
 
 def block_source(spec: RunSpec, tokenizer: Any):
     from runner.spec import resolve_embedded
+    from runner.formats import RowFormat
     from runner.train.data import DataSource
 
     d, t = spec.dataset, spec.train
     # With max_steps the data repeats (reshuffled each pass) until the step count is reached.
     return DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
                       split=d.split, messages_field=d.messages_field, seq_len=t.seq_len, pad_id=tokenizer.pad_token_id,
-                      packing=t.packing, seed=t.seed, epochs=None if t.max_steps is not None else t.epochs)
+                      packing=t.packing, seed=t.seed, epochs=None if t.max_steps is not None else t.epochs,
+                      row_format=RowFormat.from_spec(d))
 
 
 def block_iterator(spec: RunSpec, tokenizer: Any, rank: int, world_size: int, device: str) -> Iterator[PackedBlock]:
@@ -263,10 +265,12 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         data_s = time.perf_counter() - step_start
         rank_targets = sum(b.target_tokens for g in micro for b in g)
         (ran_out_any, cancel_any), n_targets = _agree([ran_out, int(rt.stop_requested)], rank_targets, control)
-        if cancel_any or n_targets == 0:
+        if cancel_any or (n_targets == 0 and ran_out_any):
             cancelled = cancel_any
             blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
             break
+        if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
+            continue
 
         lr = lr_at(spec, step + 1, total_steps)
         for group_ in opt.param_groups:
@@ -296,7 +300,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             local = float(global_loss.item())
             dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
             last_loss = float(global_loss.item()) / n_targets
-            events.step(step=step, loss=local / rank_targets if rank_targets else float("nan"), lr=lr,
+            events.step(step=step, loss=local / rank_targets if rank_targets else None, lr=lr,
                         grad_norm=float(grad_norm), tokens=step_tokens,
                         step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
                         global_loss=last_loss, target_tokens=rank_targets, data_s=round(data_s, 6),

@@ -199,13 +199,14 @@ def block_row(block: PackedBlock) -> dict[str, Any]:
 
 def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> list[dict[str, Any]]:
     """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps."""
+    from runner.formats import RowFormat
     from runner.train.data import BlockStream, DataSource
 
     d, t = spec.dataset, spec.train
     source = DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
                         split=d.split, messages_field=d.messages_field, seq_len=t.seq_len,
                         pad_id=tokenizer.pad_token_id, packing=t.packing, seed=t.seed,
-                        epochs=1.0 if t.max_steps is not None else t.epochs)
+                        epochs=1.0 if t.max_steps is not None else t.epochs, row_format=RowFormat.from_spec(d))
     rows = []
     for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
         stats.add(block)
@@ -485,12 +486,13 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
                                  device=rt.device)
             dist.all_reduce(agree, op=dist.ReduceOp.SUM)
             ce, n, stop = (float(x) for x in agree.tolist())
-            self.last_loss = ce / n if n else float("nan")
+            step_loss = ce / n if n else None  # None: no rank had a target token in this step
+            self.last_loss = step_loss if step_loss is not None else self.last_loss
             if step % spec.train.log_every == 0 or step >= state.max_steps or stop:
                 loader = tr._rank_loader
-                self.pending = dict(step=step, loss=tr.ce_sum / tr.targets if tr.targets else float("nan"),
+                self.pending = dict(step=step, loss=tr.ce_sum / tr.targets if tr.targets else None,
                                     tokens=tr.real_tokens, step_s=round(now - self.mark, 6), mem_gib=rt.mem_gib(),
-                                    global_loss=self.last_loss, target_tokens=tr.targets,
+                                    global_loss=step_loss, target_tokens=tr.targets,
                                     data_s=round(loader.wait_s, 6), doc_len_sq=tr.doc_len_sq)
             tr.ce_sum, tr.targets, tr.real_tokens, tr.doc_len_sq = 0.0, 0, 0, 0
             tr._rank_loader.wait_s = 0.0
@@ -507,7 +509,7 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             p, self.pending = self.pending, None
             grad_norm = logs.get("grad_norm")
             events.step(step=p.pop("step"), loss=p.pop("loss"), lr=float(logs.get("learning_rate", 0.0)),
-                        grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=p.pop("tokens"),
+                        grad_norm=float(grad_norm) if grad_norm is not None else None, tokens=p.pop("tokens"),
                         step_s=p.pop("step_s"), mem_gib=p.pop("mem_gib"), **p)
             return control
 

@@ -48,13 +48,46 @@ def test_the_embedded_default_passes():
     preflight(load_spec("tiny-cpu"))
 
 
-def test_dataset_without_the_messages_column(tmp_path):
-    data = tmp_path / "plain.jsonl"
-    data.write_text("\n".join(json.dumps({"text": f"row {i}"}) for i in range(3)) + "\n")
+def test_dataset_whose_format_cannot_be_mapped(tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"a{i}"}) for i in range(3)) + "\n")
     problems = preflight_problems(load_spec(_spec(tmp_path, dataset={"path": str(data)})))
-    [p] = [p for p in problems if p.field == "dataset.messages_field"]
-    assert "column 'messages' not found" in p.message and "text" in p.message
-    assert "dataset.messages_field" in p.fix
+    [p] = [p for p in problems if p.field.startswith("dataset.")]
+    assert p.field == "dataset.format" and "answer, question" in p.message
+    assert "dataset.format" in p.fix and "dataset.columns" in p.fix
+    # the columns named explicitly map it
+    mapped = _spec(tmp_path, dataset={"path": str(data), "format": "alpaca",
+                                      "columns": {"instruction": "question", "output": "answer"}})
+    assert not [p for p in preflight_problems(load_spec(mapped)) if p.field.startswith("dataset.")]
+
+
+def test_asked_format_that_does_not_fit_names_the_columns_found(tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    spec = load_spec(_spec(tmp_path, dataset={"path": str(data), "format": "sharegpt"}))
+    [p] = [p for p in preflight_problems(spec) if p.field.startswith("dataset.")]
+    assert p.field == "dataset.columns" and "answer, question" in p.message and "columns.messages" in p.fix
+
+
+@pytest.mark.parametrize("bad_line", [1, 2, 40])
+def test_malformed_jsonl_line_is_named_with_its_file_and_line(tmp_path, bad_line):
+    """Every line is read, not just the sampled head: a bad line anywhere would kill the ranks mid-run."""
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
+            for i in range(40)]
+    rows[bad_line - 1] = rows[bad_line - 1][:-3]  # truncated, as a partial write leaves it
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    [p] = [p for p in preflight_problems(load_spec(_spec(tmp_path, dataset={"path": str(data)})))
+           if p.field.startswith("dataset.")]
+    assert p.field == "dataset.path" and f"{data}: line {bad_line} is not valid JSON" in p.message
+
+
+def test_seq_len_too_short_for_any_target_is_refused(tmp_path):
+    [p] = [p for p in preflight_problems(load_spec(_spec(tmp_path, train={"seq_len": 7})))
+           if p.field == "train.seq_len"]
+    assert "no target token survives" in p.message and "train.seq_len=512" in p.fix
+    assert not [p for p in preflight_problems(load_spec(_spec(tmp_path, train={"seq_len": 64})))
+                if p.field == "train.seq_len"]
 
 
 def test_template_that_yields_no_assistant_tokens(tmp_path):
@@ -111,23 +144,24 @@ def test_pretrained_init_needs_weights(tmp_path):
 
 def test_every_problem_is_reported_at_once(tmp_path):
     data = tmp_path / "plain.jsonl"
-    data.write_text(json.dumps({"text": "x"}) + "\n")
+    data.write_text(json.dumps({"body": "x"}) + "\n")
     spec = load_spec(_spec(tmp_path, dataset={"path": str(data)}, hardware={"device": "cuda"},
                            train={"seq_len": 100}))
     with pytest.raises(SpecError) as err:
         preflight(spec)
-    assert {"dataset.messages_field", "train.seq_len"} <= _fields(err.value.problems)
+    assert {"dataset.format", "train.seq_len"} <= _fields(err.value.problems)
 
 
 def test_cli_refuses_bad_input_before_creating_anything(tmp_path, capsys):
     data = tmp_path / "plain.jsonl"
-    data.write_text(json.dumps({"text": "x"}) + "\n")
+    data.write_text(json.dumps({"body": "x"}) + "\n")
     spec = _spec(tmp_path, dataset={"path": str(data)})
     runs, records = tmp_path / "runs", tmp_path / "records"
     code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
     err = capsys.readouterr().err
     assert code == 2
-    assert "dataset.messages_field" in err and "fix:" in err and "Traceback" not in err
+    assert "dataset.format" in err and "fix:" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     assert not any(runs.glob("*")) and not any(records.glob("*"))
 
 

@@ -109,8 +109,8 @@ class SummaryScreen(Screen):
         ok = r.get("reproduced")
         head = Content(" REPRODUCED " if ok else " NOT REPRODUCED ").stylize(
             "bold $text-success on $success-muted" if ok else "bold $text-error on $error-muted")
-        text = f"  max |Δloss| = {r.get('max_abs_loss_diff', float('nan')):g} over every rank and step " \
-               f"(tolerance {r.get('tolerance', 0):g})"
+        text = "  " + r.get("message", f"max |Δloss| = {r.get('max_abs_loss_diff', float('nan')):g} over every "
+                                       f"rank and step (tolerance {r.get('tolerance', 0):g})")
         first = r.get("first_divergence")
         if first and not ok:
             text += f"; first divergence at rank {first['rank']} step {first['step']}: {first['original']} → " \
@@ -120,7 +120,7 @@ class SummaryScreen(Screen):
     def _metrics(self) -> Content:
         m = self.record.get("metrics") or {}
         rows = [("steps", str(m.get("steps", "-"))),
-                ("loss", f"{fmt.num(m.get('first_loss'))} → {fmt.num(m.get('final_loss'))} (rank 0)"),
+                ("loss", f"{fmt.num(m.get('first_loss'))} → {fmt.num(m.get('final_loss'))} (all ranks)"),
                 ("global loss", fmt.num(m.get("final_global_loss"))),
                 ("tokens", f"{m.get('tokens'):,}" if isinstance(m.get("tokens"), int) else "-"),
                 ("tokens/s", fmt.num(m.get("tokens_per_s"), ",.0f")),
