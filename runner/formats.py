@@ -352,3 +352,21 @@ def samples(rows: Iterable[dict[str, Any]], fmt: RowFormat, detected: Detected) 
         except FormatError as e:
             raise FormatError(f"row {n}: {e}", e.fix, e.field) from None
     return out
+
+
+def dataset_format(dataset: Any, sample_rows: int = 16) -> Detected | None:
+    """The format of a DatasetSpec's local file, from its first rows (for the wizard, `runner estimate` and the
+    record). None for a hub dataset (the ranks detect it on their first row) or a file that does not read."""
+    from runner.preflight import data_file, read_rows
+    from runner.spec import resolve_embedded
+
+    fmt = RowFormat.from_spec(dataset)
+    if not dataset.path:
+        return None
+    f = data_file(resolve_embedded(dataset.path), dataset.split)
+    if f is None:
+        return None
+    try:
+        return detect(read_rows(f, sample_rows), fmt)
+    except (FormatError, ValueError, OSError):
+        return None

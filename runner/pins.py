@@ -185,6 +185,10 @@ def source_pins(spec: RunSpec) -> dict[str, Any]:
     dataset: dict[str, Any] = {"repo": d.id, "revision": d.revision, "path": d.path, "split": d.split, "commit": None}
     if d.path:
         dataset.update(local_dataset_pins(resolve_embedded(d.path)))
+        from runner.formats import dataset_format
+
+        detected = dataset_format(d)
+        dataset["format"] = detected.to_dict() if detected else None
     else:
         dataset["commit"] = hub_commit(d.id, d.revision, "dataset") if d.id else None
     return {"model": model, "dataset": dataset}

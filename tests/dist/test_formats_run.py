@@ -1,0 +1,71 @@
+"""Real 2-rank runs on datasets in the peers' formats, trained with no conversion, and on blocks where one rank has
+no target token: every event line is strict JSON, such a rank logs a null loss, the record keeps the global one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner import records
+from tests.conftest import dir_args, last_json, run_cli
+
+pytestmark = pytest.mark.dist
+
+DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
+STEPS = 3
+
+
+def _strict(line: str) -> dict:
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _events(rec: dict, rank: int) -> list[dict]:
+    return [_strict(x) for x in (Path(rec["run_dir"]) / "events" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def _run(dirs: dict, capsys, *sets: str) -> dict:
+    args = ["run", "tiny-cpu", "--set", f"train.max_steps={STEPS}", "--set", "train.seq_len=128",
+            "--set", "train.warmup_steps=0"]
+    for s in sets:
+        args += ["--set", s]
+    code, out, _ = run_cli([*args, "--json", "--plain", *dir_args(dirs)], capsys)
+    assert code == 0, out
+    return records.load(Path(last_json(out)["record"]))
+
+
+@pytest.mark.parametrize(("engine", "name", "format"), [
+    ("native", "alpaca_en_demo.json", "alpaca"),
+    ("trl", "glaive_toolcall_en_demo.json", "sharegpt"),
+])
+def test_peer_format_trains_headless(engine, name, format, dirs, capsys):
+    rec = _run(dirs, capsys, f"engine={engine}", f"dataset.path={DATA / name}")
+    assert rec["status"] == "succeeded" and rec["metrics"]["steps"] == STEPS
+    assert rec["pins"]["dataset"]["format"]["format"] == format
+    for r in (0, 1):
+        steps = [e for e in _events(rec, r) if "event" not in e]
+        assert [e["step"] for e in steps] == [1, 2, 3] and all(e["loss"] is not None for e in steps)
+
+
+@pytest.mark.parametrize("engine", ["native", "trl"])
+def test_a_rank_without_targets_logs_null_and_the_record_keeps_the_global_loss(engine, tmp_path, dirs, capsys):
+    """Rows alternate between ranks (one file, split by row): rank 0 gets prompts longer than a block, so its first
+    block holds no target token while rank 1's does."""
+    long_prompt = " ".join(f"word{i}" for i in range(120))
+    rows = []
+    for i in range(16):
+        user = long_prompt if i % 2 == 0 else f"Say {i}."
+        rows.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"{i}."}]})
+    data = tmp_path / "long_prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec = _run(dirs, capsys, f"engine={engine}", f"dataset.path={data}", "train.max_steps=1")
+    first = [e for e in _events(rec, 0) if "event" not in e][0]
+    assert first["target_tokens"] == 0 and first["loss"] is None and first["global_loss"] is not None
+    other = [e for e in _events(rec, 1) if "event" not in e][0]
+    assert other["target_tokens"] > 0 and other["loss"] == pytest.approx(first["global_loss"])
+    m = rec["metrics"]
+    assert m["final_loss"] == m["final_global_loss"] == first["global_loss"]
