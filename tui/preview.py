@@ -1,4 +1,4 @@
-"""Dataset preview for the wizard: file format and columns, one conversation as the trainer tokenises it, packing
+"""Dataset preview for the wizard: file type, columns and row format, one row as the trainer tokenises it, packing
 efficiency on a sample. Blocking (tokenizer load): call it from a thread worker."""
 
 from __future__ import annotations
@@ -7,16 +7,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.errors import UserError
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS_MAX = 2000
 SAMPLE_BLOCKS = 8  # sample until this many blocks' worth of tokens, so the padded last block weighs little
 SAMPLE_BUDGET_S = 3.0
 PREVIEW_TOKENS_MAX = 400
+DETECT_ROWS = 16
 
 
 def detect(spec: RunSpec) -> dict[str, Any]:
-    """{"file", "format", "columns", "messages_ok"} for a local dataset; {"hub": id} when there is no local path."""
+    """{"file", "format", "columns", "messages_ok", "detected", "chat"} for a local dataset, where `detected`
+    describes the row format (runner.formats) or, when `messages_ok` is false, says why none fits; {"hub": id} when
+    there is no local path."""
+    from runner.formats import FormatError, RowFormat, samples
+    from runner.formats import detect as detect_format
     from runner.preflight import data_file, read_rows
 
     d = spec.dataset
@@ -25,34 +31,45 @@ def detect(spec: RunSpec) -> dict[str, Any]:
     path = data_file(resolve_embedded(d.path), d.split)
     if path is None:
         raise ValueError(f"no data file under dataset.path {d.path}")
-    rows = read_rows(path, 1)
+    rows = read_rows(path, DETECT_ROWS)
     columns = list(rows[0]) if rows else []
-    first = rows[0].get(d.messages_field) if rows else None
-    ok = isinstance(first, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in first)
-    return {"file": str(path), "format": path.suffix.lstrip(".").lower(), "columns": columns, "messages_ok": ok}
+    info = {"file": str(path), "format": path.suffix.lstrip(".").lower(), "columns": columns}
+    fmt = RowFormat.from_spec(d)
+    try:
+        found = detect_format(rows, fmt)
+        samples(rows, fmt, found)
+    except FormatError as e:
+        return {**info, "messages_ok": False, "detected": f"{e} (fix: {e.fix})", "chat": False}
+    return {**info, "messages_ok": True, "detected": found.describe(), "chat": found.format != "text" and
+            found.variant != "standard"}
 
 
 def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     """One conversation as (token text, trained?) pairs and PackStats over a sample, through the trainer's own
     tokenisation (runner.train.data) and tokenizer loading (runner.train.model)."""
+    from runner.formats import RowFormat, RowReader
+    from runner.formats import detect as detect_format
     from runner.preflight import read_rows
-    from runner.train.data import PackStats, has_generation_markers, pack, tokenizer_fn
+    from runner.train.data import PackStats, has_generation_markers, pack, tokenize_sample
     from runner.train.model import load_tokenizer
 
     d = spec.dataset
     info = detect(spec)
     if "hub" in info:
         return {"detect": info}
+    if not info["messages_ok"]:
+        raise UserError(info["detected"])
     tok = load_tokenizer(spec)
-    tokenize = tokenizer_fn(tok)  # the trainer's own choice of masking
+    markers = has_generation_markers(tok)  # the trainer's own choice of masking
     rows = read_rows(Path(info["file"]), SAMPLE_ROWS_MAX)
-    convs = [r.get(d.messages_field) for r in rows]
-    convs = [c for c in convs if isinstance(c, list)]
-    shown = next((c for c in convs if any(isinstance(m, dict) and m.get("role") == "assistant" for m in c)), None)
+    fmt = RowFormat.from_spec(d)
+    read = RowReader(fmt, detect_format(rows[:DETECT_ROWS], fmt))
+    convs = [read(r) for r in rows]
+    shown = next((c for c in convs if c.has_targets), None)
     tokens: list[tuple[str, bool]] = []
     n_tokens = n_trained = 0
     if shown is not None:
-        ids, mask = tokenize(tok, shown)
+        ids, mask = tokenize_sample(tok, shown, markers)
         n_tokens, n_trained = len(ids), sum(mask)
         tokens = [(tok.decode([i]), bool(m)) for i, m in zip(ids[:PREVIEW_TOKENS_MAX], mask[:PREVIEW_TOKENS_MAX])]
     stats = PackStats()
@@ -65,7 +82,7 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
         for conv in convs:
             if seen >= want_tokens or time.monotonic() > deadline:
                 return
-            ids, mask = tokenize(tok, conv)
+            ids, mask = tokenize_sample(tok, conv, markers)
             seen += len(ids)
             yield ids, mask
 
@@ -73,4 +90,4 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
         pass
     return {"detect": info, "tokens": tokens, "n_tokens": n_tokens, "n_trained": n_trained,
             "truncated": n_tokens > PREVIEW_TOKENS_MAX, "pack": stats.to_dict(), "seq_len": seq_len,
-            "template": "generation markers" if has_generation_markers(tok) else "prefix bracketing"}
+            "template": "generation markers" if markers else "prefix bracketing"}

@@ -198,3 +198,22 @@ def test_generation_prompt_that_is_not_a_prefix_of_the_full_render_is_aligned():
     assert not tok.apply_chat_template(conv, tokenize=False).startswith(prompt)  # the property under test
     ids, mask = tokenize_sft(tok, conv)
     assert _trained_text(tok, ids, mask) == "tac<|im_end|>|god<|im_end|>"
+
+
+@pytest.mark.parametrize(("name", "shown"), [("glaive_toolcall_en_demo.json", "sharegpt (detected)"),
+                                             ("prompt_completion.jsonl", "prompt_completion (standard)")])
+def test_wizard_preview_shows_the_detected_format_and_a_row_with_its_loss_tokens(name, shown):
+    from tui.preview import tokenizer_preview
+
+    p = tokenizer_preview(load_spec("tiny-cpu", [f"dataset.path={DATA / name}"]))
+    assert p["detect"]["messages_ok"] and p["detect"]["detected"].startswith(shown)
+    assert 0 < p["n_trained"] < p["n_tokens"] and any(on for _, on in p["tokens"])
+
+
+def test_wizard_preview_names_what_does_not_fit(tmp_path):
+    from tui.preview import detect as preview_detect
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    info = preview_detect(load_spec("tiny-cpu", [f"dataset.path={data}"]))
+    assert not info["messages_ok"] and "answer, question" in info["detected"] and "dataset.format" in info["detected"]

@@ -768,8 +768,8 @@ def render_detect(info: dict[str, Any]) -> Content:
                        "path to preview it").stylize("$text-muted")
     cols = ", ".join(info.get("columns") or []) or "none"
     ok = info.get("messages_ok")
-    status = Content(" ✓ chat messages" if ok else " ✗ no {role, content} list in the messages column") \
-        .stylize("$text-success" if ok else "$text-error")
+    what = ("chat messages · " if info.get("chat") else "") + str(info.get("detected") or "")
+    status = Content(f" ✓ {what}" if ok else f" ✗ {what}").stylize("$text-success" if ok else "$text-error")
     return Content(f"{info.get('format')} file {fmt.show_path(info.get('file'))} · columns: {cols}") + status
 
 
