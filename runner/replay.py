@@ -92,6 +92,7 @@ def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dic
     result["tolerance"] = tol
     steps = _steps(original)
     curve_ok = result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    result["compared"] = status_b != "cancelled"
     if status_b == "cancelled":
         result["reproduced"] = False
         result["message"] = f"the replay was cancelled after {_steps(replay)} steps; not compared"

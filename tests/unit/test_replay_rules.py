@@ -69,3 +69,45 @@ def test_calibration_rows_compare_estimate_and_measured(tmp_path: Path):
     r = rows[0]
     assert r["allocated_gib"] == 10.0 and r["reserved_gib"] == 11.0 and r["est_reserved_gib"] == 11.0
     assert r["error_allocated"] == pytest.approx(-0.1) and r["error_reserved"] == 0.0
+
+
+def _rec(status: str, steps: int, curve: dict | None = None, failure: dict | None = None) -> dict:
+    return {"status": status, "metrics": {"steps": steps, "loss_curve": curve or {}}, "failure": failure}
+
+
+OOM = {"cause": "oom", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "last_step": 0, "rank": 0}
+
+
+def test_replay_of_a_failed_run_compares_the_failures():
+    from runner.replay import compare
+
+    r = compare(_rec("failed", 0, failure=OOM), _rec("failed", 0, failure=dict(OOM)), 0.0)
+    assert r["reproduced"] and r["message"] == (
+        "the original failed at step 0 with oom (CUDA out of memory. Tried to allocate 2.00 GiB); the replay failed "
+        "at step 0 with oom (CUDA out of memory. Tried to allocate 2.00 GiB): same failure")
+    r = compare(_rec("failed", 0, failure=OOM), _rec("succeeded", 3, {"0": [[1, 2.0], [2, 1.9], [3, 1.8]]}), 0.0)
+    assert not r["reproduced"] and r["message"].endswith("the replay succeeded after 3 steps: a different outcome")
+    other = {**OOM, "cause": "nccl", "message": "timeout"}
+    assert not compare(_rec("failed", 0, failure=OOM), _rec("failed", 0, failure=other), 0.0)["reproduced"]
+
+
+def test_no_steps_is_never_reproduced_and_a_cancelled_replay_is_not_compared():
+    from runner.replay import compare
+
+    r = compare(_rec("succeeded", 0), _rec("succeeded", 0), 0.0)
+    assert not r["reproduced"] and "no loss curve to compare" in r["message"] and "Δloss" not in r["message"]
+    curve = {"0": [[1, 2.0], [2, 1.9]], "1": [[1, 2.1], [2, 2.0]]}
+    r = compare(_rec("succeeded", 2, curve), _rec("cancelled", 1, {"0": [[1, 2.0]], "1": [[1, 2.1]]}), 0.0)
+    assert not r["reproduced"] and not r["compared"] and r["message"] == \
+        "the replay was cancelled after 1 steps; not compared"
+
+
+def test_a_cancelled_original_is_compared_over_the_steps_it_ran():
+    from runner.replay import compare
+
+    ran = {"0": [[1, 2.0], [2, 1.9]]}
+    longer = {"0": [[1, 2.0], [2, 1.9], [3, 1.7]]}
+    r = compare(_rec("cancelled", 2, ran), _rec("succeeded", 3, longer), 0.0)
+    assert r["reproduced"] and "over the 2 steps the original ran before it was cancelled" in r["message"]
+    r = compare(_rec("cancelled", 2, ran), _rec("succeeded", 3, {"0": [[1, 2.0], [2, 1.8], [3, 1.7]]}), 0.0)
+    assert not r["reproduced"] and r["first_divergence"]["step"] == 2

@@ -107,7 +107,8 @@ class SummaryScreen(Screen):
     def _replay(self) -> Content:
         r = self.replay or {}
         ok = r.get("reproduced")
-        head = Content(" REPRODUCED " if ok else " NOT REPRODUCED ").stylize(
+        label = " REPRODUCED " if ok else " NOT REPRODUCED " if r.get("compared", True) else " NOT COMPARED "
+        head = Content(label).stylize(
             "bold $text-success on $success-muted" if ok else "bold $text-error on $error-muted")
         text = "  " + r.get("message", f"max |Δloss| = {r.get('max_abs_loss_diff', float('nan')):g} over every "
                                        f"rank and step (tolerance {r.get('tolerance', 0):g})")
