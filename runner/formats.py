@@ -144,6 +144,11 @@ def _present(rows: list[dict[str, Any]], column: str) -> bool:
     return any(isinstance(r, dict) and r.get(column) is not None for r in rows)
 
 
+def _has(rows: list[dict[str, Any]], column: str) -> bool:
+    # An optional column counts when any row has it, even empty: the ranks detect on one row, which may lack a value.
+    return any(isinstance(r, dict) and column in r for r in rows)
+
+
 def detect(rows: list[dict[str, Any]], fmt: RowFormat) -> Detected:
     """The format of these rows (a sample of the dataset), or a FormatError naming the columns found."""
     cols = fmt.column_map
@@ -154,11 +159,12 @@ def detect(rows: list[dict[str, Any]], fmt: RowFormat) -> Detected:
         if conv_col and _present(rows, conv_col):
             keys = next((k for r in rows if (k := _conversation_keys(r.get(conv_col))) is not None), None)
             if "role" in cols or "content" in cols:
-                keys = (cols.get("role", keys[0] if keys else "role"), cols.get("content", keys[1] if keys else "content"))
+                role, content = keys or ("role", "content")
+                keys = (cols.get("role", role), cols.get("content", content))
             if keys is not None:
                 kind = asked if asked != "auto" else ("sharegpt" if keys == ("from", "value") else "messages")
                 used = {"messages": conv_col, "role": keys[0], "content": keys[1]}
-                used.update({k: cols.get(k, k) for k in ("system", "tools") if _present(rows, cols.get(k, k))})
+                used.update({k: cols.get(k, k) for k in ("system", "tools") if _has(rows, cols.get(k, k))})
                 return Detected(kind, tuple(sorted(used.items())), detected=asked == "auto")
             if asked != "auto":
                 raise FormatError(f"dataset.format={asked}: column '{conv_col}' does not hold lists of messages "
@@ -182,7 +188,7 @@ def detect(rows: list[dict[str, Any]], fmt: RowFormat) -> Detected:
         i, o = cols.get("instruction", "instruction"), cols.get("output", "output")
         if _present(rows, i) and _present(rows, o):
             used = {"instruction": i, "output": o}
-            used.update({k: cols.get(k, k) for k in ("input", "system", "history") if _present(rows, cols.get(k, k))})
+            used.update({k: cols.get(k, k) for k in ("input", "system", "history") if _has(rows, cols.get(k, k))})
             return Detected("alpaca", tuple(sorted(used.items())), detected=asked == "auto")
         if asked != "auto":
             raise FormatError(f"dataset.format=alpaca: needs columns '{i}' and '{o}'; columns found: "

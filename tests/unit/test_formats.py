@@ -151,7 +151,8 @@ def test_sharegpt_tools_reach_the_template_and_calls_train_only_when_asked():
     assert '<tool_call>\n{"name": "get_word_length", "arguments": {"word": "apple"}}\n</tool_call>' in text
     assert "<tool_response>\n{\"length\": 5}\n</tool_response>" in text
     assert _trained_text(tok, ids, mask) == "The word apple has 5 letters.<|im_end|>\n"
-    ids, mask = tokenize_sample(tok, _sample("glaive_toolcall_en_demo.json", RowFormat(train_on="assistant+tool_calls")))
+    calls = RowFormat(train_on="assistant+tool_calls")
+    ids, mask = tokenize_sample(tok, _sample("glaive_toolcall_en_demo.json", calls))
     assert _trained_text(tok, ids, mask) == ('<tool_call>\n{"name": "get_word_length", "arguments": {"word": "apple"}}'
                                              '\n</tool_call><|im_end|>\n|The word apple has 5 letters.<|im_end|>\n')
 
