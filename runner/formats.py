@@ -341,12 +341,13 @@ class RowReader:
 
 
 def row_texts(row: dict[str, Any], fmt: RowFormat = RowFormat()) -> tuple[list[str], int]:
-    """(text pieces, turns) of one row in any format, for token counts (estimator); ([], 0) if it does not read."""
+    """(text pieces, chat turns) of one row in any format, for token counts (the estimator adds the template's
+    tokens per turn; text rows have none); ([], 0) when the row does not read."""
     try:
         sample = to_sample(row, detect([row], fmt), fmt)
     except FormatError:
         return [], 0
-    return sample.texts(), len(sample.messages or sample.segments or [])
+    return sample.texts(), len(sample.messages or [])
 
 
 def samples(rows: Iterable[dict[str, Any]], fmt: RowFormat, detected: Detected) -> list[Sample]:

@@ -69,7 +69,12 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     tokens: list[tuple[str, bool]] = []
     n_tokens = n_trained = 0
     if shown is not None:
-        ids, mask = tokenize_sample(tok, shown, markers)
+        try:
+            ids, mask = tokenize_sample(tok, shown, markers)
+        except Exception as e:  # noqa: BLE001 - a template that cannot render these rows, said as preflight says it
+            raise UserError(f"dataset.format: the chat template cannot render the dataset's rows: {e} (fix: check "
+                            "the roles and content types against the template: dataset.roles, dataset.columns)") \
+                from None
         n_tokens, n_trained = len(ids), sum(mask)
         tokens = [(tok.decode([i]), bool(m)) for i, m in zip(ids[:PREVIEW_TOKENS_MAX], mask[:PREVIEW_TOKENS_MAX])]
     stats = PackStats()

@@ -130,6 +130,7 @@ def test_bad_row_names_its_number():
 def test_row_texts_for_token_counts():
     texts, turns = row_texts(_rows("glaive_toolcall_en_demo.json", 1)[0])
     assert turns == 4 and "get_word_length" in " ".join(texts) and "The word apple has 5 letters." in texts
+    assert row_texts({"text": "plain words"}) == (["plain words"], 0)  # no chat template around text
     assert row_texts({"nothing": 1}) == ([], 0)
 
 
