@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS = 16
+TEMPLATE_ROWS = 8  # rows rendered through the chat template (each trained turn costs two renders of its prefix)
 # bf16 tensor-core GEMMs and the flash/varlen attention kernels work on 8-token tiles: a block length off that
 # grid pads every projection and attention call of every layer.
 CUDA_SEQ_MULTIPLE = 8
@@ -263,7 +264,7 @@ def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
     if (chat or not sampled) and not getattr(tok, "chat_template", None):
         return [Problem("model.path" if spec.model.path else "model.id", "the tokenizer has no chat template",
                         "use a chat/instruct checkpoint, or add chat_template.jinja to the model folder")]
-    picked = [s for s in sampled if s.has_targets][:SAMPLE_ROWS]
+    picked = [s for s in sampled if s.has_targets][:TEMPLATE_ROWS]
     if not picked:
         picked = [Sample(messages=[{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}],
                          trained=[False, True])]
