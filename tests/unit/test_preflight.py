@@ -174,3 +174,28 @@ def test_precision_advice_when_bf16_states_would_round_updates_away():
     for quiet in (["model.dtype=float32"], ["train.lr=1e-3"], ["method.kind=lora"], ["engine=trl", "train.recompute_layers=null"]):
         assert precision_advice(load_spec("qwen3-1.7b-bench-h200", quiet)) is None, quiet
     assert precision_advice(load_spec("tiny-cpu")) is None  # CPU runs compute in float32
+
+
+@pytest.mark.parametrize("case", ["bad_line", "seq_len", "format"])
+def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsys, case):
+    chat = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
+            for i in range(120)]
+    data = tmp_path / "data.jsonl"
+    dataset: dict = {"path": str(data)}
+    train: dict = {}
+    if case == "bad_line":
+        chat[99] = "{not json"
+        needle = f"{data}: line 100 is not valid JSON"
+    elif case == "seq_len":
+        train["seq_len"] = 7
+        needle = "no target token survives"
+    else:
+        chat = [json.dumps({"question": "q", "answer": "a"})]
+        needle = "columns (answer, question)"
+    data.write_text("\n".join(chat) + "\n")
+    spec = _spec(tmp_path, dataset=dataset, train={"max_steps": 1, **train})
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not runs.exists() and not records.exists()
