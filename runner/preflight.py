@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runner.errors import Problem, SpecError
+from runner.formats import FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
-
-if TYPE_CHECKING:
-    from runner.formats import Sample
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS = 16
@@ -178,8 +176,6 @@ def _data_files(path: Path, chosen: Path) -> list[Path]:
 
 def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     """A few rows of a local dataset as Samples (none for hub datasets: not downloaded here)."""
-    from runner.formats import FormatError, RowFormat, detect, samples
-
     d = spec.dataset
     if not d.path:
         return [], []
@@ -247,7 +243,6 @@ def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
 
 
 def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
-    from runner.formats import Sample
     from runner.train.data import tokenize_sample
 
     try:
