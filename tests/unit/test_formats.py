@@ -219,3 +219,12 @@ def test_wizard_preview_names_what_does_not_fit(tmp_path):
     data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
     info = preview_detect(load_spec("tiny-cpu", [f"dataset.path={data}"]))
     assert not info["messages_ok"] and "answer, question" in info["detected"] and "dataset.format" in info["detected"]
+
+
+def test_formats_imports_no_torch():
+    """Preflight, the wizard and the estimator read rows through it without loading torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, runner.formats; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
