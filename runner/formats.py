@@ -321,7 +321,8 @@ def to_sample(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
         if isinstance(prompt, list) or isinstance(completion, list):
             head = _conversation(prompt, f"column '{c['prompt']}'", "role", "content", roles)
             tail = _conversation(completion, f"column '{c['completion']}'", "role", "content", roles)
-            return _chat(head + tail, fmt.train_on, row.get("tools"), trainable_from=len(head))
+            return _chat(head + tail, fmt.train_on, row.get(fmt.column_map.get("tools", "tools")),
+                         trainable_from=len(head))
         return Sample(segments=[(_text(prompt), False), (_text(completion), True)])
     if det.format == "text":
         return Sample(segments=[(_text(row.get(c["text"])), True)])
