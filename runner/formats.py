@@ -268,7 +268,9 @@ def _message(raw: dict[str, Any], role_key: str, content_key: str, roles: Mappin
         if calls is None:
             return {"role": "assistant", "content": _text(content), "_tool_call": True}
         return {"role": "assistant", "content": "", "tool_calls": calls}
-    msg = {k: v for k, v in raw.items() if k not in (role_key, content_key)}
+    # Columnar files give every message every key seen in the file, absent ones as None; templates that test
+    # `'tool_calls' in message` would then render a None.
+    msg = {k: v for k, v in raw.items() if k not in (role_key, content_key) and v is not None}
     msg.update(role=role, content=_text(content))
     return msg
 
