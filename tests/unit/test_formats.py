@@ -158,6 +158,16 @@ def test_sharegpt_tools_reach_the_template_and_calls_train_only_when_asked():
                                              '\n</tool_call><|im_end|>\n|The word apple has 5 letters.<|im_end|>\n')
 
 
+def test_sharegpt_tool_calls_under_the_llama3_1_template():
+    tok = _tokenizer("llama3_1")
+    calls = RowFormat(train_on="assistant+tool_calls")
+    ids, mask = tokenize_sample(tok, _sample("glaive_toolcall_en_demo.json", calls))
+    text = tok.decode(ids)
+    assert '"name": "get_word_length"' in text and "<|start_header_id|>ipython<|end_header_id|>" in text
+    assert _trained_text(tok, ids, mask) == ('{"name": "get_word_length", "parameters": {"word": "apple"}}<|eot_id|>'
+                                             '|The word apple has 5 letters.<|eot_id|>')
+
+
 def test_llama3_template_trains_assistant_replies_without_headers():
     tok = _tokenizer("llama3")
     ids, mask = tokenize_sample(tok, _sample("alpaca_history.jsonl"))
