@@ -95,4 +95,17 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
         pass
     return {"detect": info, "tokens": tokens, "n_tokens": n_tokens, "n_trained": n_trained,
             "truncated": n_tokens > PREVIEW_TOKENS_MAX, "pack": stats.to_dict(), "seq_len": seq_len,
-            "template": "generation markers" if markers else "prefix bracketing"}
+            "template": _mask_method(tok, markers)}
+
+
+def _mask_method(tok: Any, markers: bool) -> str:
+    from runner.train.data import generation_prompt_is_prefix
+
+    if markers:
+        return "generation markers"
+    try:
+        aligned = not generation_prompt_is_prefix(tok)
+    except Exception:  # noqa: BLE001 - a template that rejects the probe conversation: nothing to add
+        aligned = False
+    return "prefix bracketing" + (" (the template writes turn headers unlike its generation prompt: aligned on "
+                                  "the header, which is not trained)" if aligned else "")

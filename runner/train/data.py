@@ -121,6 +121,17 @@ def _align_to_header(tokenizer: Any, full: list[int], start: int, end: int, prom
     return start
 
 
+PROBE = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."},
+         {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
+
+
+def generation_prompt_is_prefix(tokenizer: Any) -> bool:
+    """Whether the template's generation prompt is a prefix of its full render (when not, the turn header is
+    found by `_align_to_header`, and the preview says so)."""
+    prompt = _render(tokenizer, PROBE[:3], None, generation=True)
+    return _render(tokenizer, PROBE, None)[:len(prompt)] == prompt
+
+
 def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[bool]]:
     """Fast path for templates with `{% generation %}` markers: one render gives ids and mask."""

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from runner.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
 from runner.preflight import read_rows
 from runner.spec import load_spec
-from runner.train.data import tokenize_sample, tokenize_sft
+from runner.train.data import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "data"
@@ -210,6 +210,7 @@ def test_generation_prompt_that_is_not_a_prefix_of_the_full_render_is_aligned():
     assert not tok.apply_chat_template(conv, tokenize=False).startswith(prompt)  # the property under test
     ids, mask = tokenize_sft(tok, conv)
     assert _trained_text(tok, ids, mask) == "tac<|im_end|>|god<|im_end|>"
+    assert not generation_prompt_is_prefix(tok) and generation_prompt_is_prefix(_tokenizer("llama3"))
 
 
 @pytest.mark.parametrize(("name", "shown"), [("glaive_toolcall_en_demo.json", "sharegpt (detected)"),
@@ -238,3 +239,18 @@ def test_formats_imports_no_torch():
 
     code = "import sys, runner.formats; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_wizard_preview_says_when_the_header_is_aligned(tmp_path):
+    import shutil
+
+    from tui.preview import tokenizer_preview
+
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "recipes" / "embedded" / "tokenizer", model)
+    shutil.copy(ROOT / "recipes" / "embedded" / "model" / "config.json", model)
+    (model / "chat_template.jinja").write_text(NEWLINE_BEFORE_HEADER)
+    p = tokenizer_preview(load_spec("tiny-cpu", [f"model.path={model}"]))
+    assert p["template"].startswith("prefix bracketing (the template writes turn headers unlike")
+    trained = "".join(text for text, on in p["tokens"] if on)
+    assert "<|im_start|>" not in trained and "assistant" not in trained
