@@ -88,7 +88,7 @@ def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
     data = tmp_path / "chat.jsonl"
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
     rows = [good] * 40
-    rows[21] = {"messages": None}  # not a conversation: tokenising it raises in whichever rank streams it
+    rows[21] = {"messages": None}  # not a conversation: reading it raises in whichever rank streams it
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = _runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
                     "--set", "train.max_steps=50", "--json", "--plain", *dir_args(dirs)])
@@ -98,10 +98,10 @@ def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
     f = rec["failure"]
     run_dir = Path(rec["run_dir"])
     raised = [r for r in (0, 1) for e in read_events(run_dir / "events" / f"rank{r}.jsonl")
-              if e.get("event") == "error" and e["message"].startswith("TypeError")]
+              if e.get("event") == "error" and e["message"].startswith("FormatError")]
     # The peer then fails in a collective; the record names the rank that raised first, with its last line.
     assert raised and f["rank"] == raised[0] and f["cause"] == "exception", f
-    assert f["message"] == "TypeError: 'NoneType' object is not iterable"
+    assert f["message"] == "FormatError: column 'messages' holds NoneType, not a list of messages"
     assert f["message"] in err
 
 
