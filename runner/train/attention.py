@@ -122,15 +122,26 @@ def _torch_varlen_kernel() -> Callable[..., torch.Tensor]:
 def reference_varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                           max_q: int, max_k: int, *, scale: float | None = None,
                           window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> torch.Tensor:
-    """varlen_attn's contract computed document by document with sdpa: runs anywhere (tests, CPU)."""
-    causal = tuple(window_size) == (-1, 0)
-    out = torch.empty_like(q)
+    """varlen_attn's contract computed document by document with sdpa: runs anywhere (tests, CPU).
+
+    window_size (left, right) as flash-attn counts it: query i sees keys i - left .. i + right (-1 = unbounded).
+    """
+    left, right = (int(x) for x in window_size)
+    out = q.new_empty(*q.shape[:2], v.shape[-1])
     for a, b in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
         qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
         if enable_gqa and ks.shape[1] != qs.shape[1]:
             rep = qs.shape[1] // ks.shape[1]
             ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
-        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)[0].transpose(0, 1)
+        i = torch.arange(b - a)
+        dist = i[:, None] - i[None, :]  # query minus key position
+        allowed = torch.ones_like(dist, dtype=torch.bool)
+        if left >= 0:
+            allowed &= dist <= left
+        if right >= 0:
+            allowed &= dist >= -right
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed.to(q.device), scale=scale)[0] \
+            .transpose(0, 1)
     return out
 
 
@@ -196,9 +207,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q = query.transpose(1, 2).reshape(batch * length, heads_q, head_dim)
     k = key.transpose(1, 2).reshape(batch * length, heads_kv, head_dim)
     v = value.transpose(1, 2).reshape(batch * length, heads_kv, value.shape[-1])
+    v_dim = v.shape[-1]
+    if v_dim != head_dim:  # latent attention (deepseek): flash-style kernels want one head dim, as transformers pads
+        v = F.pad(v, (0, head_dim - v_dim))
     kernel, params = _varlen_choice()
     extra: dict[str, Any] = {"scale": scaling}
-    window = getattr(module, "sliding_window", None)
+    # Mistral, Mixtral and Phi3 give the window only as an argument; Qwen2, Gemma and GPT-OSS also on the module.
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     left = int(window) - 1 if window else -1
     if "window_size" in params:
         extra["window_size"] = (left, 0)
@@ -213,7 +228,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
             rep = heads_q // heads_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = kernel(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **extra)
-    return out.reshape(batch, length, heads_q, -1), None
+    return out[..., :v_dim].reshape(batch, length, heads_q, v_dim), None
 
 
 def register_varlen() -> None:
@@ -507,6 +522,25 @@ def packed_mask_route(model_cls: Any) -> str | None:
         return _route_of_class(name, body.__name__)
     except ImportError:
         return None
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under a causal LM (and under a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, getattr(base, "base_model_prefix", "model"), base)
+
+
+def _mask_arguments(build: Any, config: Any, stub: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments for a transformers mask builder, whose names changed across 5.x releases (no cache here)."""
+    params = inspect.signature(build).parameters
+    out: dict[str, Any] = {"config": config, "attention_mask": None, "position_ids": position_ids,
+                           ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): stub}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            out[name] = None
+    if "cache_position" in params:
+        out["cache_position"] = torch.arange(stub.shape[1], device=stub.device)
+    return out
 
 
 def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
