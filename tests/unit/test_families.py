@@ -59,6 +59,34 @@ def test_registry_names_what_transformers_builds(name):
     assert bool(recurrent_layer_types(config)) == (fam.recurrent is not None)
 
 
+def test_registry_paths_are_what_each_transformers_class_declares():
+    """The estimator plans from the registry alone (no model class): its paths must be the classes' own."""
+    from transformers import AutoModelForImageTextToText
+
+    for mt, fam in families.FAMILIES.items():
+        if fam.recurrent == families.STATE_SPACE:
+            continue
+        config = AutoConfig.for_model(mt)
+        cls = concrete_model_class(AutoModelForCausalLM, config) or \
+            concrete_model_class(AutoModelForImageTextToText, config)
+        if cls is None:  # a text config served through its VLM's class
+            continue
+        supported = supported_attention(cls)
+        assert set(fam.attention_paths) <= supported, (mt, fam.attention_paths, supported)
+        if not fam.attention_sinks:  # sinks rule out what the class would otherwise run
+            assert {"flash_attention_2", "flex_attention", "sdpa"} & supported <= set(fam.attention_paths), mt
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_a_plan_from_the_config_alone_picks_what_the_engines_pick(name):
+    config = family_config(name)
+    supported = supported_attention(concrete_model_class(AutoModelForCausalLM, config))
+    for device, tokens in (("cuda", 8192), ("cuda", 32768), ("cpu", 256)):
+        kernels = Kernels.assumed(device)
+        planned = choose_attention("auto", device, tokens, None, config.to_dict(), kernels)
+        assert planned == choose_attention("auto", device, tokens, supported, config, kernels), (name, device)
+
+
 def test_unknown_model_types_get_traits_from_their_config():
     hybrid = {"model_type": "brand_new", "layer_types": ["full_attention", "mamba"], "hidden_size": 8}
     fam = family_of(hybrid)
@@ -261,3 +289,18 @@ def test_preflight_refuses_a_family_whose_recurrent_state_would_cross_documents(
     assert "train.packing" in text and "mamba" in text and "train.packing=false" in text, text
     assert "Traceback" not in text and not (tmp_path / "runs").exists()
     assert json.loads((folder / "config.json").read_text())["model_type"] == "mamba"
+
+
+@pytest.mark.parametrize("engine", ["native", "trl"])
+def test_preflight_refuses_an_attention_path_that_drops_the_sinks(tmp_path, engine):
+    from runner.preflight import preflight_problems
+    from runner.spec import resolve
+
+    folder = write_model_folder("gpt_oss", tmp_path / "gpt_oss")
+    spec = resolve(load_spec({"model": {"path": str(folder), "init": "random", "attn_implementation": "sdpa"},
+                              "engine": engine, "hardware": {"device": "cpu", "nproc_per_node": 1}}))
+    problems = [p for p in preflight_problems(spec) if p.field == "model.attn_implementation"]
+    assert len(problems) == 1 and "attention-sink" in problems[0].message and "eager" in problems[0].fix
+    auto = resolve(load_spec({"model": {"path": str(folder), "init": "random"}, "engine": engine,
+                              "hardware": {"device": "cpu", "nproc_per_node": 1}}))
+    assert not [p for p in preflight_problems(auto) if p.field == "model.attn_implementation"]
