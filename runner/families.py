@@ -74,6 +74,12 @@ class Family:
     """Expert weight tensors LoRA adapts through `target_parameters` (MoE families)."""
     recurrent_proj: tuple[str, ...] = ()
     """Projections of the recurrent layers (gated-delta in/out projections)."""
+    window_on_every_layer: bool = False
+    """A config `sliding_window` without `layer_types` windows every layer (mistral, mixtral, phi3)."""
+    qkv_bias: bool = False
+    """q/k/v projections carry a bias and o_proj none, whatever `attention_bias` says (qwen2)."""
+    expert_bias: bool = False
+    """Expert projections and the router carry biases (gpt_oss)."""
     qk_norm: bool = False
     """RMSNorm on queries and keys (per head)."""
     attn_output_gate: bool = False
@@ -107,10 +113,11 @@ _MLA = dict(mla=True, attn_proj=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_wi
 
 _REGISTRY: tuple[Family, ...] = (
     _f("llama", "LlamaDecoderLayer", liger=True, counted_exactly=True),
-    _f("mistral", "MistralDecoderLayer", sliding_window=True, liger=True, counted_exactly=True),
-    _f("mixtral", "MixtralDecoderLayer", moe=True, sliding_window=True, mlp_proj=(), expert_tensors=FUSED_EXPERTS,
+    _f("mistral", "MistralDecoderLayer", sliding_window=True, window_on_every_layer=True, liger=True,
        counted_exactly=True),
-    _f("qwen2", "Qwen2DecoderLayer", sliding_window=True, liger=True, counted_exactly=True),
+    _f("mixtral", "MixtralDecoderLayer", moe=True, sliding_window=True, window_on_every_layer=True, mlp_proj=(),
+       expert_tensors=FUSED_EXPERTS, counted_exactly=True),
+    _f("qwen2", "Qwen2DecoderLayer", sliding_window=True, qkv_bias=True, liger=True, counted_exactly=True),
     _f("qwen2_moe", "Qwen2MoeDecoderLayer", moe=True, sliding_window=True, expert_tensors=FUSED_EXPERTS,
        mlp_proj=LLAMA_MLP + ("shared_expert_gate",)),
     _f("qwen3", "Qwen3DecoderLayer", sliding_window=True, qk_norm=True, liger=True, counted_exactly=True),
@@ -136,7 +143,7 @@ _REGISTRY: tuple[Family, ...] = (
     _f("gemma3_text", "Gemma3DecoderLayer", sliding_window=True, logit_softcapping=True, qk_norm=True),
     _f("gemma3", "Gemma3DecoderLayer", sliding_window=True, logit_softcapping=True, qk_norm=True,
        attention_paths=(VARLEN, FLEX, SDPA, EAGER)),
-    _f("phi3", "Phi3DecoderLayer", sliding_window=True, attn_proj=("qkv_proj", "o_proj"),
+    _f("phi3", "Phi3DecoderLayer", sliding_window=True, window_on_every_layer=True, attn_proj=("qkv_proj", "o_proj"),
        mlp_proj=("gate_up_proj", "down_proj")),
     _f("olmo2", "Olmo2DecoderLayer", qk_norm=True),
     _f("olmo3", "Olmo3DecoderLayer", qk_norm=True, sliding_window=True),
@@ -144,8 +151,8 @@ _REGISTRY: tuple[Family, ...] = (
     _f("smollm3", "SmolLM3DecoderLayer", sliding_window=True),
     _f("glm4", "Glm4DecoderLayer"),
     _f("gpt_oss", "GptOssDecoderLayer", moe=True, sliding_window=True, attention_sinks=True,
-       attention_paths=(FLEX, EAGER), mlp_proj=(), expert_tensors=FUSED_EXPERTS, fp32_norm_product=True,
-       counted_exactly=True),
+       attention_paths=(FLEX, EAGER), mlp_proj=(), expert_tensors=FUSED_EXPERTS, expert_bias=True,
+       fp32_norm_product=True, counted_exactly=True),
     _f("deepseek_v3", "DeepseekV3DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     _f("deepseek_v2", "DeepseekV2DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     *(_f(t, "", recurrent=STATE_SPACE, attention_paths=())
