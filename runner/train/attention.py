@@ -60,8 +60,9 @@ def flex_available() -> bool:
 def available_kernels(device: str) -> Kernels:
     """The attention kernels this process can use on `device` (what runner.decisions.choose_attention is given)."""
     cuda = device == "cuda"
-    return Kernels(varlen=cuda and varlen_available(), flash_attn=cuda and flash_attn_available(),
-                   flex=flex_available())
+    varlen = cuda and varlen_available()
+    return Kernels(varlen=varlen, flash_attn=cuda and flash_attn_available(), flex=flex_available(),
+                   varlen_window=not varlen or "window_size" in _kernel_params(_torch_varlen_kernel()))
 
 
 def supported_attention(model_cls: Any, packed: bool = True) -> set[str] | None:

@@ -4,6 +4,7 @@ documents run one by one, through the native engine's loss and through TRL's pad
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -304,3 +305,31 @@ def test_preflight_refuses_an_attention_path_that_drops_the_sinks(tmp_path, engi
     auto = resolve(load_spec({"model": {"path": str(folder), "init": "random"}, "engine": engine,
                               "hardware": {"device": "cpu", "nproc_per_node": 1}}))
     assert not [p for p in preflight_problems(auto) if p.field == "model.attn_implementation"]
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma3_text"])
+def test_varlen_applies_the_family_s_sliding_window(name, monkeypatch):
+    """Phi3 (and Mistral) give the window only as an argument of the attention call, Gemma (and GPT-OSS) also on the
+    module: varlen must apply it either way (the reference kernel here; torch's on GPU), as the masks do."""
+    from runner.train import attention
+
+    monkeypatch.setattr(attention, "_varlen", None)
+    attention.set_varlen_kernel(attention.reference_varlen_attn)
+    attention.register_varlen()
+    try:
+        config = family_config(name)
+        torch.manual_seed(0)
+        config.initializer_range = 0.2
+        # One config object each: a model reads its attention implementation from its config at every call.
+        reference_model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager",
+                                                           dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="varlen",
+                                                 dtype=torch.float32)
+        assert model.config._attn_implementation == "varlen" != reference_model.config._attn_implementation
+        model.load_state_dict(reference_model.state_dict())
+        docs = _documents(512)
+        assert max(len(d) for d, _ in docs) > config.sliding_window  # the window cuts into the long documents
+        packed = _grads(model, lambda: full_loss_sum(model, collate([_packed_block(docs)])))
+        _assert_same(packed, _one_by_one(reference_model, docs), f"{name} varlen")
+    finally:
+        attention.set_varlen_kernel(None)
