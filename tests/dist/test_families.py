@@ -26,7 +26,8 @@ LOSS_TOL = 1e-5
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("families")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "families_gpu.py"), "--out", str(out),
-                           "--device", "cpu", "--quick", "--nproc", "2"], cwd=ROOT, capture_output=True, text=True)
+                           "--work", str(out / "work"), "--device", "cpu", "--quick", "--nproc", "2"], cwd=ROOT,
+                          capture_output=True, text=True)
     report = json.loads((out / "families-cpu.json").read_text())
     return {"proc": proc, "rows": report["rows"], "meta": report["meta"], "out": out}
 
