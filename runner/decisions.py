@@ -115,6 +115,16 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
                                  "block-diagonal mask (slow)")
 
 
+def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None = None) -> AttentionChoice:
+    """The attention path a run of `spec` takes on `device`, from the model's config (object or config.json dict)
+    alone: what the estimator plans. The engines make the same call with the model class's declared support, which
+    the registry's paths already reflect for the families it lists (tests check both agree); `kernels` defaults to
+    `Kernels.assumed(device)` (a machine with flash-attn installed picks flash_attention_2 at run time)."""
+    t = spec.train
+    return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config,
+                            kernels or Kernels.assumed(device), t.packing)
+
+
 def attention_refusal(impl: str, device: str, config: Any = None, supported: Iterable[str] | None = None,
                       kernels: Kernels | None = None, packed: bool = True) -> tuple[str, str] | None:
     """(why `impl` cannot train this model on packed blocks here, the fix), or None when it can.

@@ -60,6 +60,18 @@ def test_both_ranks_see_one_global_loss_and_the_engines_agree_on_the_first_step(
         assert losses[0] == losses[1], family
 
 
+def test_what_a_plan_from_config_json_says_is_what_each_engine_chose(matrix):
+    """runner.decisions.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
+    from runner.decisions import plan_attention
+    from runner.spec import RunSpec
+
+    for r in matrix["rows"]:
+        run_dir = matrix["out"] / "work" / "runs" / f"{r['family']}-{r['engine']}-{r['seq_len']}"
+        spec = RunSpec.model_validate(json.loads((run_dir / "spec.json").read_text()))
+        config = json.loads((Path(spec.model.path) / "config.json").read_text())
+        assert plan_attention(spec, config, "cpu").impl == r["attn"], r
+
+
 def test_the_report_names_command_machine_and_versions(matrix):
     meta = matrix["meta"]
     assert "--device cpu --quick" in meta["command"] and meta["versions"]["transformers"]
