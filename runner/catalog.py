@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem, UserError
+from runner.families import FAMILIES, family_of
 
 # ---------------------------------------------------------------------------------------------
 # GPU types
@@ -165,12 +166,11 @@ LAYER_FULL = "full_attention"
 LAYER_SLIDING = "sliding_attention"
 LAYER_LINEAR = "linear_attention"
 
-# model_types whose layers this module counts exactly (checked against transformers' own modules).
-EXACT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
-               "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss", "mixtral", "qwen3_vl", "qwen3_vl_text"}
-QK_NORM_TYPES = {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                 "qwen3_vl", "qwen3_vl_text"}
-GATED_ATTN_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+# Family traits come from runner.families: which model_types this module counts exactly (checked against
+# transformers' own modules), which have q/k norms, and which gate the attention output through q_proj.
+EXACT_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.counted_exactly)
+QK_NORM_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.qk_norm and f.counted_exactly)
+GATED_ATTN_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.attn_output_gate)
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class Arch:
         out: list[Linear] = []
         if self.layer_type(i) == LAYER_LINEAR:
             kd, vd, vh = self.linear_key_dim, self.linear_value_dim, self.linear_value_heads
-            if self.model_type == "qwen3_next":
+            if "in_proj_qkvz" in family_of({"model_type": self.model_type}).recurrent_proj:
                 out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd),
                         Linear("linear_attn.in_proj_ba", h, 2 * vh)]
             else:
@@ -429,9 +429,10 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         reasons.append(f"layer types {', '.join(odd)} not modelled: counted as full attention")
         layer_types = tuple(t if t in known else LAYER_FULL for t in layer_types)
     sliding = cfg.get("sliding_window")
-    if model_type in {"mistral", "qwen2", "qwen3", "qwen3_moe"} and not cfg.get("use_sliding_window", True):
+    if not cfg.get("use_sliding_window", True):
         sliding = None
-    if sliding and not layer_types and model_type == "mistral":
+    fam = family_of(config)
+    if sliding and not layer_types and fam.window_on_every_layer:
         layer_types = (LAYER_SLIDING,) * layers
 
     num_experts = int(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
@@ -454,8 +455,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     if any(k in cfg for k in ("n_shared_experts", "kv_lora_rank", "q_lora_rank")):
         reasons.append("shared-expert / latent-attention fields are not modelled")
 
-    attention_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
-    o_bias = bool(cfg.get("attention_bias", False)) and model_type != "qwen2"
+    attention_bias = bool(cfg.get("attention_bias", fam.qkv_bias))
+    o_bias = bool(cfg.get("attention_bias", False)) and not fam.qkv_bias
     arch = Arch(
         model_type=model_type, vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, intermediate=intermediate, tied_embeddings=tied,
@@ -463,10 +464,10 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         qk_norm=model_type in QK_NORM_TYPES,
         # transformers builds these q_proj with the output gate whatever the config says
         attn_output_gate=model_type in GATED_ATTN_TYPES,
-        attention_sinks=model_type == "gpt_oss",
+        attention_sinks=fam.attention_sinks,
         layer_types=layer_types, sliding_window=int(sliding) if sliding else None,
         num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
-        expert_bias=model_type == "gpt_oss", router_bias=model_type == "gpt_oss",
+        expert_bias=fam.expert_bias, router_bias=fam.expert_bias,
         shared_expert_intermediate=shared_im, dense_layers=dense_layers,
         linear_key_heads=int(cfg.get("linear_num_key_heads") or 0),
         linear_value_heads=int(cfg.get("linear_num_value_heads") or 0),
