@@ -204,6 +204,12 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     cu_k = kwargs.get("cu_seq_lens_k")
     cu_k = cu_q if cu_k is None else cu_k
     max_k = kwargs.get("max_length_k") or max_q
+    if query.dtype not in (torch.float16, torch.bfloat16) and query.is_cuda:
+        # The flash kernels take half precision only. Under autocast over fp32 weights (TRL's one-GPU setup) RoPE's
+        # elementwise math with fp32 cos/sin lifts q and k back to fp32: run at the autocast dtype, as transformers'
+        # own flash path does.
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     batch, heads_q, length, head_dim = query.shape
     heads_kv = key.shape[1]
     q = query.transpose(1, 2).reshape(batch * length, heads_q, head_dim)
