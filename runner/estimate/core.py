@@ -156,7 +156,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         seq_len=t.seq_len, attn_implementation=plan.attn, loss_impl=plan.loss_impl,
         activation_checkpointing=t.activation_checkpointing, params_trainable=mem.trainable,
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, mfu_source=mfu_source,
-        phases_gib={k: gib(sum(v.values())) for k, v in mem.phases.items()},
+        phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
     )
     return est

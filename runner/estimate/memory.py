@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from runner.catalog import LAYER_LINEAR
 from runner.estimate.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes
@@ -26,11 +26,33 @@ from runner.estimate.constants import (
 )
 from runner.estimate.lora import lora_params
 from runner.estimate.plan import Plan, fused_chunk_tokens, loss_chunk_tokens, offloads_activations, recomputed_layers
+from runner.spec import RunSpec
 
 
 @dataclass
-class _Memory:
-    phases: dict[str, dict[str, float]]
+class Phase:
+    """Bytes of each part alive at one moment of a step (per GPU, or per CPU rank)."""
+
+    params: float = 0.0
+    optimizer: float = 0.0
+    grads: float = 0.0
+    fsdp_buffers: float = 0.0
+    activations: float = 0.0
+    logits_loss: float = 0.0
+    lora: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.params + self.optimizer + self.grads + self.fsdp_buffers + self.activations + self.logits_loss
+                + self.lora)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class Memory:
+    phases: dict[str, Phase]
     peak_phase: str
     allocated: float
     breakdown: dict[str, float]
@@ -51,35 +73,67 @@ class _Memory:
     second step, after the AdamW states (created at the first optimizer step) took the blocks it had freed."""
 
 
-def memory_model(plan: Plan) -> _Memory:
-    """Bytes per GPU (or per CPU rank) at each phase of a step; the peak phase gives the breakdown.
+@dataclass(frozen=True)
+class Step:
+    """The sizes every part is built from."""
 
-    Phases (the largest is the peak): `loss` (end of the forward, the loss computed), `backward_start` (the loss's
-    backward or the last layer's, whichever holds more), `backward_end` (the first layer's backward or the root's
-    gradient reduce-scatter, whichever holds more) and `optimizer`.
-    """
-    spec, arch = plan.spec, plan.arch
-    t = spec.train
-    n = plan.world
-    reasons: list[str] = []
-    b = DTYPE_BYTES[plan.dtype]  # weights as loaded
-    cb = 2 if plan.device == "cuda" else b  # compute dtype (FSDP param_dtype) — bf16 on GPU
-    tokens = t.seq_len * t.micro_batch
-    lora = spec.method.kind == "lora"
+    plan: Plan
+    b: int
+    """Bytes per weight as loaded."""
+    cb: int
+    """Bytes per element in the compute dtype (FSDP's param_dtype): bf16 on GPU."""
+    tb: int
+    """Bytes per trainable parameter as FSDP (or one unwrapped TRL process) holds it."""
+    reduce_bytes: int
+    tokens: int
+    lora: bool
+    trl: bool
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.plan.spec
+
+    @property
+    def cuda(self) -> bool:
+        return self.plan.device == "cuda"
+
+
+def step_sizes(plan: Plan) -> Step:
+    spec = plan.spec
     trl = spec.engine == "trl"
-    ac = t.activation_checkpointing
+    b = DTYPE_BYTES[plan.dtype]
+    cuda = plan.device == "cuda"
+    reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if cuda else b
+    return Step(plan, b, 2 if cuda else b, TRL_TRAINABLE_BYTES if trl and cuda else b, reduce_bytes,
+                spec.train.seq_len * spec.train.micro_batch, spec.method.kind == "lora", trl)
 
-    text = arch.text_params
-    vision = arch.vision_params
-    lora_n, expert_stack, lora_notes = lora_params(arch, spec.method.lora) if lora else (0, 0, [])
-    reasons += lora_notes
 
-    # -- sharded model states -----------------------------------------------------------
-    tb = TRL_TRAINABLE_BYTES if trl and plan.device == "cuda" else b  # trainable parameters as FSDP holds them
-    if lora:
+@dataclass(frozen=True)
+class ModelStates:
+    """Sharded parameters, gradients and AdamW states per rank, and the adapters' (bytes)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    lora: float
+    """Adapter weights, gradients and AdamW states."""
+    lora_no_grads: float
+    grads_accumulated: float
+    """Gradients kept from one micro-batch to the next (train.grad_accum > 1)."""
+    lora_kept: float
+    trainable: int
+    expert_stack: int
+    notes: tuple[str, ...]
+
+
+def model_states(s: Step) -> ModelStates:
+    arch, n, b, tb = s.plan.arch, s.plan.world, s.b, s.tb
+    text, vision = arch.text_params, arch.vision_params
+    lora_n, expert_stack, notes = lora_params(arch, s.spec.method.lora) if s.lora else (0, 0, [])
+    if s.lora:
         trainable = lora_n
         params_b, grads_b, opt_b = (text + vision) * b / n, 0.0, 0.0
-        lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n  # adapter weights, grads, AdamW states
+        lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n
         lora_no_grads = trainable * tb * (1 + ADAM_STATES_PER_PARAM) / n
     else:
         trainable = text
@@ -88,56 +142,92 @@ def memory_model(plan: Plan) -> _Memory:
         grads_b = text * tb / n
         opt_b = text * tb * ADAM_STATES_PER_PARAM / n
         lora_b = lora_no_grads = 0.0
-    g_accum = grads_b if t.grad_accum > 1 else 0.0
-    lora_kept = lora_b if t.grad_accum > 1 else lora_no_grads
+    accumulating = s.spec.train.grad_accum > 1
+    return ModelStates(params_b, grads_b, opt_b, lora_b, lora_no_grads, grads_b if accumulating else 0.0,
+                       lora_b if accumulating else lora_no_grads, trainable, expert_stack, tuple(notes))
 
-    # -- FSDP2 unsharded working set ----------------------------------------------------
-    # Unsharded parameters are all-gathered (on one rank: copied) into buffers of their own in the compute dtype.
-    # A trained unit's gradient is reduce-scattered after its backward: the unsharded bf16 gradient is copied into
-    # a reduce-dtype input, then the reduce-scatter output (1/N of it) is cast to the parameter's dtype, which
-    # becomes the sharded gradient. The unit's parameters are resharded before that.
-    reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if plan.device == "cuda" else b
-    sharded = plan.sharded
 
-    def reduce_peak(params: int) -> float:
-        cast = tb if tb != reduce_bytes else 0
-        return params * max(cb + reduce_bytes, reduce_bytes + (reduce_bytes + cast) / n)
+@dataclass(frozen=True)
+class FsdpWorkingSet:
+    """FSDP2's unsharded copies and the gradients on their way to be reduce-scattered (bytes)."""
 
-    layer_u = arch.max_layer_params
-    root_u = arch.root_params
+    root_unsharded: float
+    root_in_layers_bwd: float
+    head_grad: float
+    layer_grad: float
+    layer_reduce_input: float
+    root_reduce: float
+    root_grad_shard: float
+    layer_grad_shard: float
+    gathered: float
+    root_reduce_output: float
+
+
+def fsdp_working_set(s: Step) -> FsdpWorkingSet:
+    """Unsharded parameters are all-gathered (on one rank: copied) into buffers of their own in the compute dtype.
+    A trained unit's gradient is reduce-scattered after its backward: the unsharded bf16 gradient is copied into a
+    reduce-dtype input, then the reduce-scatter output (1/N of it) is cast to the parameter's dtype, which becomes
+    the sharded gradient. The unit's parameters are resharded before that."""
+    arch, n, cb, tb, rb = s.plan.arch, s.plan.world, s.cb, s.tb, s.reduce_bytes
+    sharded = s.plan.sharded
+    layer_u, root_u = arch.max_layer_params, arch.root_params
+    cast = tb if tb != rb else 0
     # FSDP2 keeps the root unsharded from its forward to the end of backward; unwrapped, the weights are used
     # where they are.
     root_unsharded = root_u * cb if sharded else 0.0
     # ... unless reshard_after_forward is set explicitly, as accelerate does (TRL): then the root is gathered again
     # for the loss's backward, and with LoRA (no root gradient to wait for) let go before the layers' backward.
     # The allocator trace of the TRL GPT-OSS LoRA run shows no root copy at its training peak (estimator-notes.md).
-    root_in_layers_bwd = 0.0 if trl and lora else root_unsharded
+    root_in_layers_bwd = 0.0 if s.trl and s.lora else root_unsharded
     # Gradients made in backward: FSDP2 makes them in the compute dtype; unwrapped, in the parameter's own.
     gb = cb if sharded else tb
-    head_grad = 0 if lora else (arch.lm_head_params or arch.embed_params) * gb  # lm_head grad, from the loss on
-    layer_grad = 0 if lora else layer_u * gb
-    # The layer just reduced keeps its reduce-scatter input until the next layer's reduce starts.
-    layer_reduce_input = 0.0 if lora or not sharded else layer_u * reduce_bytes
-    root_reduce = 0.0 if lora or not sharded else reduce_peak(root_u)
-    root_grad_shard = 0.0 if lora or not sharded else root_u * tb / n
-    layer_grad_shard = 0.0 if lora or not sharded else layer_u * tb / n
-    # FSDP2 gathers the layer being run (and prefetches the next) into buffers of their own.
-    gathered = layer_u * cb if sharded else 0.0
-    if n == 1 and sharded:
-        reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
+    reduced = not s.lora and sharded
+    return FsdpWorkingSet(
+        root_unsharded=root_unsharded, root_in_layers_bwd=root_in_layers_bwd,
+        head_grad=0 if s.lora else (arch.lm_head_params or arch.embed_params) * gb,  # lm_head grad, from the loss on
+        layer_grad=0 if s.lora else layer_u * gb,
+        # The layer just reduced keeps its reduce-scatter input until the next layer's reduce starts.
+        layer_reduce_input=layer_u * rb if reduced else 0.0,
+        root_reduce=root_u * max(cb + rb, rb + (rb + cast) / n) if reduced else 0.0,
+        root_grad_shard=root_u * tb / n if reduced else 0.0,
+        layer_grad_shard=layer_u * tb / n if reduced else 0.0,
+        # FSDP2 gathers the layer being run (and prefetches the next) into buffers of their own.
+        gathered=layer_u * cb if sharded else 0.0,
+        root_reduce_output=0.0 if s.lora else root_u * rb / n)
 
-    # -- activations --------------------------------------------------------------------
-    compiled = COMPILED_ACTIVATION_FACTOR if t.compile and plan.device == "cuda" else 1.0
-    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=lora, gdn_torch=plan.gdn_torch)
+
+@dataclass(frozen=True)
+class ActivationMemory:
+    """What the decoder layers keep for backward and what their backward makes (bytes)."""
+
+    kept: float
+    """At the end of forward: the inputs of recomputed layers, every activation of the others."""
+    recompute_last: float
+    """Over `kept`, at the worst recompute (a checkpointed layer recomputes when the later layers freed theirs)."""
+    recompute_first: float
+    kept_first: float
+    """What the first layer still holds at its backward."""
+    transient: float
+    layer_input: float
+    mask: float
+    score_transient: float
+    host_offload: float
+    notes: tuple[str, ...]
+
+
+def activation_memory(s: Step) -> ActivationMemory:
+    plan, arch, t, cb, tokens = s.plan, s.plan.arch, s.spec.train, s.cb, s.tokens
+    notes: list[str] = []
+    compiled = COMPILED_ACTIVATION_FACTOR if t.compile and s.cuda else 1.0
+    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch)
                  * tokens * compiled for i in range(arch.layers)]
     if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
-        reasons.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
-                       "fp32 intermediates counted")
-    transient = backward_transient_bytes(arch, cb) * tokens
+        notes.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
+                     "fp32 intermediates counted")
     layer_input = cb * arch.hidden * tokens
-    k = recomputed_layers(spec, arch.layers)  # the first k layers recompute, the others keep their activations
+    k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
-    offload = offloads_activations(spec, plan.device)
+    offload = offloads_activations(s.spec, plan.device)
     on_gpu_input = 0.0 if offload else layer_input
     kept = k * on_gpu_input + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
@@ -149,134 +239,220 @@ def memory_model(plan: Plan) -> _Memory:
         worst = max(worst, kept_at + (per_layer[i] + layer_input - on_gpu_input if i < k else 0.0))
     host_offload = k * layer_input if offload else 0.0
     if offload:
-        reasons.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")
-    recompute_last = worst - kept
-    recompute_first = per_layer[0] if k else 0.0
-    kept_first = layer_input if k else per_layer[0]  # by the first layer's backward the others' are freed
+        notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")
+    square = t.seq_len * t.seq_len * t.micro_batch
     mask = 0.0
     score_transient = 0.0
-    if plan.attn in ("sdpa", "eager") and spec.train.packing:
-        mask = SDPA_MASK_BYTES_PER_ELEM * t.seq_len * t.seq_len * t.micro_batch
+    if plan.attn in ("sdpa", "eager") and t.packing:
+        mask = SDPA_MASK_BYTES_PER_ELEM * square
     if plan.attn == "eager":
-        score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * t.seq_len * t.seq_len * t.micro_batch
-        mask = cb * t.seq_len * t.seq_len * t.micro_batch  # additive float mask, kept for the step
+        score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * square
+        mask = cb * square  # additive float mask, kept for the step
+    return ActivationMemory(
+        kept=kept, recompute_last=worst - kept, recompute_first=per_layer[0] if k else 0.0,
+        kept_first=layer_input if k else per_layer[0],  # by the first layer's backward the others' are freed
+        transient=backward_transient_bytes(arch, cb) * tokens, layer_input=layer_input, mask=mask,
+        score_transient=score_transient, host_offload=host_offload, notes=tuple(notes))
 
-    # -- logits and loss ----------------------------------------------------------------
-    # The final norm's saved tensors and the gathered hidden states the loss reads (the size of the norm's output)
-    # stay until the loss's backward.
-    norm_kept, norm_out = _norm_bytes(arch, cb, lora)
+
+@dataclass(frozen=True)
+class LossMemory:
+    final_norm: float
+    """The final norm's saved tensors and the gathered hidden states the loss reads, kept to the loss's backward."""
+    forward: float
+    backward: float
+
+
+def loss_memory(s: Step, head_grad: float) -> LossMemory:
+    arch, t, cb, tokens = s.plan.arch, s.spec.train, s.cb, s.tokens
+    norm_kept, norm_out = _norm_bytes(arch, cb, s.lora)
     final_norm = (norm_kept + norm_out) * arch.hidden * tokens
     v = arch.vocab
-    if plan.loss_impl == "full":
-        loss_fwd = LOGITS_BYTES_PER_ELEM * tokens * v
-        loss_bwd = LOGITS_BYTES_PER_ELEM * tokens * v
-    elif plan.loss_impl == "chunked":
+    impl = s.plan.loss_impl
+    if impl == "full":
+        return LossMemory(final_norm, LOGITS_BYTES_PER_ELEM * tokens * v, LOGITS_BYTES_PER_ELEM * tokens * v)
+    if impl == "chunked":
         chunk = min(tokens, loss_chunk_tokens(v))
-        loss_fwd = CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM * chunk * v
         # Backward of a chunk: recomputed log-softmax output, its gradient and the logits' gradient (fp32); and,
         # when lm_head trains, the chunk's weight gradient before it is added to the accumulated one.
-        loss_bwd = max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad)
-    elif plan.loss_impl == "fused":
+        return LossMemory(final_norm, CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM * chunk * v,
+                          max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad))
+    if impl == "fused":
         chunk = min(tokens, fused_chunk_tokens(v))
-        per_elem = FUSED_LOSS_COMPILED_BYTES_PER_ELEM if t.compile and plan.device == "cuda" else \
-            FUSED_LOSS_BYTES_PER_ELEM
+        per_elem = FUSED_LOSS_COMPILED_BYTES_PER_ELEM if t.compile and s.cuda else FUSED_LOSS_BYTES_PER_ELEM
         # Made in forward and held to backward: the targets' hidden-state gradient and lm_head's weight gradient
         # (the latter is the head_grad that the backward phases count). In backward the hidden-state gradient
         # is scattered back into a zero tensor of the whole block.
         grad_hidden = cb * arch.hidden * tokens
-        loss_fwd = per_elem * chunk * v + grad_hidden + head_grad
-        loss_bwd = 2 * grad_hidden
-    else:
-        loss_fwd = loss_bwd = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
+        return LossMemory(final_norm, per_elem * chunk * v + grad_hidden + head_grad, 2 * grad_hidden)
+    per_token = (cb * arch.hidden + TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA) * tokens
+    return LossMemory(final_norm, per_token, per_token)
+
+
+@dataclass(frozen=True)
+class ExpertMerges:
+    """LoRA on expert stacks (peft's ParamWrapper): the merged weight W + B·A of a layer is kept for that layer's
+    backward, where its gradient joins it. Without checkpointing every MoE layer's merged weight stays from its
+    forward to its backward."""
+
+    at_backward: float
+    kept: float
+    last: float
+
+
+def expert_merges(s: Step, expert_stack: int) -> ExpertMerges:
+    arch, cb = s.plan.arch, s.cb
+    if not s.lora:
+        return ExpertMerges(0.0, 0.0, 0.0)
+    at_backward = PARAMWRAPPER_MERGED_COPIES * expert_stack * cb
+    if s.spec.train.activation_checkpointing:
+        return ExpertMerges(at_backward, 0.0, at_backward)
+    kept = sum(1 for i in range(arch.layers) if arch.is_moe_layer(i)) * expert_stack * cb
+    return ExpertMerges(at_backward, kept, kept + expert_stack * cb)  # + the last one's gradient
+
+
+def autocast_weight_copies(s: Step, trainable: int) -> float:
+    """One unwrapped TRL process computes its fp32 trainable weights in bf16 under autocast, which keeps the bf16
+    copy of every weight it casts until the forward (the loss included) returns: the decoder layers' and lm_head's
+    matmul weights, not the input embedding's lookup. Counted with FSDP's gathered copies (the breakdown's
+    fsdp_buffers): the same bf16 weight copies, made by autocast instead."""
+    plan, arch = s.plan, s.plan.arch
+    if not (s.trl and not plan.sharded and s.cuda and plan.dtype != "float32"):  # the engine's autocast rule
+        return 0.0
+    if s.lora:
+        return trainable * s.cb
+    return (arch.text_params - (arch.embed_params if arch.lm_head_params else 0)) * s.cb
+
+
+@dataclass(frozen=True)
+class Parts:
+    states: ModelStates
+    fsdp: FsdpWorkingSet
+    act: ActivationMemory
+    loss: LossMemory
+    merges: ExpertMerges
+    cast_cache: float
+    sharded: bool
+
+
+def loss_phase(p: Parts) -> Phase:
+    """The end of the forward, the loss computed."""
+    st = p.states
+    return Phase(st.params, st.optimizer, grads=st.grads_accumulated,
+                 fsdp_buffers=p.fsdp.root_unsharded + p.cast_cache, activations=p.act.kept + p.act.mask,
+                 logits_loss=p.loss.final_norm + p.loss.forward, lora=st.lora_kept + p.merges.kept)
+
+
+def _held(p: Parts, grads: float) -> tuple[float, float]:
+    """Gradients that backward has made and FSDP2 has not yet reduced sit in its buffers (held); unwrapped they
+    are the parameters' own .grad: (in grads, held)."""
+    return (0.0, grads) if p.sharded else (grads, 0.0)
+
+
+def backward_start_phase(p: Parts) -> Phase:
+    """The loss's backward or the last layer's, whichever holds more."""
+    st, f, a = p.states, p.fsdp, p.act
+    grads_at_loss, held_at_loss = _held(p, f.head_grad)
+    grads_at_last, held_at_last = _held(p, f.head_grad + f.layer_grad)
+    loss_back = Phase(st.params, st.optimizer, grads=st.grads_accumulated + grads_at_loss,
+                      fsdp_buffers=f.root_unsharded + held_at_loss + f.gathered, activations=a.kept + a.mask,
+                      logits_loss=p.loss.final_norm + p.loss.backward, lora=st.lora_kept + p.merges.kept)
+    last_layer = Phase(st.params, st.optimizer, grads=st.grads_accumulated + grads_at_last,
+                       fsdp_buffers=f.root_in_layers_bwd + held_at_last + 2 * f.gathered,
+                       activations=a.kept + a.recompute_last + a.transient + a.mask + a.score_transient,
+                       logits_loss=0.0, lora=st.lora + p.merges.last)
+    return max(loss_back, last_layer, key=lambda x: x.total)
+
+
+def first_layer_phase(p: Parts) -> Phase:
+    """The first layer's backward. Unwrapped, `grads` holds every gradient here (the input embedding's, still to
+    come, is lm_head's when tied)."""
+    st, f, a = p.states, p.fsdp, p.act
+    _, held_at_last = _held(p, f.head_grad + f.layer_grad)
+    return Phase(st.params, st.optimizer,
+                 grads=max(st.grads_accumulated, st.grads - f.root_grad_shard - f.layer_grad_shard),
+                 fsdp_buffers=f.root_in_layers_bwd + held_at_last + f.gathered + f.layer_reduce_input,
+                 activations=a.kept_first + a.recompute_first + a.transient + a.mask + a.score_transient,
+                 logits_loss=0.0, lora=st.lora + p.merges.at_backward)
+
+
+def root_reduce_phase(p: Parts) -> Phase:
+    """The root's gradient reduce-scatter, the last of backward."""
+    st = p.states
+    return Phase(st.params, st.optimizer, grads=max(st.grads_accumulated, st.grads - p.fsdp.root_grad_shard),
+                 fsdp_buffers=p.fsdp.root_reduce, activations=p.act.mask, logits_loss=0.0, lora=st.lora)
+
+
+def optimizer_phase(p: Parts) -> Phase:
+    st = p.states
+    return Phase(st.params, st.optimizer, grads=st.grads, fsdp_buffers=0.0, activations=0.0, logits_loss=0.0,
+                 lora=st.lora)
+
+
+def setup_phase(s: Step, states: ModelStates) -> Phase | None:
+    """Random init draws the whole model on each GPU (runner.train.model.load_model), then FSDP2 keeps the rank's
+    shard. fully_shard (native) swaps one layer's parameters at a time; accelerate's fsdp2_prepare_model (TRL)
+    keeps the drawn state dict until the sharded model holds all of it. Unwrapped, the model is trained as drawn
+    (TRL casts its trainable weights to fp32 one tensor at a time)."""
+    plan, arch = s.plan, s.plan.arch
+    if not (s.cuda and s.spec.model.init == "random"):
+        return None
+    whole = (arch.text_params + arch.vision_params) * s.b
+    copy = (states.params if s.trl else arch.max_layer_params * s.b / plan.world) if plan.sharded else 0.0
+    return Phase(params=whole + copy)
+
+
+def state_holes(s: Step, p: Parts) -> float:
+    """One unwrapped TRL process: its fp32 AdamW states are created at the first optimizer step, in the blocks the
+    first step freed (layer inputs, autocast's weight copies, the loss's and the recompute's buffers) wherever a
+    state tensor fits in one; the second step then reserves that working set again. Measured on the H200
+    (trl_reserved_steps.py): 1.72B at 32k reserved 25.9 GiB after step 1 and 38.7 from step 2 on, 31.0 allocated;
+    at 8k, where a layer input (32 MiB) is smaller than an MLP weight's state (48 MiB), 28.1 with 27.0 allocated."""
+    if not (s.trl and not p.sharded and s.cuda and p.states.optimizer):
+        return 0.0
+    a = p.act
+    state_tensor = s.tb * s.plan.arch.hidden * s.plan.arch.intermediate
+    freed = a.transient + (a.kept + p.cast_cache + p.loss.final_norm + p.loss.forward
+                           if a.layer_input >= state_tensor else 0.0)
+    return min(p.states.optimizer, freed)
+
+
+def memory_model(plan: Plan) -> Memory:
+    """Bytes per GPU (or per CPU rank) at each phase of a step; the peak phase gives the breakdown.
+
+    Phases (the largest is the peak): `loss` (end of the forward, the loss computed), `backward_start` (the loss's
+    backward or the last layer's, whichever holds more), `backward_end` (the first layer's backward or the root's
+    gradient reduce-scatter, whichever holds more), `optimizer`, and `setup` when the model is drawn on the GPU.
+    """
+    s = step_sizes(plan)
+    states = model_states(s)
+    fsdp = fsdp_working_set(s)
+    act = activation_memory(s)
+    reasons = list(states.notes)
+    if plan.world == 1 and plan.sharded:
+        reasons.append("one rank: FSDP still all-gathers into unsharded buffers (counted)")
+    reasons += act.notes
     if plan.device == "cpu":
         reasons.append("CPU run: host RAM per rank, fp32 throughout; allocator behaviour differs from CUDA")
-
-    # -- LoRA on expert stacks (ParamWrapper) -------------------------------------------
-    # The merged weight W + B·A of a layer is kept for that layer's backward, where its gradient joins it.
-    # Without checkpointing every MoE layer's merged weight stays from its forward to its backward.
-    moe_layers = sum(1 for i in range(arch.layers) if arch.is_moe_layer(i))
-    merged_bwd = PARAMWRAPPER_MERGED_COPIES * expert_stack * cb if lora else 0.0
-    merged_kept = 0.0 if ac or not lora else moe_layers * expert_stack * cb
-    last_merged = merged_bwd if ac or not lora else merged_kept + expert_stack * cb  # + the last one's gradient
-
-    # One unwrapped TRL process computes its fp32 trainable weights in bf16 under autocast, which keeps the bf16
-    # copy of every weight it casts until the forward (the loss included) returns: the decoder layers' and
-    # lm_head's matmul weights, not the input embedding's lookup. Counted with FSDP's gathered copies (the
-    # breakdown's fsdp_buffers): the same bf16 weight copies, made by autocast instead.
-    cast_cache = 0.0
-    if trl and not sharded and plan.device == "cuda" and plan.dtype != "float32":  # the engine's autocast rule
-        cast_cache = trainable * cb if lora else (text - (arch.embed_params if arch.lm_head_params else 0)) * cb
-    base = {"params": params_b, "optimizer": opt_b}
-    acts_common = mask
-    loss_phase = {**base, "grads": g_accum, "fsdp_buffers": root_unsharded + cast_cache,
-                  "activations": kept + acts_common, "logits_loss": final_norm + loss_fwd,
-                  "lora": lora_kept + merged_kept}
-    # Gradients that backward has made and FSDP2 has not yet reduced sit in its buffers; unwrapped they are the
-    # parameters' own .grad.
-    grads_at_loss, held_at_loss = (0.0, head_grad) if sharded else (head_grad, 0.0)
-    grads_at_last, held_at_last = (0.0, head_grad + layer_grad) if sharded else (head_grad + layer_grad, 0.0)
-    loss_back = {**base, "grads": g_accum + grads_at_loss, "fsdp_buffers": root_unsharded + held_at_loss + gathered,
-                 "activations": kept + acts_common, "logits_loss": final_norm + loss_bwd,
-                 "lora": lora_kept + merged_kept}
-    last_layer = {**base, "grads": g_accum + grads_at_last,
-                  "fsdp_buffers": root_in_layers_bwd + held_at_last + 2 * gathered,
-                  "activations": kept + recompute_last + transient + acts_common + score_transient,
-                  "logits_loss": 0.0, "lora": lora_b + last_merged}
-    # Unwrapped, `grads` holds every gradient here (the input embedding's, still to come, is lm_head's when tied).
-    first_layer = {**base, "grads": max(g_accum, grads_b - root_grad_shard - layer_grad_shard),
-                   "fsdp_buffers": root_in_layers_bwd + held_at_last + gathered + layer_reduce_input,
-                   "activations": kept_first + recompute_first + transient + acts_common + score_transient,
-                   "logits_loss": 0.0, "lora": lora_b + merged_bwd}
-    root_phase = {**base, "grads": max(g_accum, grads_b - root_grad_shard), "fsdp_buffers": root_reduce,
-                  "activations": acts_common, "logits_loss": 0.0, "lora": lora_b}
-    optimizer = {**base, "grads": grads_b, "fsdp_buffers": 0.0, "activations": 0.0, "logits_loss": 0.0,
-                 "lora": lora_b}
-
-    def total(phase: dict[str, float]) -> float:
-        return sum(phase.values())
-
-    phases = {
-        "loss": loss_phase,
-        "backward_start": max(loss_back, last_layer, key=total),
-        "backward_end": max(first_layer, root_phase, key=total),
-        "optimizer": optimizer,
-    }
-    if plan.device == "cuda" and spec.model.init == "random":
-        # Random init draws the whole model on each GPU (runner.train.model.load_model), then FSDP2 keeps the
-        # rank's shard. fully_shard (native) swaps one layer's parameters at a time; accelerate's
-        # fsdp2_prepare_model (TRL) keeps the drawn state dict until the sharded model holds all of it. Unwrapped,
-        # the model is trained as drawn (TRL casts its trainable weights to fp32 one tensor at a time).
-        whole = (text + vision) * b
-        copy = (params_b if trl else layer_u * b / n) if sharded else 0.0
-        phases["setup"] = {"params": whole + copy}
-    if trl and not lora:
+    parts = Parts(states, fsdp, act, loss_memory(s, fsdp.head_grad), expert_merges(s, states.expert_stack),
+                  autocast_weight_copies(s, states.trainable), plan.sharded)
+    root = root_reduce_phase(parts)
+    phases = {"loss": loss_phase(parts), "backward_start": backward_start_phase(parts),
+              "backward_end": max(first_layer_phase(parts), root, key=lambda x: x.total),
+              "optimizer": optimizer_phase(parts)}
+    setup = setup_phase(s, states)
+    if setup is not None:
+        phases["setup"] = setup
+    if s.trl and not s.lora:
         reasons.append("TRL full fine-tune: fp32 master weights (16 B per parameter)")
-    totals = {k: total(v) for k, v in phases.items()}
+    totals = {k: v.total for k, v in phases.items()}
     peak_phase = max(totals, key=lambda k: totals[k])
-    allocated = totals[peak_phase]
-    breakdown = dict(phases[peak_phase])
 
-    # -- the reduce-scatter stream's pool -------------------------------------------------
     # Held on the reduce-scatter stream at each phase: the sharded gradients, and the root's reduce output.
-    root_out = 0.0 if lora else root_u * reduce_bytes / n
-    on_reduce = {"loss": phases["loss"]["grads"], "backward_start": phases["backward_start"]["grads"],
-                 "backward_end": phases["backward_end"]["grads"] + (root_out if phases["backward_end"] is root_phase
-                                                                    else 0.0),
-                 "optimizer": grads_b, "setup": 0.0}
-    reduce_pool = 0.0 if plan.device != "cuda" or lora or not sharded else grads_b + root_out
+    on_reduce = {k: v.grads for k, v in phases.items()}
+    on_reduce["backward_end"] += fsdp.root_reduce_output if phases["backward_end"] is root else 0.0
+    on_reduce["optimizer"], on_reduce["setup"] = states.grads, 0.0
+    reduce_pool = 0.0 if not s.cuda or s.lora or not plan.sharded else states.grads + fsdp.root_reduce_output
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
-
-    # -- blocks the AdamW states take over (one unwrapped TRL process) ----------------------
-    # Its fp32 AdamW states are created at the first optimizer step, in the blocks the first step freed (layer
-    # inputs, autocast's weight copies, the loss's and the recompute's buffers) wherever a state tensor fits in
-    # one; the second step then reserves that working set again. Measured on the H200 (trl_reserved_steps.py):
-    # 1.72B at 32k reserved 25.9 GiB after step 1 and 38.7 from step 2 on, 31.0 allocated; at 8k, where a layer
-    # input (32 MiB) is smaller than an MLP weight's state (48 MiB), 28.1 with 27.0 allocated.
-    state_holes = 0.0
-    if trl and not sharded and plan.device == "cuda" and opt_b:
-        state_tensor = tb * arch.hidden * arch.intermediate
-        freed = transient + (kept + cast_cache + final_norm + loss_fwd if layer_input >= state_tensor else 0.0)
-        state_holes = min(opt_b, freed)
-    return _Memory({k: {**v} for k, v in phases.items()}, peak_phase, allocated, breakdown, trainable, reasons,
-                   expert_stack, reduce_pool, default_pool, host_offload, state_holes)
-
+    return Memory(phases, peak_phase, totals[peak_phase], phases[peak_phase].as_dict(), states.trainable, reasons,
+                  states.expert_stack, reduce_pool, default_pool, act.host_offload, state_holes(s, parts))
