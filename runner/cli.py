@@ -235,7 +235,7 @@ def _print_estimate(spec: Any, est: Any) -> None:
                   f"(headroom {est.headroom_gib:.1f} GiB)")
     console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
                   f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
-                  f"{est.flops_per_step:.3g} FLOP/step, utilisation {est.mfu_assumed:.2f} assumed)")
+                  f"{est.flops_per_step:.3g} FLOP/step, HFU {est.hfu_assumed:.2f} assumed)")
     if est.suggestion:
         console.print(f"suggestion: {est.suggestion}")
     if est.approximate_reason:

@@ -7,12 +7,14 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
 from runner.events import read_events
+from runner.flops import utilisation
 from runner.pins import redact
 
 SCHEMA = "sft-tui.record/1"
@@ -161,13 +163,24 @@ def find_record(ref: str, records_dir: Path) -> Path:
 # Metrics from the event files
 
 
-def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_per_token: float | None = None,
-                        peak_flops: float | None = None) -> dict[str, Any]:
-    """Per-rank loss curves, last steps, tokens/s, peak memory and the data fingerprint, from rank<r>.jsonl."""
+@dataclass(frozen=True)
+class RunFlops:
+    """What MFU needs from the run's model and GPU (runner/flops.py)."""
+
+    model_per_token: float
+    attention_per_doc_len_sq: float
+    ceiling_tflops: float
+
+
+
+def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: RunFlops | None = None
+                        ) -> dict[str, Any]:
+    """Per-rank loss curves, last steps, tokens/s, peak memory, MFU and the data fingerprint, from rank<r>.jsonl."""
     per_rank: dict[str, Any] = {}
     curves: dict[str, list[list[float]]] = {}
     wall = []
     tokens_total = 0
+    doc_len_sq: int | None = 0  # Σ doc_len² over every rank's steps, for the attention FLOPs (None: not reported)
     fingerprint = hashlib.sha256()
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
@@ -177,6 +190,10 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
         ends = [e for e in evs if e.get("event") == "end"]
         start = next((e for e in evs if e.get("event") == "start"), None)
         curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
+        if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
+            doc_len_sq += sum(e["doc_len_sq"] for e in steps)
+        else:
+            doc_len_sq = None
         info: dict[str, Any] = {"last_step": steps[-1]["step"] if steps else 0,
                                 "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
         if ends:
@@ -221,8 +238,10 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
     global_losses = [e.get("global_loss") for e in read_events(events_dir / "rank0.jsonl") if "global_loss" in e]
     if global_losses:
         out["final_global_loss"] = global_losses[-1]
-    if device == "cuda" and flops_per_token and peak_flops and tokens_per_s:
-        out["mfu"] = round(tokens_per_s * flops_per_token / (peak_flops * world_size), 4)
+    if device == "cuda" and flops is not None and train_s and tokens_total:
+        # MFU (runner/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
+        done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
+        out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
     return out
 
 

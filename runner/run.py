@@ -10,8 +10,11 @@ from typing import Any, Callable
 
 from runner import pins as pins_mod
 from runner import records
+from runner.catalog import load_arch
 from runner.events import read_events
 from runner.failure import PEER_FAILURE_CAUSES, classify_text, log_tail, signal_cause, torchrun_exit_codes
+from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token
+from runner.gpus import ceiling_tflops_here
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
 from runner.sampler import NodeSampler
 from runner.spec import RunSpec
@@ -57,8 +60,8 @@ class ActiveRun:
             return None
         rec = dict(self.record)
         h = self.spec.hardware
-        fpt, peak = _flops_and_peak(self.spec)
-        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device, fpt, peak)
+        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
+                                                     _run_flops(self.spec))
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
@@ -73,15 +76,16 @@ class ActiveRun:
         return self.record
 
 
-def _flops_and_peak(spec: RunSpec) -> tuple[float | None, float | None]:
-    """Model FLOPs per token (6·N) and the GPU's practical peak, for the record's MFU; (None, None) on CPU."""
-    if spec.hardware.device != "cuda":
-        return None, None
-    from runner.bench import _peak_tflops, flops_per_token
-
-    fpt, _, _ = flops_per_token(spec)
-    peak = _peak_tflops(spec)
-    return fpt, peak * 1e12 if peak else None
+def _run_flops(spec: RunSpec) -> records.RunFlops | None:
+    """The model's FLOPs counts and this machine's GPU ceiling, for the record's MFU; None on CPU."""
+    ceiling = ceiling_tflops_here(spec.hardware.device)
+    if ceiling is None:
+        return None
+    try:
+        arch = load_arch(spec).arch
+    except Exception:  # noqa: BLE001 - an architecture the catalog cannot read only loses the MFU figure
+        return None
+    return records.RunFlops(model_flops_per_token(arch), attention_flops_per_doc_len_sq(arch), ceiling)
 
 
 def _any_error(paths: RunPaths, world_size: int) -> bool:

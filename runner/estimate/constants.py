@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.flops import GDN_CHUNK  # noqa: F401 (the kernels' chunk length, for the activation count)
+
 GIB = 1024**3
 
 
@@ -63,8 +65,6 @@ MOE_ROUTE_INTERMEDIATES: dict[str, int] = {"gpt_oss": 7}
 width). SwiGLU experts (qwen3_moe, mixtral, the default 4): the gate/up projection output (2), silu's output and
 the product. gpt-oss's clamped SwiGLU with bias: the gate/up output (2), the clamped gate, its sigmoid,
 up + 1, their product and the down projection's input (7)."""
-GDN_CHUNK = 64
-"""Chunk length of the gated-delta-rule kernels (flash-linear-attention chunk_gated_delta_rule)."""
 GDN_TORCH_PATH_BYTES = 80.0
 """Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
 value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule

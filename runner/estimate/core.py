@@ -93,17 +93,17 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     else:
         tokens_per_step = min(doc_len, t.seq_len) * per_rank_seqs * plan.world
     flops, attn_flops = flops_per_step(plan, doc_len, tokens_per_step)
-    mfu, mfu_source = calibration(plan)
+    hfu, hfu_source = calibration(plan)
     unwrapped = plan.device == "cuda" and spec.engine == "native" and not plan.sharded
     if unwrapped:
-        mfu *= UNWRAPPED_RATE_FACTOR
-        mfu_source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
+        hfu *= UNWRAPPED_RATE_FACTOR
+        hfu_source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
     elif plan.device == "cuda" and spec.engine == "trl" and not plan.sharded:
-        mfu *= TRL_UNWRAPPED_RATE_FACTOR
-        mfu_source += f"; × {TRL_UNWRAPPED_RATE_FACTOR} for one unwrapped process (autocast casts)"
+        hfu *= TRL_UNWRAPPED_RATE_FACTOR
+        hfu_source += f"; × {TRL_UNWRAPPED_RATE_FACTOR} for one unwrapped process (autocast casts)"
     if plan.device == "cuda":
         assert plan.gpu is not None
-        rate = plan.world * plan.gpu.ceiling_tflops * 1e12 * mfu
+        rate = plan.world * plan.gpu.ceiling_tflops * 1e12 * hfu
         if plan.attn == "eager":
             step_s = (flops - attn_flops) / rate + attn_flops / (rate * EAGER_ATTENTION_EFFICIENCY)
         else:
@@ -122,7 +122,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     else:
         cores = max(1, (os.cpu_count() or 2))
         step_s = flops / (cores * CPU_GFLOPS_PER_CORE * 1e9 * CPU_EFFICIENCY) + CPU_STEP_OVERHEAD_S
-        mfu, mfu_source = CPU_EFFICIENCY, "CPU: an assumed share of 20 GFLOP/s per core"
+        hfu, hfu_source = CPU_EFFICIENCY, "CPU: an assumed share of 20 GFLOP/s per core"
     if t.max_steps is not None:
         steps: int | None = t.max_steps
     elif packed and data.tokens:
@@ -148,14 +148,14 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         gpu_memory_gib=round(capacity / GIB, 2), gpu=gpu_name,
         world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
         total_s=None if total_s is None else round(total_s, 1), tokens_per_step=tokens_per_step,
-        flops_per_step=float(f"{flops:.4g}"), mfu_assumed=mfu, approximate=approximate,
+        flops_per_step=float(f"{flops:.4g}"), hfu_assumed=hfu, approximate=approximate,
         approximate_reason="; ".join(reasons), suggestion=None,
         arch={"model_type": arch.model_type, "params_total": arch.params_total, "params_active": arch.params_active,
               "layers": arch.layers, "vocab": arch.vocab},
         peak_phase=mem.peak_phase, device=plan.device, engine=spec.engine, method=spec.method.kind,
         seq_len=t.seq_len, attn_implementation=plan.attn, loss_impl=plan.loss_impl,
         activation_checkpointing=t.activation_checkpointing, params_trainable=mem.trainable,
-        arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, mfu_source=mfu_source,
+        arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
         phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
     )

@@ -7,8 +7,9 @@ import functools
 import importlib.util
 from dataclasses import dataclass
 
-from runner.catalog import Arch, GpuType, LoadedArch, detect_gpu, gpu_type, load_arch
+from runner.catalog import Arch, LoadedArch, load_arch
 from runner.errors import Problem, UserError
+from runner.gpus import GpuType, detect_gpu, gpu_type
 from runner.spec import RunSpec
 
 

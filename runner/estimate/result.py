@@ -31,7 +31,7 @@ class Estimate:
     total_s: float | None
     tokens_per_step: int
     flops_per_step: float
-    mfu_assumed: float
+    hfu_assumed: float
     approximate: bool
     approximate_reason: str
     suggestion: str | None
@@ -50,7 +50,7 @@ class Estimate:
     arch_source: str = ""
     doc_len: int = DEFAULT_DOC_LEN
     dataset_tokens: int | None = None
-    mfu_source: str = ""
+    hfu_source: str = ""
     phases_gib: dict[str, float] = field(default_factory=dict)
     host_offload_gib: float = 0.0
     """Pinned host memory per rank for offloaded activations (train.offload_activations); not in per_gpu_gib."""

@@ -314,7 +314,7 @@ def test_load_arch_order(monkeypatch, tmp_path):
 
 REQUIRED = {"fits", "verdict", "headroom_gib", "per_gpu_gib", "per_gpu_allocated_gib", "gpu_memory_gib", "gpu",
             "world_size", "breakdown", "step_s", "steps", "total_s", "tokens_per_step", "flops_per_step",
-            "mfu_assumed", "approximate", "approximate_reason", "suggestion", "arch"}
+            "hfu_assumed", "approximate", "approximate_reason", "suggestion", "arch"}
 PARTS = {"params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora", "cuda_context_nccl",
          "fragmentation"}
 
