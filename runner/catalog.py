@@ -265,26 +265,26 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
-    """An Arch from an HF config.json dict; VLM-style configs contribute their `text_config` and count `vision_config`.
-
-    Raises UserError naming the missing fields when the config has no hidden size or layer count.
-    """
-    top = config
+def _text_config(config: dict[str, Any]) -> tuple[dict[str, Any], bool, str]:
+    """(the language model's config, whether it came from a VLM's text_config, the model_type to plan with)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
     cfg = dict(text) if text is not None else dict(config)
     for k in ("tie_word_embeddings",):
-        if k not in cfg and k in top:
-            cfg[k] = top[k]
+        if k not in cfg and k in config:
+            cfg[k] = config[k]
     # A VLM is named by its top-level type (qwen3_5), a plain LM by its own.
-    model_type = str((top.get("model_type") if text is not None else None) or cfg.get("model_type") or "unknown")
-    reasons: list[str] = []
+    model_type = str((config.get("model_type") if text is not None else None) or cfg.get("model_type") or "unknown")
+    return cfg, text is not None, model_type
 
+
+def _dimensions(cfg: dict[str, Any], name: str, in_text_config: bool, reasons: list[str]
+                ) -> tuple[int, int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, vocab, intermediate); missing optional ones assumed, in `reasons`."""
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     missing = [f for f, v in (("hidden_size", hidden), ("num_hidden_layers", layers)) if v is None]
     if missing:
-        where = "text_config" if text is not None else "config.json"
+        where = "text_config" if in_text_config else "config.json"
         raise UserError(f"cannot model {name or 'this model'}: its {where} has no {' or '.join(missing)}",
                         [Problem("model", f"config fields missing: {', '.join(missing)}",
                                  "give model.path a directory whose config.json has hidden_size and "
@@ -299,15 +299,17 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     if vocab is None:
         vocab = 32000
         reasons.append("vocab_size missing: assumed 32,000")
-    vocab = int(vocab)
     intermediate = _first(cfg, "intermediate_size", "ffn_dim", "n_inner")
     if intermediate is None:
         intermediate = 4 * hidden
         if not _first(cfg, "num_experts", "num_local_experts", "n_routed_experts"):
             reasons.append("intermediate_size missing: assumed 4 × hidden")
-    intermediate = int(intermediate)
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    return hidden, layers, heads, kv_heads, head_dim, int(vocab), int(intermediate)
 
+
+def _layer_types(cfg: dict[str, Any], layers: int, model_type: str, reasons: list[str]
+                 ) -> tuple[tuple[str, ...], int | None]:
+    """(each layer's type, or () when all are full attention; the sliding window)."""
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
         layer_types = tuple(str(t) for t in layer_types)
@@ -329,7 +331,12 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         sliding = None
     if sliding and not layer_types and model_type == "mistral":
         layer_types = (LAYER_SLIDING,) * layers
+    return layer_types, int(sliding) if sliding else None
 
+
+def _experts(cfg: dict[str, Any], layers: int, intermediate: int, reasons: list[str]
+             ) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """(experts, experts per token, expert width, shared expert width, the layers with a dense MLP)."""
     num_experts = int(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
     top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     expert_im = int(_first(cfg, "moe_intermediate_size", default=0) or 0)
@@ -344,6 +351,21 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         if num_experts and not top_k:
             top_k = 2
             reasons.append("num_experts_per_tok missing: assumed top-2")
+    return num_experts, top_k, expert_im, shared_im, dense_layers
+
+
+def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
+    """An Arch from an HF config.json dict; VLM-style configs contribute their `text_config` and count `vision_config`.
+
+    Raises UserError naming the missing fields when the config has no hidden size or layer count.
+    """
+    top = config
+    cfg, in_text_config, model_type = _text_config(config)
+    reasons: list[str] = []
+    hidden, layers, heads, kv_heads, head_dim, vocab, intermediate = _dimensions(cfg, name, in_text_config, reasons)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    layer_types, sliding = _layer_types(cfg, layers, model_type, reasons)
+    num_experts, top_k, expert_im, shared_im, dense_layers = _experts(cfg, layers, intermediate, reasons)
 
     if model_type not in EXACT_TYPES:
         reasons.append(f"model_type '{model_type}' is not modelled exactly: counted as a llama-style decoder")
@@ -360,7 +382,7 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         # transformers builds these q_proj with the output gate whatever the config says
         attn_output_gate=model_type in GATED_ATTN_TYPES,
         attention_sinks=model_type == "gpt_oss",
-        layer_types=layer_types, sliding_window=int(sliding) if sliding else None,
+        layer_types=layer_types, sliding_window=sliding,
         num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
         expert_bias=model_type == "gpt_oss", router_bias=model_type == "gpt_oss",
         shared_expert_intermediate=shared_im, dense_layers=dense_layers,
@@ -375,7 +397,7 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         raise UserError(f"cannot model {name or 'this model'}: linear-attention layers without their head sizes",
                         [Problem("model", "config fields missing: linear_num_value_heads, linear_key_head_dim, ...",
                                  "give a config.json with the linear-attention fields")])
-    vision = top.get("vision_config") if text is not None else None
+    vision = top.get("vision_config") if in_text_config else None
     if isinstance(vision, dict) and vision:
         vparams, vlinears, vreason = _vision_params(vision)
         reasons2 = list(arch.approximate_reasons) + ([vreason] if vreason else [])
