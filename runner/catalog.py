@@ -1,5 +1,5 @@
 """Model architectures: config.json parsed into the sizes the estimator counts, and a built-in catalog for offline
-planning. GPU types live in runner/gpus.py, the hub's config.json requests in runner/hub.py."""
+planning. GPU types live in runner/gpus.py, the hub's config.json requests in runner/hub_config.py."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from runner.gpus import (  # noqa: F401 (re-exported for importers of the catalo
     gpu_type,
     match_gpu_name,
 )
-from runner.hub import config_from_cache as _from_cache
-from runner.hub import config_from_hub as _from_hub
+from runner.hub_config import config_from_cache as _from_cache
+from runner.hub_config import config_from_hub as _from_hub
 
 # ---------------------------------------------------------------------------------------------
 # Architectures

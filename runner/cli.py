@@ -225,8 +225,11 @@ def _print_estimate(spec: Any, est: Any) -> None:
     table.add_column("GiB", justify="right")
     for k, v in est.breakdown.items():
         table.add_row(k, f"{v:.2f}")
-    table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
-    table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    if est.device == "cuda":
+        table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+        table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    else:
+        table.add_row("[bold]peak RSS per rank[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
     if est.per_gpu_reserved_gib > est.per_gpu_gib:
         table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
     console.print(table)
@@ -235,7 +238,8 @@ def _print_estimate(spec: Any, est: Any) -> None:
                   f"(headroom {est.headroom_gib:.1f} GiB)")
     console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
                   f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
-                  f"{est.flops_per_step:.3g} FLOP/step, HFU {est.hfu_assumed:.2f} assumed)")
+                  f"{est.flops_per_step:.3g} FLOP/step, "
+                  + (f"HFU {est.hfu_assumed:.2f} assumed)" if est.device == "cuda" else f"{est.hfu_source})"))
     if est.suggestion:
         console.print(f"suggestion: {est.suggestion}")
     if est.approximate_reason:

@@ -93,6 +93,10 @@ CUDA_CONTEXT_GIB = 0.6
 """CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
 NCCL_GIB = 1.0
 """NCCL communicator buffers with more than one rank."""
+CPU_PROCESS_GIB = 0.5
+"""Resident memory of a CPU rank before its training tensors: the interpreter, torch, transformers, the tokenizer,
+gloo. Measured: the embedded demo's ranks hold 0.51 GiB of RSS at step 1 with 0.02 GiB of tensors (0.52 at the
+end). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report (`mem_gib`, `peak_mem_gib.rss`)."""
 FRAGMENTATION_FRACTION = 0.15
 """Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
 share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the
@@ -131,8 +135,6 @@ CALIBRATION: dict[tuple[str, str, bool], tuple[float, str]] = {
                                       "(ablation-1p7b-nocompile)"),
     ("trl", "H200", True): (0.77, "runner bench on one H200, Qwen3 1.72B, TRL with liger and compile: 0.925 s at 32k "
                                   "and 0.339 s at 8k with TRL_STEP_OVERHEAD_S (bench-1p7b-longchat)"),
-    ("native", "B300", False): (0.43, "the 27B notebook: 995 steps of 8 × 32,768 tokens in ~2.5 h with setup on "
-                                      "8×B300"),
 }
 """Hardware FLOPs utilisation (recompute included) against the GPU's practical matmul ceiling, by (engine, GPU,
 compiled decoder layers). TRL's was fitted on the 1.72B long-conversation rows, where the 32k and 8k steps give
@@ -160,9 +162,14 @@ TRL_UNWRAPPED_RATE_FACTOR = 0.93
 recompute and in backward, where FSDP2 copied each layer once per pass): its H200 rate was fitted wrapped. Fitted
 on the 32k rows of the same commands plain: 0.919 s at 1.72B (bench-1p7b-32k-plain; 0.821-0.852 wrapped) and
 2.074 s at 4.02B (bench-4b-32k-plain; 1.939 wrapped)."""
-CPU_GFLOPS_PER_CORE = 20.0
-CPU_EFFICIENCY = 0.25
-CPU_STEP_OVERHEAD_S = 0.1
+CPU_RANK_GFLOPS = 25.0
+CPU_STEP_OVERHEAD_S = 0.04
+"""A CPU rank runs one thread (runner/launch.py sets OMP_NUM_THREADS=1): hardware FLOPs at this rate per rank, up to
+one rank per core, plus this per-step overhead (gloo collectives, Python). Fitted on the embedded demo
+(`runner run tiny-cpu`, 3.0e9 hardware FLOPs a step): ~0.10 s a step on a quiet 2-core machine (15 s for 150
+steps, README), and on this 2-core machine shared with other work (load 7.7) 0.36-0.38 s at 512 tokens and
+2.3-2.6 s at 2,048 (31.4e9 FLOPs), whose slope and intercept, scaled by the same 3.7× slowdown, give these two.
+Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a run by as much as it takes."""
 SETUP_BASE_S = {"cuda": 90.0, "cpu": 10.0}
 """Launch, imports, process group, tokenizer and first data before step 1."""
 LOAD_GB_PER_S = 1.5
@@ -180,5 +187,6 @@ KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
 PHASES = ("loss", "backward_start", "backward_end", "optimizer")
 BREAKDOWN_KEYS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora",
                   "cuda_context_nccl", "fragmentation")
+"""The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`."""
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from runner.estimate.constants import (
     BREAKDOWN_KEYS,
+    CPU_PROCESS_GIB,
     CUDA_CONTEXT_GIB,
     DEFAULT_DOC_LEN,
     FRAGMENTATION_FRACTION,
@@ -15,10 +16,11 @@ from runner.estimate.constants import (
     TRL_FRAGMENTATION_FRACTION,
     gib,
 )
+from runner.estimate.coverage import outside_measured
 from runner.estimate.data_size import dataset_size
 from runner.estimate.memory import Memory, memory_model
 from runner.estimate.plan import Plan, make_plan
-from runner.estimate.result import Estimate
+from runner.estimate.result import PER_GPU_BASIS, Estimate
 from runner.estimate.timing import flops_per_step, planned_steps, setup_seconds, step_time, tokens_per_step
 from runner.spec import RunSpec
 
@@ -50,7 +52,7 @@ def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
                             fraction * mem.allocated, idle_pools, plan.gpu.name)
     import psutil
 
-    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, 0.3 * GIB,  # interpreter, torch and gloo per rank
+    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB,
                         FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")
 
 
@@ -74,6 +76,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     breakdown = {k: gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS}
     breakdown["cuda_context_nccl"] = gib(dev.context)
     breakdown["fragmentation"] = gib(dev.fragmentation)
+    if plan.device != "cuda":  # no CUDA context, no NCCL: the rank process itself
+        breakdown = {("process" if k == "cuda_context_nccl" else k): v for k, v in breakdown.items()}
     headroom = dev.capacity - per_gpu
 
     data = dataset_size(spec, plan.loaded)
@@ -89,6 +93,9 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         reasons.append(f"dataset size: {data.source}")
     total_s = None if steps is None else setup_seconds(plan) + steps * step_s
 
+    scope = outside_measured(plan)
+    if scope:
+        reasons.append(scope)
     notes = ("dataset size:", "one rank", "activation offload:")  # said, but nothing approximate about them
     approx_reasons = [r for r in reasons if not r.startswith(notes)]
     if plan.loaded.note:
@@ -109,4 +116,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
         phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
+        peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
+                      if plan.device == "cuda" else {"rss": gib(per_gpu)}),
+        per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,
     )

@@ -7,6 +7,13 @@ from typing import Any
 
 from runner.estimate.constants import DEFAULT_DOC_LEN
 
+PER_GPU_BASIS = {
+    "cuda": "peak allocated by PyTorch plus fragmentation, CUDA context and NCCL buffers; per_gpu_reserved_gib adds "
+            "the reduce-scatter pool's idle blocks (what nvidia-smi shows)",
+    "cpu": "peak resident memory (RSS) of one rank process: the process itself (interpreter, torch, gloo), its "
+           "tensors and the allocator's share; CPU ranks report the same quantity (peak_mem_gib.rss)",
+}
+
 
 @dataclass
 class Estimate:
@@ -37,8 +44,8 @@ class Estimate:
     suggestion: str | None
     arch: dict[str, Any]
     peak_phase: str = ""
-    per_gpu_basis: str = ("peak allocated by PyTorch plus fragmentation, CUDA context and NCCL buffers; "
-                          "per_gpu_reserved_gib adds the reduce-scatter pool's idle blocks (what nvidia-smi shows)")
+    per_gpu_basis: str = ""
+    """What per_gpu_gib counts, in words (PER_GPU_BASIS)."""
     device: str = "cuda"
     engine: str = "native"
     method: str = "full"
@@ -54,6 +61,13 @@ class Estimate:
     phases_gib: dict[str, float] = field(default_factory=dict)
     host_offload_gib: float = 0.0
     """Pinned host memory per rank for offloaded activations (train.offload_activations); not in per_gpu_gib."""
+
+    peak_mem_gib: dict[str, float] = field(default_factory=dict)
+    """The estimate of what the ranks measure, under the names they report it with (their `end` event's
+    `peak_mem_gib`, the record's `metrics.per_rank.<r>.peak_mem`): on GPU `allocated` and `reserved` (PyTorch's
+    peaks, no CUDA context), on CPU `rss` (the rank process's resident memory)."""
+    approximate_scope: str = ""
+    """Why the estimate is outside what was measured (model family, GPU type or number of ranks), or "" inside."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

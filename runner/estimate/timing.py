@@ -7,8 +7,7 @@ import os
 
 from runner.estimate.constants import (
     CALIBRATION,
-    CPU_EFFICIENCY,
-    CPU_GFLOPS_PER_CORE,
+    CPU_RANK_GFLOPS,
     CPU_STEP_OVERHEAD_S,
     DTYPE_BYTES,
     EAGER_ATTENTION_EFFICIENCY,
@@ -93,9 +92,10 @@ def setup_seconds(plan: Plan) -> float:
 def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple[float, float, str]:
     """(seconds per optimizer step, the HFU it assumes, where that comes from)."""
     if plan.device != "cuda":
-        cores = max(1, (os.cpu_count() or 2))
-        step_s = flops / (cores * CPU_GFLOPS_PER_CORE * 1e9 * CPU_EFFICIENCY) + CPU_STEP_OVERHEAD_S
-        return step_s, CPU_EFFICIENCY, "CPU: an assumed share of 20 GFLOP/s per core"
+        busy = min(plan.nproc, os.cpu_count() or 1) * plan.spec.hardware.nodes  # one thread per rank
+        step_s = flops / (busy * CPU_RANK_GFLOPS * 1e9) + CPU_STEP_OVERHEAD_S
+        return step_s, 1.0, (f"CPU: {CPU_RANK_GFLOPS:g} GFLOP/s per single-threaded rank and "
+                             f"{CPU_STEP_OVERHEAD_S:g} s a step, fitted on the embedded demo (quiet 2-core machine)")
     spec, arch, t, gpu = plan.spec, plan.arch, plan.spec.train, plan.gpu
     assert gpu is not None
     hfu, source = calibration(plan)
