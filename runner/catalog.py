@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem, UserError
+from runner.families import FAMILIES, family
 from runner.gpus import (  # noqa: F401 (re-exported for importers of the catalog's GPU names)
     GPUS,
     GpuType,
@@ -61,12 +62,11 @@ LAYER_FULL = "full_attention"
 LAYER_SLIDING = "sliding_attention"
 LAYER_LINEAR = "linear_attention"
 
-# model_types whose layers this module counts exactly (checked against transformers' own modules).
-EXACT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
-               "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss", "mixtral", "qwen3_vl", "qwen3_vl_text"}
-QK_NORM_TYPES = {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                 "qwen3_vl", "qwen3_vl_text"}
-GATED_ATTN_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+# Family traits come from runner.families: which model_types this module counts exactly (checked against
+# transformers' own modules), which have q/k norms, and which gate the attention output through q_proj.
+EXACT_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.counted_exactly)
+QK_NORM_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.qk_norm and f.counted_exactly)
+GATED_ATTN_TYPES = frozenset(f.model_type for f in FAMILIES.values() if f.attn_output_gate)
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ def _layer_types(cfg: dict[str, Any], layers: int, model_type: str, reasons: lis
         reasons.append(f"layer types {', '.join(odd)} not modelled: counted as full attention")
         layer_types = tuple(t if t in known else LAYER_FULL for t in layer_types)
     sliding = cfg.get("sliding_window")
-    if model_type in {"mistral", "qwen2", "qwen3", "qwen3_moe"} and not cfg.get("use_sliding_window", True):
+    if not cfg.get("use_sliding_window", True):
         sliding = None
     if sliding and not layer_types and model_type == "mistral":
         layer_types = (LAYER_SLIDING,) * layers
@@ -381,7 +381,7 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         qk_norm=model_type in QK_NORM_TYPES,
         # transformers builds these q_proj with the output gate whatever the config says
         attn_output_gate=model_type in GATED_ATTN_TYPES,
-        attention_sinks=model_type == "gpt_oss",
+        attention_sinks=bool(family(model_type) and family(model_type).attention_sinks),
         layer_types=layer_types, sliding_window=sliding,
         num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
         expert_bias=model_type == "gpt_oss", router_bias=model_type == "gpt_oss",

@@ -45,7 +45,7 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
             from runner.train.trl_engine import trl_problems
 
             out += trl_problems(spec, config, _device(spec), lora=False)
-    out += _attention_problems(spec)
+    out += _attention_problems(spec, config)
     out += _hardware_problems(spec)
     if spec.method.kind == "lora" and spec.output.save == "full" and spec.engine == "native":
         out.append(Problem("output.save", "full export of a LoRA run is not supported by the native engine",
@@ -269,14 +269,21 @@ def _lora_problems(spec: RunSpec, config: Any) -> list[Problem]:
     return list(lora.lora_problems(model, spec))
 
 
-def _attention_problems(spec: RunSpec) -> list[Problem]:
-    from runner.train.attention import attention_problem
+def _attention_problems(spec: RunSpec, config: Any = None) -> list[Problem]:
+    """The attention path the engine would load must keep packed documents apart and apply the family's attention
+    (runner.decisions via runner.train.attention.attention_for); the trl engine's own check covers it there."""
+    from runner.train.attention import attention_for, attention_problem
 
-    impl = spec.model.attn_implementation
-    if impl == "auto":
+    if config is None or spec.engine == "trl":
+        impl = spec.model.attn_implementation
+        problem = None if impl == "auto" or config is not None else attention_problem(impl, _device(spec))
+        return [Problem("model.attn_implementation", f"{impl} cannot run here: {problem}", "use auto")] \
+            if problem else []
+    choice, refusal = attention_for(spec, config, _device(spec))
+    if refusal is None:
         return []
-    problem = attention_problem(impl, _device(spec))
-    return [Problem("model.attn_implementation", f"{impl} cannot run here: {problem}", "use auto")] if problem else []
+    return [Problem("model.attn_implementation", f"{choice.impl} cannot train this model here: {refusal[0]}",
+                    refusal[1])]
 
 
 def _hardware_problems(spec: RunSpec) -> list[Problem]:

@@ -17,6 +17,7 @@ otherwise.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
@@ -28,41 +29,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-VARLEN = "varlen"
-# Measured on one H200 (references.md): compiled flex attention beats varlen_attn at 8,192 tokens per forward
-# (1.1 vs 2.7 ms) and loses at 32,768 (6.1 vs 4.3 ms); the crossover between them has not been measured.
-VARLEN_MIN_TOKENS = 32_768
-# Layer types whose only token mixing is (masked) softmax attention: packing is safe with any backend above.
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
-                                   "global_attention", "local_attention"})
-# Families whose recurrent layers are gated-delta nets that honour cu_seqlens / seq_idx given the kernels.
-GATED_DELTA_FAMILIES = {
-    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
-    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
-    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
-    "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-    "qwen3_5_moe_text": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-}
-# Families known to mix tokens through a recurrent state even when their config has no layer_types.
-RECURRENT_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba", "zamba2",
-                                   "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2", "lfm2_moe", "rwkv",
-                                   "recurrent_gemma", "xlstm", "minimax", "qwen3_next", "qwen3_5", "qwen3_5_text",
-                                   "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear"})
-
+from runner.decisions import VARLEN_MIN_TOKENS, AttentionChoice, Kernels, attention_refusal, choose_attention  # noqa: F401
+from runner.families import ATTENTION_LAYER_TYPES, BOUNDARY_PATHS, GATED_DELTA, VARLEN, family_of  # noqa: F401
+from runner.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
 
 # ---------------------------------------------------------------------------------------------
-# Backend choice
-
-
-@dataclass(frozen=True)
-class AttentionChoice:
-    """The HF attention implementation to load the model with, and why (recorded in the train_begin event)."""
-
-    impl: str
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"attn": self.impl, "attn_reason": self.reason}
+# Kernels and what a model class supports
 
 
 def varlen_available() -> bool:
@@ -85,14 +57,28 @@ def flex_available() -> bool:
     return True
 
 
-def supported_attention(model_cls: Any) -> set[str] | None:
-    """The HF implementations a model class declares it supports (None when unknown, e.g. remote code)."""
+def available_kernels(device: str) -> Kernels:
+    """The attention kernels this process can use on `device` (what runner.decisions.choose_attention is given)."""
+    cuda = device == "cuda"
+    return Kernels(varlen=cuda and varlen_available(), flash_attn=cuda and flash_attn_available(),
+                   flex=flex_available())
+
+
+def supported_attention(model_cls: Any, packed: bool = True) -> set[str] | None:
+    """The attention paths a model class supports on packed blocks (None when unknown, e.g. remote code).
+
+    From the class's `_supports_*` flags, less the mask-based paths (flex, sdpa, eager) when its forward neither
+    builds its masks from position_ids nor takes the per-layer-type masks `install_packed_mask` gives it: with
+    those, packed documents would see each other (`packed=False`: one document per block, no such concern).
+    """
     if model_cls is None:
         return None
     flags = {"flash_attention_2": "_supports_flash_attn", "flex_attention": "_supports_flex_attn",
              "sdpa": "_supports_sdpa"}
     out = {"eager", VARLEN}  # varlen is registered as a custom function: any model that calls the interface
     out |= {impl for impl, flag in flags.items() if getattr(model_cls, flag, False)}
+    if packed and packed_mask_route(model_cls) == "none":
+        out -= {"flex_attention", "sdpa", "eager"}
     return out
 
 
@@ -104,47 +90,23 @@ def concrete_model_class(auto_cls: Any, config: Any) -> Any:
         return None
 
 
-def choose_attention(requested: str, device: str, tokens_per_forward: int,
-                     supported: set[str] | None = None) -> AttentionChoice:
-    """Pick the attention backend that keeps packed documents apart, fastest first, on this device.
+def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice, tuple[str, str] | None]:
+    """The attention path both engines load this model with on `device` (runner.decisions.choose_attention with
+    this class's support and the kernels installed here), and (why, fix) when that path cannot train it."""
+    from runner.train.loader import model_class
 
-    `supported` is what the model class declares (None = assume everything): hybrid models such as qwen3_5 have
-    no flex attention, so they get varlen at every length.
-    """
-    if requested != "auto":
-        return AttentionChoice(requested, "set by model.attn_implementation")
-
-    def ok(impl: str) -> bool:
-        return supported is None or impl in supported
-
-    if device != "cuda":
-        impl = "sdpa" if ok("sdpa") else "eager"
-        return AttentionChoice(impl, f"CPU: {impl} with the block-diagonal mask transformers builds from the "
-                                     "restarting position_ids (varlen and flash kernels are CUDA-only)")
-    if flash_attn_available() and ok("flash_attention_2"):
-        return AttentionChoice("flash_attention_2", "flash-attn is installed: varlen kernel fed cu_seqlens")
-    if varlen_available() and tokens_per_forward >= VARLEN_MIN_TOKENS:
-        return AttentionChoice(VARLEN, f"{tokens_per_forward} tokens per forward >= {VARLEN_MIN_TOKENS}: "
-                                       "torch varlen_attn fed cu_seqlens, no mask materialised")
-    if flex_available() and ok("flex_attention"):
-        return AttentionChoice("flex_attention", f"{tokens_per_forward} tokens per forward: flex attention with "
-                                                 "a document block mask")
-    if varlen_available():
-        return AttentionChoice(VARLEN, "torch varlen_attn fed cu_seqlens (flex attention unavailable for this "
-                                       "model)")
-    impl = "sdpa" if ok("sdpa") else "eager"
-    return AttentionChoice(impl, f"no varlen, flash or flex kernel: {impl} with a dense block-diagonal mask (slow)")
+    t = spec.train
+    supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)
+    kernels = available_kernels(device)
+    choice = choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, supported, config,
+                              kernels, t.packing)
+    return choice, attention_refusal(choice.impl, device, config, supported, kernels, t.packing)
 
 
 def attention_problem(impl: str, device: str) -> str | None:
     """Why `impl` cannot run here (None when it can)."""
-    if impl == VARLEN and (device != "cuda" or not varlen_available()):
-        return "varlen needs CUDA and torch.nn.attention.varlen (PyTorch >= 2.10)"
-    if impl == "flash_attention_2" and (device != "cuda" or not flash_attn_available()):
-        return "flash_attention_2 needs CUDA and the flash-attn package"
-    if impl == "flex_attention" and not flex_available():
-        return "flex_attention needs torch.nn.attention.flex_attention"
-    return None
+    why = attention_refusal(impl, device, kernels=available_kernels(device))
+    return why[0] if why else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,15 +122,26 @@ def _torch_varlen_kernel() -> Callable[..., torch.Tensor]:
 def reference_varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                           max_q: int, max_k: int, *, scale: float | None = None,
                           window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> torch.Tensor:
-    """varlen_attn's contract computed document by document with sdpa: runs anywhere (tests, CPU)."""
-    causal = tuple(window_size) == (-1, 0)
-    out = torch.empty_like(q)
+    """varlen_attn's contract computed document by document with sdpa: runs anywhere (tests, CPU).
+
+    window_size (left, right) as flash-attn counts it: query i sees keys i - left .. i + right (-1 = unbounded).
+    """
+    left, right = (int(x) for x in window_size)
+    out = q.new_empty(*q.shape[:2], v.shape[-1])
     for a, b in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
         qs, ks, vs = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))
         if enable_gqa and ks.shape[1] != qs.shape[1]:
             rep = qs.shape[1] // ks.shape[1]
             ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
-        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)[0].transpose(0, 1)
+        i = torch.arange(b - a)
+        dist = i[:, None] - i[None, :]  # query minus key position
+        allowed = torch.ones_like(dist, dtype=torch.bool)
+        if left >= 0:
+            allowed &= dist <= left
+        if right >= 0:
+            allowed &= dist >= -right
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed.to(q.device), scale=scale)[0] \
+            .transpose(0, 1)
     return out
 
 
@@ -234,9 +207,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q = query.transpose(1, 2).reshape(batch * length, heads_q, head_dim)
     k = key.transpose(1, 2).reshape(batch * length, heads_kv, head_dim)
     v = value.transpose(1, 2).reshape(batch * length, heads_kv, value.shape[-1])
+    v_dim = v.shape[-1]
+    if v_dim != head_dim:  # latent attention (deepseek): flash-style kernels want one head dim, as transformers pads
+        v = F.pad(v, (0, head_dim - v_dim))
     kernel, params = _varlen_choice()
     extra: dict[str, Any] = {"scale": scaling}
-    window = getattr(module, "sliding_window", None)
+    # Mistral, Mixtral and Phi3 give the window only as an argument; Qwen2, Gemma and GPT-OSS also on the module.
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     left = int(window) - 1 if window else -1
     if "window_size" in params:
         extra["window_size"] = (left, 0)
@@ -251,7 +228,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
             rep = heads_q // heads_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = kernel(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **extra)
-    return out.reshape(batch, length, heads_q, -1), None
+    return out[..., :v_dim].reshape(batch, length, heads_q, v_dim), None
 
 
 def register_varlen() -> None:
@@ -277,22 +254,6 @@ class PackingSupport:
     fix: str = ""
 
 
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else getattr(config, "text_config", None) or config
-
-
-def recurrent_layer_types(config: Any) -> set[str]:
-    """Layer types that mix tokens through a recurrent state (empty for attention-only models)."""
-    text = _text_config(config)
-    types = set(getattr(text, "layer_types", None) or [])
-    recurrent = {t for t in types if t not in ATTENTION_LAYER_TYPES}
-    model_types = {getattr(config, "model_type", None), getattr(text, "model_type", None)}
-    if not types and model_types & RECURRENT_MODEL_TYPES:
-        recurrent = {str(next(iter(model_types & RECURRENT_MODEL_TYPES)))}
-    return recurrent
-
-
 def _importable(module: str, name: str) -> bool:
     try:
         return getattr(importlib.import_module(module), name, None) is not None
@@ -306,9 +267,9 @@ def gated_delta_kernels() -> dict[str, bool]:
             "causal-conv1d": _importable("causal_conv1d", "causal_conv1d_fn")}
 
 
-def _gated_delta_module(model_type: str) -> Any | None:
-    name = GATED_DELTA_FAMILIES.get(model_type)
-    if name is None:
+def _gated_delta_module(config: Any) -> Any | None:
+    name = family_of(config).transformers_module
+    if not name:
         return None
     try:
         return importlib.import_module(name)
@@ -334,14 +295,17 @@ def _patch_targets(module: Any) -> tuple[str, str] | None:
 def packing_support(config: Any) -> PackingSupport:
     """Can a model with this config train on packed blocks here without documents leaking into each other?"""
     recurrent = recurrent_layer_types(config)
+    fam = family_of(config)
     if not recurrent:
+        if not fam.attention_paths:
+            return PackingSupport(False, "none", f"no attention path keeps packed documents apart in {fam.model_type}",
+                                  "set train.packing=false (one document per block)")
         return PackingSupport(True, "attention only: document mask / cu_seqlens")
-    text = _text_config(config)
-    model_type = getattr(text, "model_type", None) or getattr(config, "model_type", "")
+    model_type = fam.model_type
     kinds = ", ".join(sorted(recurrent))
-    if recurrent <= {"linear_attention"} and model_type in GATED_DELTA_FAMILIES:
+    if recurrent <= {"linear_attention"} and fam.recurrent == GATED_DELTA:
         kernels = gated_delta_kernels()
-        module = _gated_delta_module(model_type)
+        module = _gated_delta_module(config)
         if all(kernels.values()):
             return PackingSupport(True, "flash-linear-attention + causal-conv1d kernels fed cu_seqlens/seq_idx")
         if module is not None and _patch_targets(module) is not None:
@@ -470,8 +434,94 @@ def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Masks for models whose forward ignores position_ids when it builds them (GPT-OSS and others)
 
-# Kernels that read cu_seqlens keep documents apart without any mask.
-BOUNDARY_KERNELS = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "varlen")
+BOUNDARY_KERNELS = tuple(sorted(BOUNDARY_PATHS))
+"""Kernels that read cu_seqlens keep documents apart without any mask."""
+MASK_BUILDERS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask"})
+
+
+def _mask_calls(forward: ast.FunctionDef) -> tuple[list[bool], bool]:
+    """([whether each mask-builder call in this forward is given position_ids], whether the forward takes a dict of
+    prepared masks as its attention_mask)."""
+    dict_keys: dict[str, set[str]] = {}
+    aliases = set(MASK_BUILDERS)
+    takes_dict = False
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Dict):
+                dict_keys[target] = {k.value for k in value.keys if isinstance(k, ast.Constant)}
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "copy" \
+                    and isinstance(value.func.value, ast.Name):  # sliding_kwargs = mask_kwargs.copy()
+                dict_keys[target] = set(dict_keys.get(value.func.value.id, set()))
+            names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+            if names & MASK_BUILDERS and not isinstance(value, ast.Call):
+                aliases.add(target)  # mask_function = create_causal_mask if ... else create_sliding_...
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            if getattr(node.args[1], "id", None) == "dict" and "attention_mask" in ast.unparse(node.args[0]):
+                takes_dict = True
+    given: list[bool] = []
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in aliases:
+            keys = {k.arg for k in node.keywords if k.arg}
+            for k in node.keywords:
+                if k.arg is None and isinstance(k.value, ast.Name):
+                    keys |= dict_keys.get(k.value.id, set())
+            given.append("position_ids" in keys)
+    return given, takes_dict
+
+
+@functools.lru_cache(maxsize=128)
+def _route_of_class(module_name: str, class_name: str) -> str | None:
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            if forward is None:
+                return None
+            given, takes_dict = _mask_calls(forward)
+            if not given:
+                return None
+            if all(given):
+                return "position_ids"
+            return "hook" if takes_dict else "none"
+    return None
+
+
+def _backbone_class(model_cls: type) -> type | None:
+    """The decoder-stack class under a causal-LM class: the base model of its module with the same config class."""
+    module = sys.modules.get(model_cls.__module__)
+    config_cls = getattr(model_cls, "config_class", None)
+    for obj in vars(module).values() if module else ():
+        if isinstance(obj, type) and obj.__module__ == model_cls.__module__ and "For" not in obj.__name__ \
+                and not obj.__name__.endswith("PreTrainedModel") and obj.__name__.endswith("Model") \
+                and getattr(obj, "config_class", None) is config_cls:
+            return obj
+    return None
+
+
+def packed_mask_route(model_cls: Any) -> str | None:
+    """How a model gets document masks on packed rows under flex / sdpa / eager, read from its decoder stack's
+    forward (`model_cls` is the causal-LM class or the decoder-stack class itself):
+
+    "position_ids": the forward gives position_ids to transformers' mask builders, which find the documents;
+    "hook": it builds masks without them but takes a dict of per-layer-type masks (`install_packed_mask`);
+    "none": neither, so only kernels that read cu_seqlens keep its documents apart; None: unknown (no source, or
+    the stack builds no mask itself).
+    """
+    name = getattr(model_cls, "__module__", None) or ""
+    if not name.startswith("transformers."):
+        return None
+    body = model_cls if "For" not in model_cls.__name__ else _backbone_class(model_cls)
+    if body is None:
+        return None
+    try:
+        return _route_of_class(name, body.__name__)
+    except ImportError:
+        return None
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:
@@ -506,6 +556,11 @@ def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
     body = backbone(model)
     config = getattr(body, "config", None)
     if config is None or getattr(config, "_attn_implementation", "") in BOUNDARY_KERNELS:
+        return False
+    # A forward that builds its masks from position_ids needs nothing, and one that does not take a dict of masks
+    # would fail on it ('dict' object has no attribute 'ndim'): supported_attention keeps such models on kernels
+    # that read cu_seqlens.
+    if packed_mask_route(type(body)) != "hook":
         return False
     builders = {"full_attention": mu.create_causal_mask,
                 "sliding_attention": getattr(mu, "create_sliding_window_causal_mask", mu.create_causal_mask)}

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
 from runner.spec import RunSpec
 
-ALL_LINEAR = "all-linear"
 # A numbered block in a module path ("model.layers.11.mlp"): stripped when listing names a user can target.
 _LAYER_INDEX = re.compile(r"^(?:.*\.)?\d+\.")
 
@@ -97,11 +97,6 @@ def _adaptable_module_types() -> tuple[type, ...]:
     return (*_linear_types(), nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
 
 
-def _matches_module(name: str, target: str) -> bool:
-    # peft's rule for a list entry: the full name, or a suffix at a dot boundary.
-    return name == target or name.endswith("." + target)
-
-
 def _short(name: str) -> str:
     return _LAYER_INDEX.sub("", name)
 
@@ -163,7 +158,7 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
         regex = isinstance(lo.target_modules, str)  # peft reads a single string as a regex over full names
         for target in entries:
             try:
-                hits = [n for n in modules if n and (re.fullmatch(target, n) if regex else _matches_module(n, target))]
+                hits = [n for n in modules if n and lora_module_targeted(n, target if regex else [target])]
             except re.error as e:
                 problems.append(Problem("method.lora.target_modules", f"'{target}' is not a valid regex: {e}",
                                         "give a list of module names, or 'all-linear'"))
@@ -185,7 +180,7 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
             targeted += wrappable
 
     for target in lo.target_parameters:
-        hits = [n for n in tensors if _matches_module(n, target)]
+        hits = [n for n in tensors if lora_parameter_targeted(n, [target])]
         if not hits:
             problems.append(Problem("method.lora.target_parameters",
                                     f"'{target}' names no 2-D/3-D weight tensor of {type(model).__name__}",
@@ -198,7 +193,7 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
 
     for key in lo.rank_pattern:
         try:
-            matched = any(re.match(rf"(.*\.)?({key})$", n) for n in targeted)  # peft's get_pattern_key rule
+            matched = any(lora_rank_key(n, {key: 0}) for n in targeted)
         except re.error as e:
             problems.append(Problem("method.lora.rank_pattern", f"key '{key}' is not a valid regex: {e}",
                                     "use a module or tensor name suffix"))

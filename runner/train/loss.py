@@ -25,32 +25,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from runner.decisions import (  # noqa: F401 - the loss decisions live with the others
+    CHUNK_LOGIT_BYTES,
+    FUSED_CHUNK_BYTES,
+    chunk_tokens_for,
+    chunked_supported,
+    fused_chunk_tokens_for,
+    resolve_loss_impl,
+)
 from runner.train.attention import packing_kwargs
 from runner.train.data import IGNORE
 
 LOSS_METHOD = "sft_loss_sum"
-# Logits of one chunk in float32: about 2**28 bytes (256 MiB) whatever the vocabulary.
-CHUNK_LOGIT_BYTES = 2**28
-# The fused loss holds a chunk's bf16 logits and their bf16 gradient: about 2**29 bytes (512 MiB). Larger chunks
-# than the chunked loss's because each chunk re-reads and re-writes lm_head's whole weight gradient (addmm_): at
-# 256 tokens that traffic, not the matrix products, set the chunk's time.
-FUSED_CHUNK_BYTES = 2**29
-
-
-def _tokens_within(budget: int, bytes_per_elem: int, vocab_size: int) -> int:
-    """Tokens per chunk (multiples of 256, 256..8192) whose tokens × vocab buffers stay near `budget` bytes."""
-    n = budget // (bytes_per_elem * max(1, vocab_size))
-    return max(256, min(8192, n // 256 * 256))
-
-
-def chunk_tokens_for(vocab_size: int) -> int:
-    """Tokens per lm_head chunk: keeps one chunk's float32 logits near CHUNK_LOGIT_BYTES."""
-    return _tokens_within(CHUNK_LOGIT_BYTES, 4, vocab_size)
-
-
-def fused_chunk_tokens_for(vocab_size: int) -> int:
-    """Tokens per chunk of the fused loss: bf16 logits + their bf16 gradient near FUSED_CHUNK_BYTES."""
-    return _tokens_within(FUSED_CHUNK_BYTES, 2 + 2, vocab_size)
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -67,29 +53,6 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     if head is None or base is None or base is hf:
         raise ValueError(f"{type(hf).__name__} has no separate base model and lm_head; use train.loss_impl=full")
     return base, head
-
-
-def chunked_supported(config: Any) -> str | None:
-    """Why the chunked loss would differ from the model's own logits (None when it is exact)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for name in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling"):
-        if getattr(text, name, None) not in (None, 1, 1.0):
-            return f"the model transforms its logits ({name})"
-    return None
-
-
-def resolve_loss_impl(requested: str, config: Any) -> tuple[str, str]:
-    """(full | chunked | fused, reason); auto = chunked unless the model post-processes its logits."""
-    if requested == "full":
-        return "full", "set by train.loss_impl"
-    problem = chunked_supported(config)
-    if requested in ("chunked", "fused"):
-        if problem:
-            raise ValueError(f"train.loss_impl={requested} cannot reproduce this model's loss: {problem}; use full")
-        return requested, "set by train.loss_impl"
-    if problem:
-        return "full", f"{problem}: chunked lm_head would differ"
-    return "chunked", "no full logits tensor; lm_head over target tokens in checkpointed chunks"
 
 
 def full_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:

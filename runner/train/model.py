@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
+from runner.train.loader import is_vlm_config, model_class  # noqa: F401 (where callers look for them)
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
@@ -50,22 +51,6 @@ def load_config(spec: RunSpec) -> Any:
 
     src, rev = model_source(spec)
     return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
-
-
-def is_vlm_config(config: Any) -> bool:
-    return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
-
-
-def model_class(spec: RunSpec, config: Any) -> Any:
-    """AutoModelForImageTextToText for VLM-style checkpoints (loader image_text_to_text, or auto with a vision
-    tower in the config), else AutoModelForCausalLM."""
-    AutoModelForCausalLM, AutoModelForImageTextToText = from_transformers("AutoModelForCausalLM",
-                                                                          "AutoModelForImageTextToText")
-
-    loader = spec.model.loader
-    if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
 
 
 def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu") -> nn.Module:
@@ -177,12 +162,9 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
     return keep
 
 
-def needs_fsdp(model: nn.Module, device: str, world: int, fsdp_one_rank: bool = False) -> bool:
-    """FSDP2 with more than one rank; on one rank only when asked, or when the weights are not in the compute
-    dtype (bf16 on GPU): then FSDP's mixed precision is what computes them in bf16."""
-    if world > 1 or fsdp_one_rank:
-        return True
-    return device == "cuda" and any(p.dtype != torch.bfloat16 for p in model.parameters())
+def weights_bf16(model: nn.Module) -> bool:
+    """Whether every weight is already in the bf16 compute dtype (runner.decisions.fsdp_wrapped asks)."""
+    return all(p.dtype == torch.bfloat16 for p in model.parameters())
 
 
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
@@ -190,8 +172,8 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 offload_activations: bool = False, fsdp_one_rank: bool = False) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
 
-    One rank trains the plain module unless `needs_fsdp` says otherwise: FSDP2 there copies each layer's weights
-    in and its gradients out, and its hooks cost host time that short steps cannot hide.
+    One rank trains the plain module unless runner.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
+    layer's weights in and its gradients out, and its hooks cost host time that short steps cannot hide.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -208,7 +190,9 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
         # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
         for layer in layers:
             layer.compile()
-    if not needs_fsdp(model, device, world, fsdp_one_rank):
+    from runner.decisions import fsdp_wrapped
+
+    if not fsdp_wrapped("native", world, device, fsdp_one_rank, weights_bf16(model)):
         return model
     mesh = init_device_mesh(device, (world,))
     # bf16 compute with fp32 gradient reduction, as the 27B recipe; on CPU everything stays fp32 (exact replays).

@@ -141,25 +141,21 @@ def _agree(flags: list[int], targets: int, group: dist.ProcessGroup | None) -> t
 
 def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
-    from runner.train.attention import (
-        choose_attention,
-        concrete_model_class,
-        install_document_reset,
-        install_packed_mask,
-        recurrent_layer_types,
-        supported_attention,
-    )
     from torch.distributed.fsdp import FSDPModule
 
-    from runner.train.loss import attach_chunked_loss, resolve_loss_impl
-    from runner.train.model import load_config, load_model, load_tokenizer, model_class, param_count, shard_model
+    from runner.decisions import choose_loss
+    from runner.errors import Problem, SpecError
+    from runner.train.attention import attention_for, install_document_reset, install_packed_mask, recurrent_layer_types
+    from runner.train.loss import attach_chunked_loss
+    from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
 
     t = spec.train
     tokenizer = load_tokenizer(spec)
     config = load_config(spec)
-    supported = supported_attention(concrete_model_class(model_class(spec, config), config))
-    attn = choose_attention(spec.model.attn_implementation, rt.device, t.seq_len * t.micro_batch, supported)
-    loss_impl, loss_reason = resolve_loss_impl(t.loss_impl, config)
+    attn, refusal = attention_for(spec, config, rt.device)
+    if refusal:
+        raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
+    loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
     model = load_model(spec, attn.impl, seed=t.seed, device=rt.device)
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets

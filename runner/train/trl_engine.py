@@ -47,9 +47,6 @@ from runner.train.lora import apply_lora, lora_problems_from_config, trainable_p
 from runner.train.runtime import Runtime
 
 MXFP4 = "mxfp4"
-# Kernels that take document boundaries from cu_seqlens and need no mask.
-# Model types whose attention adds per-head sink logits; only eager (any device) and flex (CUDA) apply them here.
-SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,57 +74,20 @@ def mxfp4_dequantize_available() -> tuple[bool, str]:
     return True, ""
 
 
-def concrete_class(config: Any, spec: RunSpec) -> type | None:
-    """The class the loader builds for this config (None for remote code or unknown configs)."""
-    from runner.train.model import model_class
+def pick_attention(spec: RunSpec, device: str, config: Any) -> tuple[str, str]:
+    """(implementation, why) for this model on this device, as the native engine picks it
+    (runner.train.attention.attention_for: attention sinks get eager on CPU, flex on CUDA)."""
+    from runner.train.attention import attention_for
 
-    try:
-        return model_class(spec, config)._model_mapping[type(config)]
-    except (KeyError, AttributeError):
-        return None
-
-
-def has_sinks(config: Any) -> bool:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text, "model_type", getattr(config, "model_type", "")) in SINK_MODEL_TYPES
-
-
-def choose_attention(spec: RunSpec, device: str, config: Any) -> tuple[str, str]:
-    """(implementation, why) for this model on this device; an explicit choice is kept as given."""
-    choice = spec.model.attn_implementation
-    if choice != "auto":
-        return choice, "set by model.attn_implementation"
-    if has_sinks(config):
-        if device == "cuda":
-            return "flex_attention", "attention sinks: flex attention applies them on CUDA, with a document mask"
-        return "eager", "attention sinks: only eager applies them on CPU"
-    from runner.train.attention import choose_attention as native_choice
-
-    pick = native_choice("auto", device, spec.train.seq_len * spec.train.micro_batch)
-    cls = concrete_class(config, spec)
-    if pick.impl == "sdpa" and getattr(cls, "_supports_sdpa", True) is False:
-        return "eager", f"{cls.__name__} does not support sdpa"
-    return pick.impl, pick.reason
+    choice, _ = attention_for(spec, config, device)
+    return choice.impl, choice.reason
 
 
 def attention_problems(spec: RunSpec, device: str, config: Any) -> list[Problem]:
-    impl, _ = choose_attention(spec, device, config)
-    cls = concrete_class(config, spec)
-    name = getattr(cls, "__name__", getattr(config, "model_type", "this model"))
-    field = "model.attn_implementation"
-    if has_sinks(config):
-        if impl in ("sdpa", "varlen", "flash_attention_2"):
-            return [Problem(field, f"{name} adds attention-sink logits, which {impl} does not apply",
-                            "use eager, or flex_attention on CUDA")]
-        if impl == "flex_attention" and device != "cuda":
-            return [Problem(field, f"{name} has attention sinks, which flex attention cannot apply on CPU",
-                            "use eager on CPU")]
-    if impl == "sdpa" and getattr(cls, "_supports_sdpa", True) is False:
-        return [Problem(field, f"{name} does not support sdpa", "use eager or flex_attention")]
-    from runner.train.attention import attention_problem
+    from runner.train.attention import attention_for
 
-    why = attention_problem(impl, device)
-    return [Problem(field, why, "use auto")] if why else []
+    _, refusal = attention_for(spec, config, device)
+    return [Problem("model.attn_implementation", *refusal)] if refusal else []
 
 
 def trl_problems(spec: RunSpec, config: Any = None, device: str | None = None, lora: bool = True) -> list[Problem]:
@@ -300,13 +260,6 @@ def warmup(spec: RunSpec) -> float:
     return float(ratio) if not t.warmup_steps and ratio else t.warmup_steps
 
 
-def needs_fsdp(world: int, device: str, fsdp_one_rank: bool) -> bool:
-    """accelerate's FSDP2 with more than one rank, or on one GPU when train.fsdp_one_rank asks. One process has
-    nothing to shard: FSDP2 there only copies each layer in and its gradients out, and its hooks cost host time
-    that short steps cannot hide. accelerate refuses FSDP for one CPU process (not distributed training)."""
-    return world > 1 or (device == "cuda" and fsdp_one_rank)
-
-
 def fp32_master_weights(model: torch.nn.Module) -> int:
     """Cast the trainable parameters to fp32 in place (the optimizer steps them; autocast computes in bf16), as
     accelerate's FSDP2 preparation does under mixed precision. Frozen weights stay as loaded. Returns the count."""
@@ -333,14 +286,12 @@ def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
     }
 
 
-LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"})
-"""Architectures whose liger-kernel layer kernels (RMSNorm, RoPE, SwiGLU) TRL applies; the TRL engine uses them
-when liger-kernel is installed on CUDA: TRL's best measured settings (flex attention + liger) include them."""
-
-
 def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if device != "cuda" or getattr(text, "model_type", None) not in LIGER_MODEL_TYPES:
+    """liger-kernel's layer kernels for the families it covers (runner.families `liger`), on CUDA when installed:
+    TRL's best measured settings (flex attention + liger) include them."""
+    from runner.families import family_of
+
+    if device != "cuda" or not family_of(config).liger:
         return False
     return importlib.util.find_spec("liger_kernel") is not None
 
@@ -550,7 +501,7 @@ def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path) -> None:
     if rt.rank != 0:
         return
     config = load_config(spec)
-    attn, _ = choose_attention(spec, "cpu", config)
+    attn, _ = pick_attention(spec, "cpu", config)
     peft_model = apply_lora(load_model(spec, "cpu", config, attn), spec)
     _, unexpected = peft_model.load_state_dict(state, strict=False)
     if unexpected:
@@ -583,14 +534,18 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(events)
     config = load_config(spec)
     check(spec, config, rt.device)
-    attn, attn_reason = choose_attention(spec, rt.device, config)
+    attn, attn_reason = pick_attention(spec, rt.device, config)
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, attn)
     if spec.method.kind == "lora":
         model = apply_lora(model, spec)
     n_params = sum(p.numel() for p in model.parameters())
-    bf16 = rt.device == "cuda" and spec.model.dtype != "float32"
+    from runner.decisions import fsdp_wrapped, precision
+
+    wrapped = fsdp_wrapped("trl", rt.world_size, rt.device, t.fsdp_one_rank)
+    prec = precision("trl", rt.device, spec.model.dtype, wrapped)
+    bf16 = prec.autocast
     packed_mask = install_packed_mask(model, torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
 
     stats = PackStats()
@@ -605,7 +560,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                         collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
                         pin_memory=rt.device == "cuda")
 
-    fsdp = fsdp_settings(model, spec) if needs_fsdp(rt.world_size, rt.device, t.fsdp_one_rank) else None
+    fsdp = fsdp_settings(model, spec) if wrapped else None
     if fsdp is None and bf16:
         fp32_master_weights(model)
     liger = use_liger(spec, rt.device, config)
@@ -631,8 +586,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  liger_kernels=liger, loss_impl="trl fused lm head",
                  packing=data_mode,
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
-                 precision="bf16 autocast over fp32 trainable weights" if bf16 else
-                 str(next(model.parameters()).dtype),
+                 precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
                  tokenisation="generation markers" if has_generation_markers(tokenizer) else "prefix bracketing")
     events.event("train_begin", **begin)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from runner.train.trl_engine import fp32_master_weights, needs_fsdp
+from runner.decisions import fsdp_wrapped
+from runner.train.trl_engine import fp32_master_weights
 
 
 @pytest.mark.parametrize("world,device,asked,expected", [
@@ -14,7 +15,7 @@ from runner.train.trl_engine import fp32_master_weights, needs_fsdp
     (8, "cuda", False, True),
 ])
 def test_fsdp_only_with_more_than_one_rank_or_when_asked(world, device, asked, expected):
-    assert needs_fsdp(world, device, asked) is expected
+    assert fsdp_wrapped("trl", world, device, asked) is expected
 
 
 def test_trainable_weights_become_fp32_and_frozen_ones_stay_as_loaded():
