@@ -8,7 +8,7 @@ import difflib
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -553,6 +553,8 @@ class LoadedArch:
     config_dir: Path | None = None
     """The local directory holding config.json (and maybe tokenizer.json), when there is one."""
     note: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    """config.json itself, for the engines' decisions (runner.decisions) the estimator plans with."""
 
 
 def load_arch(spec: Any) -> LoadedArch:
@@ -567,17 +569,19 @@ def load_arch(spec: Any) -> LoadedArch:
         if not path.is_file():
             raise UserError(f"no config.json under model.path {m.path}",
                             [Problem("model.path", f"{path} does not exist", "point model.path at a model directory")])
-        return LoadedArch(parse_arch(_read_json(path), name=m.id), "path", path.parent)
+        cfg = _read_json(path)
+        return LoadedArch(parse_arch(cfg, name=m.id), "path", path.parent, config=cfg)
     cached = _from_cache(m.id, m.revision)
     if cached is not None:
-        return LoadedArch(parse_arch(_read_json(cached), name=m.id), "cache", cached.parent)
+        cfg = _read_json(cached)
+        return LoadedArch(parse_arch(cfg, name=m.id), "cache", cached.parent, config=cfg)
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in {"1", "true", "yes", "on"}:
         cfg = _from_hub(m.id, m.revision or "main")
         if cfg is not None:
-            return LoadedArch(parse_arch(cfg, name=m.id), "hub")
+            return LoadedArch(parse_arch(cfg, name=m.id), "hub", config=cfg)
     cfg = catalog_config(m.id)
     if cfg is not None:
-        return LoadedArch(parse_arch(cfg, name=m.id), "catalog", note=CATALOG_NOTES.get(m.id, ""))
+        return LoadedArch(parse_arch(cfg, name=m.id), "catalog", note=CATALOG_NOTES.get(m.id, ""), config=cfg)
     close = difflib.get_close_matches(m.id, list(CATALOG), n=1, cutoff=0.5)
     fix = f"did you mean '{close[0]}'?" if close else "set model.path to a local model directory, or go online once"
     raise UserError(f"cannot find config.json for '{m.id}': not under model.path, not in the HF cache, "

@@ -18,10 +18,6 @@ def gib(x: float) -> float:
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 ADAM_STATES_PER_PARAM = 2
 """torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype."""
-TRL_TRAINABLE_BYTES = 4
-"""accelerate's FSDP2 preparation upcasts every trainable parameter to fp32 when mixed precision is on
-(accelerate/utils/fsdp_utils.py, fsdp2_prepare_model), and one unwrapped TRL process does the same
-(trl_engine.fp32_master_weights): fp32 master + fp32 grad + 2 fp32 Adam states = 16 B."""
 NATIVE_REDUCE_BYTES = 4
 """runner/train/model.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): reduce-scatter input in fp32."""
 TRL_REDUCE_BYTES = 2

@@ -21,7 +21,6 @@ from runner.estimate.constants import (
     SDPA_MASK_BYTES_PER_ELEM,
     TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA,
     TRL_REDUCE_BYTES,
-    TRL_TRAINABLE_BYTES,
     gib,
 )
 from runner.estimate.lora import lora_params
@@ -83,7 +82,7 @@ class Step:
     cb: int
     """Bytes per element in the compute dtype (FSDP's param_dtype): bf16 on GPU."""
     tb: int
-    """Bytes per trainable parameter as FSDP (or one unwrapped TRL process) holds it."""
+    """Bytes per trainable parameter as FSDP (or one unwrapped TRL process) holds it: the master weights' dtype."""
     reduce_bytes: int
     tokens: int
     lora: bool
@@ -103,8 +102,9 @@ def step_sizes(plan: Plan) -> Step:
     trl = spec.engine == "trl"
     b = DTYPE_BYTES[plan.dtype]
     cuda = plan.device == "cuda"
+    prec = plan.precision  # compute dtype and the trainable weights' dtype, as the engine decides
     reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if cuda else b
-    return Step(plan, b, 2 if cuda else b, TRL_TRAINABLE_BYTES if trl and cuda else b, reduce_bytes,
+    return Step(plan, b, DTYPE_BYTES[prec.compute], DTYPE_BYTES[prec.master], reduce_bytes,
                 spec.train.seq_len * spec.train.micro_batch, spec.method.kind == "lora", trl)
 
 
@@ -317,7 +317,7 @@ def autocast_weight_copies(s: Step, trainable: int) -> float:
     matmul weights, not the input embedding's lookup. Counted with FSDP's gathered copies (the breakdown's
     fsdp_buffers): the same bf16 weight copies, made by autocast instead."""
     plan, arch = s.plan, s.plan.arch
-    if not (s.trl and not plan.sharded and s.cuda and plan.dtype != "float32"):  # the engine's autocast rule
+    if not (plan.precision.autocast and not plan.sharded):
         return 0.0
     if s.lora:
         return trainable * s.cb

@@ -6,8 +6,20 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
+from typing import Any
 
 from runner.catalog import Arch, LoadedArch, load_arch
+from runner.decisions import (
+    AttentionChoice,
+    Kernels,
+    Precision,
+    choose_attention,
+    choose_loss,
+    fsdp_wrapped,
+    precision,
+)
+from runner.decisions import chunk_tokens_for as loss_chunk_tokens  # noqa: F401 (the estimator's name for it)
+from runner.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401
 from runner.errors import Problem, UserError
 from runner.gpus import GpuType, detect_gpu, gpu_type
 from runner.spec import RunSpec
@@ -32,39 +44,36 @@ class Plan:
     def arch(self) -> Arch:
         return self.loaded.arch
 
+    attn_reason: str = ""
+    loss_reason: str = ""
+
     @property
     def sharded(self) -> bool:
-        """Whether the model is wrapped in FSDP2: as runner/train/model.py needs_fsdp decides for the native engine
-        (one rank trains the plain module unless its weights are not bf16 on GPU, or train.fsdp_one_rank), and as
-        trl_engine.needs_fsdp decides for the TRL engine (one GPU process only with train.fsdp_one_rank)."""
-        if self.world > 1:
-            return True
-        if self.spec.engine == "trl":
-            return self.device == "cuda" and self.spec.train.fsdp_one_rank
-        return self.spec.train.fsdp_one_rank or (self.device == "cuda" and self.dtype != "bfloat16")
+        """Whether the model is wrapped in FSDP2, as both engines decide (runner.decisions.fsdp_wrapped)."""
+        return fsdp_wrapped(self.spec.engine, self.world, self.device, self.spec.train.fsdp_one_rank,
+                            weights_bf16=self.dtype == "bfloat16")
+
+    @property
+    def precision(self) -> Precision:
+        """Compute dtype, the trainable weights' dtype and autocast, as the engine decides (runner.decisions)."""
+        return precision(self.spec.engine, self.device, self.dtype, self.sharded)
 
 
-VARLEN_MIN_TOKENS = 32_768
-"""Mirrors runner/train/attention.py: auto on CUDA picks varlen from this many tokens per forward, flex below."""
+def planned_attention(spec: RunSpec, device: str, config: Any = None) -> AttentionChoice:
+    """The attention path the engine will pick (runner.decisions.choose_attention) with the kernels a plan assumes:
+    on CUDA torch's varlen and flex, no flash-attn (which costs the same memory as varlen here: no s² term). The
+    model class's own declared support is not known without importing it: the family's paths stand for it."""
+    t = spec.train
+    return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config or None,
+                            Kernels.assumed(device), t.packing)
 
 
-def planned_attention(spec: RunSpec, device: str) -> str:
-    """The attention backend the engine will pick, as runner/train/attention.py choose_attention does, without
-    importing torch. On CUDA flash-attn (when installed), varlen and flex cost the same memory here: no s² term."""
-    choice = spec.model.attn_implementation
-    if choice != "auto":
-        return choice
-    if device != "cuda":
-        return "sdpa"
-    return "varlen" if spec.train.seq_len * spec.train.micro_batch >= VARLEN_MIN_TOKENS else "flex_attention"
-
-
-def planned_loss(spec: RunSpec) -> str:
-    """full | chunked | fused (native engine, runner/train/loss.py) | trl-fused (the TRL engine: SFTTrainer's
-    fused LM head, whatever train.loss_impl says)."""
-    if spec.engine == "trl":
-        return "trl-fused"
-    return spec.train.loss_impl if spec.train.loss_impl in ("full", "fused") else "chunked"
+def planned_loss(spec: RunSpec, config: Any = None) -> tuple[str, str]:
+    """(full | chunked | fused | trl-fused, reason), as the engine decides (runner.decisions.choose_loss)."""
+    try:
+        return choose_loss(spec.engine, spec.train.loss_impl, config or {})
+    except ValueError as e:
+        raise UserError("invalid spec", [Problem("train.loss_impl", str(e), "use train.loss_impl=full")]) from None
 
 
 def make_plan(spec: RunSpec) -> Plan:
@@ -104,12 +113,14 @@ def make_plan(spec: RunSpec) -> Plan:
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
     loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
+    attn = planned_attention(spec, device, loaded.config)
+    loss, loss_reason = planned_loss(spec, loaded.config)
     # Looked up on the package, where a caller planning for another setup (the H200 rows: no flash-linear-attention)
     # replaces it.
     import runner.estimate as package
 
-    return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, planned_attention(spec, device), planned_loss(spec),
-                loaded, tuple(reasons), gdn_torch=not package.gdn_kernels_installed())
+    return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, attn.impl, loss, loaded, tuple(reasons),
+                gdn_torch=not package.gdn_kernels_installed(), attn_reason=attn.reason, loss_reason=loss_reason)
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,27 +131,8 @@ def _load_arch_cached(model_id: str, revision: str | None, path: str | None) -> 
 
 
 
-CHUNK_LOGIT_BYTES = 2**28
-"""Mirrors runner/train/loss.py: a chunk holds about 256 MiB of fp32 logits (256..8192 tokens, multiples of 256)."""
-
-
 FUSED_CHUNK_BYTES = 2**29
 """Mirrors runner/train/loss.py: a fused-loss chunk holds about 512 MiB of bf16 logits and their gradient."""
-
-
-def _chunk_tokens(budget: int, bytes_per_elem: int, vocab: int) -> int:
-    n = budget // (bytes_per_elem * max(1, vocab))
-    return max(256, min(8192, n // 256 * 256))
-
-
-def loss_chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk of the native engine's chunked loss (runner/train/loss.py chunk_tokens_for)."""
-    return _chunk_tokens(CHUNK_LOGIT_BYTES, 4, vocab)
-
-
-def fused_chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk of the native engine's fused loss (runner/train/loss.py fused_chunk_tokens_for)."""
-    return _chunk_tokens(FUSED_CHUNK_BYTES, 2 + 2, vocab)
 
 
 def gdn_kernels_installed() -> bool:

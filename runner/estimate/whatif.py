@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from runner.errors import UserError
 from runner.estimate.core import predict
-from runner.estimate.plan import planned_loss
 from runner.estimate.result import Estimate
 from runner.spec import RunSpec, load_spec
 
 
-def _candidates(spec: RunSpec, plan_world: int, nproc: int) -> list[tuple[str, list[str]]]:
+def _candidates(spec: RunSpec, nproc: int, loss_impl: str) -> list[tuple[str, list[str]]]:
     t, hw = spec.train, spec.hardware
     out: list[tuple[str, list[str]]] = []
-    if spec.engine == "native" and planned_loss(spec) == "full":
+    if spec.engine == "native" and loss_impl == "full":
         out.append(("chunked loss", ["train.loss_impl=chunked"]))
     if not t.activation_checkpointing:
         out.append(("activation checkpointing on", ["train.activation_checkpointing=true"]))
@@ -39,7 +38,7 @@ def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
     base = spec.to_dict()
     nproc = est.world_size // spec.hardware.nodes
     tried: list[tuple[str, Estimate]] = []
-    for label, overrides in _candidates(spec, est.world_size, nproc):
+    for label, overrides in _candidates(spec, nproc, est.loss_impl):
         try:
             alt = predict(load_spec(base, overrides), doc_len=doc_len)
         except UserError:
