@@ -227,6 +227,15 @@ def fused_chunk_tokens_for(vocab_size: int) -> int:
     return _tokens_within(FUSED_CHUNK_BYTES, 2 + 2, vocab_size)
 
 
+def loss_chunk_tokens(loss_impl: str, vocab_size: int) -> int | None:
+    """Tokens per lm_head chunk of the native engine's `loss_impl` (None for a loss that is not chunked)."""
+    if loss_impl == "chunked":
+        return chunk_tokens_for(vocab_size)
+    if loss_impl == "fused":
+        return fused_chunk_tokens_for(vocab_size)
+    return None
+
+
 def chunked_supported(config: Any) -> str | None:
     """Why a chunked/fused loss over lm_head would differ from the model's own logits (None when it is exact)."""
     text = text_config(config)

@@ -114,7 +114,10 @@ _REGISTRY: tuple[Family, ...] = (
        expert_tensors=FUSED_EXPERTS, liger=True, counted_exactly=True),
     _f("qwen3_vl", "Qwen3VLTextDecoderLayer", qk_norm=True, counted_exactly=True),
     _f("qwen3_vl_text", "Qwen3VLTextDecoderLayer", qk_norm=True, counted_exactly=True),
+    # transformers' Qwen3Next classes do not declare flex attention support (no _supports_flex_attn): listed here so
+    # that a plan, which does not import the model class, picks the path the engine does.
     _f("qwen3_next", "Qwen3NextDecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS,
+       attention_paths=(VARLEN, FLASH, SDPA, EAGER),
        transformers_module="transformers.models.qwen3_next.modeling_qwen3_next",
        mlp_proj=LLAMA_MLP + ("shared_expert_gate",),
        **{**_QWEN35_ATTN, "recurrent_proj": ("in_proj_qkvz", "in_proj_ba", "out_proj")}),

@@ -17,7 +17,6 @@ from runner.estimate.plan import (
     _load_arch_cached,
     fused_chunk_tokens,
     gdn_kernels_installed,
-    loss_chunk_tokens,
     make_plan,
     offloads_activations,
     planned_attention,
@@ -32,6 +31,6 @@ from runner.estimate.whatif import estimate, suggestion
 __all__ = [
     "DataSize", "Estimate", "Plan", "_load_arch_cached", "backward_transient_bytes", "calibration", "dataset_size",
     "estimate", "flops_per_step", "predict", "fused_chunk_tokens", "gdn_kernels_installed", "layer_activation_bytes",
-    "loss_chunk_tokens", "lora_params", "make_plan", "memory_model", "offloads_activations", "parse_sweep",
+    "lora_params", "make_plan", "memory_model", "offloads_activations", "parse_sweep",
     "planned_attention", "planned_loss", "recomputed_layers", "suggestion", "sweep",
 ]

@@ -24,7 +24,7 @@ from runner.estimate.constants import (
     gib,
 )
 from runner.estimate.lora import lora_params
-from runner.estimate.plan import Plan, fused_chunk_tokens, loss_chunk_tokens, offloads_activations, recomputed_layers
+from runner.estimate.plan import Plan, offloads_activations, recomputed_layers
 from runner.spec import RunSpec
 
 
@@ -272,13 +272,13 @@ def loss_memory(s: Step, head_grad: float) -> LossMemory:
     if impl == "full":
         return LossMemory(final_norm, LOGITS_BYTES_PER_ELEM * tokens * v, LOGITS_BYTES_PER_ELEM * tokens * v)
     if impl == "chunked":
-        chunk = min(tokens, loss_chunk_tokens(v))
+        chunk = min(tokens, s.plan.loss_chunk_tokens or tokens)
         # Backward of a chunk: recomputed log-softmax output, its gradient and the logits' gradient (fp32); and,
         # when lm_head trains, the chunk's weight gradient before it is added to the accumulated one.
         return LossMemory(final_norm, CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM * chunk * v,
                           max(CHUNKED_LOSS_BYTES_PER_ELEM * chunk * v, 2 * chunk * v + head_grad))
     if impl == "fused":
-        chunk = min(tokens, fused_chunk_tokens(v))
+        chunk = min(tokens, s.plan.loss_chunk_tokens or tokens)
         per_elem = FUSED_LOSS_COMPILED_BYTES_PER_ELEM if t.compile and s.cuda else FUSED_LOSS_BYTES_PER_ELEM
         # Made in forward and held to backward: the targets' hidden-state gradient and lm_head's weight gradient
         # (the latter is the head_grad that the backward phases count). In backward the hidden-state gradient

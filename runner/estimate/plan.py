@@ -16,10 +16,10 @@ from runner.decisions import (
     choose_attention,
     choose_loss,
     fsdp_wrapped,
+    loss_chunk_tokens,
     precision,
 )
-from runner.decisions import chunk_tokens_for as loss_chunk_tokens  # noqa: F401 (the estimator's name for it)
-from runner.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401
+from runner.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
 from runner.gpus import GpuType, detect_gpu, gpu_type
 from runner.spec import RunSpec
@@ -52,6 +52,11 @@ class Plan:
         """Whether the model is wrapped in FSDP2, as both engines decide (runner.decisions.fsdp_wrapped)."""
         return fsdp_wrapped(self.spec.engine, self.world, self.device, self.spec.train.fsdp_one_rank,
                             weights_bf16=self.dtype == "bfloat16")
+
+    @property
+    def loss_chunk_tokens(self) -> int | None:
+        """Tokens per chunk of the native engine's chunked or fused loss (None for the others)."""
+        return loss_chunk_tokens(self.loss_impl, self.arch.vocab)
 
     @property
     def precision(self) -> Precision:

@@ -143,7 +143,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
     from torch.distributed.fsdp import FSDPModule
 
-    from runner.decisions import choose_loss
+    from runner.decisions import choose_loss, loss_chunk_tokens
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, install_document_reset, install_packed_mask, recurrent_layer_types
     from runner.train.loss import attach_chunked_loss
@@ -157,6 +157,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
     loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
     model = load_model(spec, attn.impl, seed=t.seed, device=rt.device)
+    chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
@@ -181,7 +182,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
                             weight_decay=t.weight_decay, fused=rt.device == "cuda")
-    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,
+    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
             "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
             else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
