@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from runner.catalog import LAYER_LINEAR, Arch
+from runner.families import family
 from runner.estimate.constants import (
     ACTIVATION_CALIBRATION,
-    FP32_WEIGHT_PRODUCT_NORMS,
     GDN_CHUNK,
     GDN_TORCH_PATH_BYTES,
     MOE_ROUTE_INTERMEDIATES,
@@ -22,7 +22,8 @@ def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
     kept by the linears that read it (their weight's gradient, or LoRA's lora_A).
     """
     up = max(b, NORM_UPCAST_BYTES)  # fp32 runs: the input itself is what is kept
-    cast = up if arch.model_type in FP32_WEIGHT_PRODUCT_NORMS else b
+    fam = family(arch.model_type)
+    cast = up if fam is not None and fam.fp32_norm_product else b
     return up + (0 if frozen else cast), b
 
 

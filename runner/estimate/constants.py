@@ -52,10 +52,6 @@ The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) 
 engine, and its extra has not been traced."""
 NORM_UPCAST_BYTES = 4
 """HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
-FP32_WEIGHT_PRODUCT_NORMS = frozenset({"gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                                       "qwen3_5_moe_text"})
-"""Families whose RMSNorm multiplies by its weight in fp32 before casting back (`(x * w).to(bf16)`), so the
-tensor kept for the weight's gradient is fp32; llama-style norms keep the bf16 cast (`w * x.to(bf16)`)."""
 MOE_ROUTE_INTERMEDIATES: dict[str, int] = {"gpt_oss": 7}
 """Expert-intermediate-sized tensors kept per routed token, in units of the expert width (bytes = units × b ×
 width). SwiGLU experts (qwen3_moe, mixtral, the default 4): the gate/up projection output (2), silu's output and
