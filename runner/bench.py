@@ -14,7 +14,7 @@ from rich.table import Table
 
 from runner import run as run_mod
 from runner.errors import UserError
-from runner.events import read_events
+from runner.events import END, TRAIN_BEGIN, first_event, read_events, step_lines
 from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token, utilisation
 from runner.gpus import ceiling_tflops_here
 from runner.spec import RunSpec, load_spec, resolve
@@ -88,10 +88,10 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
     final_loss = None
     for r in range(spec.world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        steps = [e for e in evs if "event" not in e and "step" in e and e["step"] > warmup]
-        end = next((e for e in evs if e.get("event") == "end"), {})
+        steps = [e for e in step_lines(evs) if e["step"] > warmup]
+        end = first_event(evs, END) or {}
         if r == 0:
-            begin = next((e for e in evs if e.get("event") == "train_begin"), {})
+            begin = first_event(evs, TRAIN_BEGIN) or {}
             final_loss = end.get("final_loss")
         peak = end.get("peak_mem_gib") or {}
         if "allocated" in peak:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
-from runner.events import read_events
+from runner.events import END, START, events_of, first_event, read_events, step_lines
 from runner.flops import utilisation
 from runner.pins import redact
 
@@ -185,10 +185,10 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
         # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
-        by_step = {e["step"]: e for e in evs if "event" not in e and "step" in e}
+        by_step = {e["step"]: e for e in step_lines(evs)}
         steps = [by_step[s] for s in sorted(by_step)]
-        ends = [e for e in evs if e.get("event") == "end"]
-        start = next((e for e in evs if e.get("event") == "start"), None)
+        ends = events_of(evs, END)
+        start = first_event(evs, START)
         curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
         if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
             doc_len_sq += sum(e["doc_len_sq"] for e in steps)

@@ -225,14 +225,14 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             stats.add(block)
             blocks_consumed += 1
         resumed_from = str(path)
-        events.event("resume", step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
-    events.event("train_begin", max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
+        events.resume(step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
+    events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                  resumed_from=resumed_from)
 
     def save_checkpoint(at_blocks: int) -> None:
         ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device,
                   {"blocks_consumed": at_blocks}, group=control)
-        events.event("checkpoint", step=step, path=str(ckpt.step_dir(run_dir, step)))
+        events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
 
     tokens_total = 0
     last_loss = None
