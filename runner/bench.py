@@ -24,13 +24,10 @@ VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel"
 
 
 def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
-    out = []
-    for s in sweeps:
-        if "=" not in s or not s.split("=", 1)[1].strip():
-            raise UserError(f"--sweep expects field=v1,v2,..., got '{s}' (e.g. --sweep train.seq_len=8192,32768)")
-        key, values = s.split("=", 1)
-        out.append((key.strip(), [v.strip() for v in values.split(",") if v.strip()]))
-    return out
+    """Each `--sweep field=v1,v2` as (field, values), checked as `runner estimate --sweep` checks it."""
+    from runner.estimate.sweep import parse_sweep
+
+    return [parse_sweep(s) for s in sweeps]
 
 
 NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false"}

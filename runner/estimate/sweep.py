@@ -14,7 +14,7 @@ def parse_sweep(arg: str) -> tuple[str, list[Any]]:
     """`train.seq_len=8192,32768` → ('train.seq_len', [8192, 32768]); bad syntax or fields are UserErrors."""
     if "=" not in arg:
         raise UserError("bad --sweep", [Problem("--sweep", f"'{arg}' has no '='",
-                                                "write it as train.seq_len=8192,32768")])
+                                                "write it as field=v1,v2, e.g. train.seq_len=8192,32768")])
     key, raw = arg.split("=", 1)
     key = key.strip()
     values = [v.strip() for v in raw.split(",") if v.strip()]
