@@ -12,6 +12,7 @@ from runner.events import ERROR, events_of, read_events, step_lines
 
 if TYPE_CHECKING:
     from runner.launch import RunPaths
+    from runner.records import Failure
 
 _OOM = re.compile(r"(?:CUDA out of memory|OutOfMemoryError).*?Tried to allocate ([\d.]+ [KMGT]i?B)", re.S)
 # runner.train.offload's refusal to page-lock more host memory than the machine has free.
@@ -106,7 +107,7 @@ def any_error_event(paths: RunPaths, world_size: int) -> bool:
     return any(events_of(read_events(paths.events / f"rank{r}.jsonl"), ERROR) for r in range(world_size))
 
 
-def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> dict[str, Any]:
+def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
     """The first failing rank, its cause (OOM with size, NCCL, exception line, signal), last steps, log path."""
     launcher_log = log_tail(paths.launcher_log, 200_000)
     codes = torchrun_exit_codes(launcher_log)

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from runner.errors import UserError
 from runner.events import END, START, events_of, first_event, read_events, step_lines
@@ -19,6 +19,79 @@ from runner.pins import redact
 
 SCHEMA = "sft-tui.record/1"
 STATUSES = ("running", "succeeded", "failed", "cancelled")
+
+
+class Failure(TypedDict, total=False):
+    """Why a failed run failed (runner.failure.diagnose)."""
+
+    rank: int
+    cause: str
+    message: str
+    last_step: int
+    last_steps: dict[str, int]
+    exit_codes: dict[str, int]
+    launcher_exit: int
+    log: str
+
+
+class RankMetrics(TypedDict, total=False):
+    """One rank's figures, from its event file."""
+
+    last_step: int
+    peak_mem_gib: float | None
+    """The largest `mem_gib` of its step lines (allocated on GPU, RSS on CPU)."""
+    peak_mem: dict[str, float]
+    """Its end event's `peak_mem_gib`: {allocated, reserved} on GPU, {rss} on CPU."""
+    train_s: float
+    tokens: int
+    data: dict[str, Any]
+    export: Any
+    trainable_params: int
+    params: int
+    attn: str
+    fsdp_sharded: bool
+
+
+class Metrics(TypedDict, total=False):
+    """What a finished run measured (metrics_from_events, plus wall_s)."""
+
+    steps: int
+    loss_curve: dict[str, list[list[float]]]
+    final_loss: float | None
+    first_loss: float | None
+    final_global_loss: float
+    tokens: int
+    train_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    """(model + attention FLOPs) / (train_s × the GPUs' matmul ceiling): runner/flops.py."""
+    per_rank: dict[str, RankMetrics]
+    data_fingerprint: str
+    export: Any
+    trainable_params: int
+    params: int
+    wall_s: float
+
+
+class RunRecord(TypedDict, total=False):
+    """records/<id>.json (the design's record contract); `lock` covers everything else."""
+
+    schema: str
+    id: str
+    created: str
+    finished: str | None
+    status: str
+    spec: dict[str, Any]
+    pins: dict[str, Any]
+    launch: dict[str, Any]
+    estimate: dict[str, Any] | None
+    """`Estimate.to_dict()` of runner.estimate, as predicted at launch."""
+    metrics: Metrics | None
+    failure: Failure | None
+    run_dir: str
+    replay_of: str
+    exit_code: int
+    lock: str
 
 
 def canonical(obj: Any) -> bytes:
@@ -77,8 +150,8 @@ def now_iso() -> str:
 
 
 def new_record(run_id: str, spec: dict[str, Any], pins: dict[str, Any], launch: dict[str, Any],
-               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> dict[str, Any]:
-    rec: dict[str, Any] = {
+               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> RunRecord:
+    rec: RunRecord = {
         "schema": SCHEMA,
         "id": run_id,
         "created": now_iso(),
@@ -101,7 +174,7 @@ class RecordError(UserError):
     pass
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> RunRecord:
     """Read a record, with a one-line reason for anything that is not one."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -174,9 +247,9 @@ class RunFlops:
 
 
 def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: RunFlops | None = None
-                        ) -> dict[str, Any]:
+                        ) -> Metrics:
     """Per-rank loss curves, last steps, tokens/s, peak memory, MFU and the data fingerprint, from rank<r>.jsonl."""
-    per_rank: dict[str, Any] = {}
+    per_rank: dict[str, RankMetrics] = {}
     curves: dict[str, list[list[float]]] = {}
     wall = []
     tokens_total = 0
@@ -194,7 +267,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
             doc_len_sq += sum(e["doc_len_sq"] for e in steps)
         else:
             doc_len_sq = None
-        info: dict[str, Any] = {"last_step": steps[-1]["step"] if steps else 0,
+        info: RankMetrics = {"last_step": steps[-1]["step"] if steps else 0,
                                 "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
         if ends:
             end = ends[-1]
@@ -219,7 +292,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     rank0 = curves.get("0") or []
     train_s = max(wall) if wall else None
     tokens_per_s = tokens_total / train_s if train_s else None
-    out: dict[str, Any] = {
+    out: Metrics = {
         "steps": max((i["last_step"] for i in per_rank.values()), default=0),
         "loss_curve": curves,
         "final_loss": rank0[-1][1] if rank0 else None,
