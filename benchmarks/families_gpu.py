@@ -168,7 +168,7 @@ def launch(cells: list[dict[str, Any]], args: argparse.Namespace, work: Path) ->
     plan = work / "cells.json"
     plan.write_text(json.dumps({"device": args.device, "cells": cells}, indent=1))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           "--log-dir", str(work / "logs"), "--redirects", "3", "--tee", "0", str(Path(__file__).resolve()),
+           "--log-dir", str(work / "logs"), "--redirects", "3", "--tee", "1", str(Path(__file__).resolve()),
            "--worker", str(plan)]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -202,6 +202,8 @@ def cell_row(cell: dict[str, Any], nproc: int) -> dict[str, Any]:
     seconds = max((sum(e["step_s"] for e in s) for s in later), default=0.0)
     row["tokens_per_s"] = round(tokens / seconds) if seconds else None
     row["peak_mem_gib"] = max((e.get("mem_gib", 0.0) for s in steps for e in s), default=None)
+    stamps = [e["t"] for e in per_rank[0] if "t" in e]
+    row["cell_s"] = round(stamps[-1] - stamps[0], 1) if stamps else None  # model build, data, steps
     if errors:
         row.update(status="failed", reason=f"{errors[0].get('cause')}: {errors[0].get('message')}")
     elif len(ends) == nproc and all(e.get("steps", 0) > 0 for e in ends):
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
         data = work / "long-chat.jsonl"
         if not data.exists():
-            make(data, rows=160, min_tokens=65, max_tokens=11_775)
+            make(data, rows=48, min_tokens=65, max_tokens=11_775)  # ~285k tokens: 8 blocks at 32k
     cells, refused = plan_cells(args, work, data)
     if cells:
         launch(cells, args, work)

@@ -240,9 +240,12 @@ def _packing_problems(spec: RunSpec, config: Any) -> list[Problem]:
     from runner.train.attention import packing_support, recurrent_layer_types
 
     if spec.engine == "trl" and recurrent_layer_types(config):
-        return [Problem("train.packing", "TRL's padding-free packing passes only position_ids, which the recurrent "
-                                         f"layers of {config.model_type} ignore: documents would leak into each "
-                                         "other", "use engine=native, or set train.packing=false")]
+        from runner.train.trl_engine import collator_passes_boundaries
+
+        if not collator_passes_boundaries():
+            return [Problem("train.packing", "this TRL's padding-free packing passes only position_ids, which the "
+                                             f"recurrent layers of {config.model_type} ignore: documents would leak "
+                                             "into each other", "use engine=native, or set train.packing=false")]
     support = packing_support(config)
     if support.safe:
         return []

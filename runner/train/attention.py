@@ -436,6 +436,7 @@ def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
 
 BOUNDARY_KERNELS = tuple(sorted(BOUNDARY_PATHS))
 """Kernels that read cu_seqlens keep documents apart without any mask."""
+PACKED_MASK_HOOK = "document masks built from position_ids"
 MASK_BUILDERS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask"})
 
 
@@ -584,3 +585,17 @@ def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
 
     body.register_forward_pre_hook(hook, with_kwargs=True)
     return True
+
+
+def keep_documents_apart(model: torch.nn.Module, packing: bool, dtype: torch.dtype) -> str | None:
+    """Install what keeps packed documents apart in this model (both engines call it before LoRA and sharding):
+    the per-document reset of gated-delta layers, or per-layer-type masks for a forward that builds its masks
+    without position_ids. Returns the mechanism installed (None when the model needs none, or without packing)."""
+    if not packing:
+        return None
+    if recurrent_layer_types(model.config):
+        return install_document_reset(model)
+    if install_packed_mask(model, dtype):
+        return PACKED_MASK_HOOK
+    return None
+

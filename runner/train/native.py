@@ -145,7 +145,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
 
     from runner.decisions import choose_loss, loss_chunk_tokens
     from runner.errors import Problem, SpecError
-    from runner.train.attention import attention_for, install_document_reset, install_packed_mask, recurrent_layer_types
+    from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
 
@@ -162,12 +162,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
-    packing_mechanism = install_document_reset(model) if (t.packing and recurrent) else None
-    # Some models (GPT-OSS among them) build their masks without position_ids: give them document masks. Hybrid
-    # models keep documents apart through the reset above and build their own per-layer-type masks.
-    mask_dtype = model_mod.DTYPES.get(spec.model.dtype, torch.float32)
-    if t.packing and not recurrent and install_packed_mask(model, mask_dtype):
-        packing_mechanism = packing_mechanism or "document masks built from position_ids"
+    packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
     if spec.method.kind == "lora":
         from runner.train.lora import apply_lora
 

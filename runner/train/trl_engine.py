@@ -9,12 +9,12 @@ Choices, recorded in the `train_begin` event:
   packing are skipped (`skip_prepare_dataset`): it would shard, pack and mask differently, and `assistant_only_loss`
   needs generation markers that many templates lack. The trainer gets this rank's loader as is: every rank already
   read its own shard, so nothing is sharded twice.
-- Documents stay apart. Models whose forward builds its attention mask without position_ids (GPT-OSS and others in
-  transformers 5.x) would let packed documents attend to each other under eager/sdpa/flex attention: a pre-hook on
-  the decoder builds the mask of every layer type from the position_ids instead (flash and varlen kernels read
-  cu_seqlens).
-- Attention. GPT-OSS has attention sinks: `auto` picks eager on CPU (flex cannot apply sinks there) and
-  flex_attention on CUDA; sdpa, varlen and flash-attn are refused for it. Other models follow the native choice.
+- Documents stay apart as in the native engine (runner.train.attention.keep_documents_apart): models whose forward
+  builds its attention mask without position_ids (GPT-OSS) get a pre-hook that builds the mask of every layer type
+  from the position_ids (flash and varlen kernels read cu_seqlens); gated-delta layers restart per document from
+  the cu_seq_lens / seq_idx that TRL's padding-free collator passes.
+- Attention: the native engine's choice (runner.decisions, runner.families): e.g. GPT-OSS's attention sinks get
+  eager on CPU (flex cannot apply sinks there) and flex_attention on CUDA; sdpa, varlen and flash-attn are refused.
 - FSDP2 through accelerate with more than one rank (`fsdp_config` version 2, decoder-layer classes from
   `_no_split_modules`, reshard after forward, FSDP's own activation checkpointing). accelerate only enables FSDP on
   accelerator devices; on CPU ranks the trainer's accelerator is switched to FSDP2 after creation, so the same code
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from runner.errors import Problem, SpecError, UserError
 from runner.events import EventWriter
 from runner.spec import RunSpec, resolve_embedded
-from runner.train.attention import install_packed_mask
+from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
@@ -240,6 +240,16 @@ class CountingCollator:
         # Σ document length² of the batch: the attention FLOPs of MFU, as the native engine reports them.
         batch["doc_len_sq"] = sum(int(n) ** 2 for ex in examples for n in ex["seq_lengths"])
         return batch
+
+
+def collator_passes_boundaries() -> bool:
+    """Whether this TRL's padding-free collator gives the model the document boundaries (cu_seq_lens_q, seq_idx)
+    that gated-delta layers need to restart per document, not only position_ids."""
+    from runner.train.data import make_block
+
+    block = make_block([5, 6, 7, 8], [False, True, False, True], [0, 2], 4, 0)
+    batch = CountingCollator(0)([block_row(block)])
+    return "cu_seq_lens_q" in batch and "seq_idx" in batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,7 +556,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     wrapped = fsdp_wrapped("trl", rt.world_size, rt.device, t.fsdp_one_rank)
     prec = precision("trl", rt.device, spec.model.dtype, wrapped)
     bf16 = prec.autocast
-    packed_mask = install_packed_mask(model, torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
+    packing_mechanism = keep_documents_apart(model, t.packing,
+                                             torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
 
     stats = PackStats()
     rows = rank_rows(spec, tokenizer, rt, stats)
@@ -582,7 +593,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
                  model_type=getattr(config, "model_type", None), init=spec.model.init,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
-                 attn=attn, attn_reason=attn_reason, packed_mask_hook=packed_mask,
+                 attn=attn, attn_reason=attn_reason, packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
+                 packing_mechanism=packing_mechanism,
                  liger_kernels=liger, loss_impl="trl fused lm head",
                  packing=data_mode,
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",

@@ -19,6 +19,7 @@ from runner import records
 from runner.errors import SpecError
 from runner.spec import load_spec, resolve
 from runner.train import trl_engine
+from runner.train.attention import install_packed_mask
 from runner.train.runtime import Runtime
 from tests.conftest import dir_args, last_json, run_cli
 
@@ -174,7 +175,7 @@ def test_packed_documents_do_not_see_each_other(window):
     with torch.no_grad():
         alone = model(input_ids=b).logits[0]
         leaky = model(input_ids=packed, position_ids=positions).logits[0, 10:]
-        assert trl_engine.install_packed_mask(model, torch.float32)
+        assert install_packed_mask(model, torch.float32)
         kept = model(input_ids=packed, position_ids=positions).logits[0, 10:]
         first = model(input_ids=a).logits[0]
         kept_first = model(input_ids=packed, position_ids=positions).logits[0, :10]
@@ -208,7 +209,7 @@ def test_first_step_loss_equals_the_native_engines(tmp_path: Path, accelerate_st
         torch.manual_seed(spec.train.seed)
         m = apply_lora(trl_engine.load_model(spec, "cpu", config, "eager"), spec)
         if hook:
-            trl_engine.install_packed_mask(m, torch.float32)
+            install_packed_mask(m, torch.float32)
         return m
 
     from runner.train.native import block_source

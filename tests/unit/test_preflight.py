@@ -92,13 +92,19 @@ def test_model_whose_recurrent_layers_cannot_pack(tmp_path):
     assert "train.packing" not in _fields(preflight_problems(off))
 
 
-def test_hybrid_gated_delta_model_packs_through_the_per_document_path(tmp_path):
+def test_hybrid_gated_delta_model_packs_through_the_per_document_path(tmp_path, monkeypatch):
     cfg = Qwen3_5TextConfig(num_hidden_layers=2, hidden_size=32, vocab_size=512,
                             layer_types=["linear_attention", "full_attention"])
     d = _config_dir(tmp_path, "hybrid", cfg)
     spec = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}))
     assert preflight_problems(spec) == []
+    # TRL's padding-free collator passes cu_seq_lens and seq_idx: the same per-document path; a TRL whose
+    # collator passed only position_ids could not keep the recurrent layers' documents apart.
     trl = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}, engine="trl"))
+    assert "train.packing" not in _fields(preflight_problems(trl))
+    from runner.train import trl_engine
+
+    monkeypatch.setattr(trl_engine, "collator_passes_boundaries", lambda: False)
     assert "train.packing" in _fields(preflight_problems(trl))
 
 
