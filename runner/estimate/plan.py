@@ -39,13 +39,12 @@ class Plan:
     reasons: tuple[str, ...]
     gdn_torch: bool = False
     """Gated-delta layers run transformers' PyTorch path (flash-linear-attention is not installed here)."""
+    attn_reason: str = ""
+    loss_reason: str = ""
 
     @property
     def arch(self) -> Arch:
         return self.loaded.arch
-
-    attn_reason: str = ""
-    loss_reason: str = ""
 
     @property
     def sharded(self) -> bool:
@@ -133,11 +132,6 @@ def _load_arch_cached(model_id: str, revision: str | None, path: str | None) -> 
     from types import SimpleNamespace
 
     return load_arch(SimpleNamespace(model=SimpleNamespace(id=model_id, revision=revision, path=path)))
-
-
-
-FUSED_CHUNK_BYTES = 2**29
-"""Mirrors runner/train/loss.py: a fused-loss chunk holds about 512 MiB of bf16 logits and their gradient."""
 
 
 def gdn_kernels_installed() -> bool:

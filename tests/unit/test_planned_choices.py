@@ -3,8 +3,8 @@ its chunk size, for every shipped recipe and the family matrix.
 
 GPU recipes cannot run here: their plan is checked against the engines' own choice functions given the inputs the
 engine gives them (the model class's declared attention support, the loaded weights' dtype), with the kernel probe
-replaced by what a GPU machine has. The embedded CPU recipes are checked against the `train_begin` event of real
-runs (here for tiny-cpu; tests/dist/test_engines_agree.py for tiny-gpt-oss-cpu under both engines).
+replaced by what a GPU machine has. Real `train_begin` events: tiny-cpu here; tiny-gpt-oss-cpu under both engines in
+tests/dist/test_engines_agree.py; every family of the matrix with both engines in tests/dist/test_families.py.
 """
 
 from __future__ import annotations
