@@ -172,12 +172,13 @@ def measure(name: str, config: Any, seq_len: int, attn: str, warmup: int, steps:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runner.train.attention import choose_attention, concrete_model_class, supported_attention
+    from runner.train.attention import available_kernels, choose_attention, concrete_model_class, supported_attention
     from runner.train.data import to_device
     from runner.train.native import train_step
 
     chosen = choose_attention(attn, "cuda", seq_len,
-                              supported_attention(concrete_model_class(AutoModelForCausalLM, config)))
+                              supported_attention(concrete_model_class(AutoModelForCausalLM, config)), config,
+                              available_kernels("cuda"))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     row: dict[str, Any] = {"engine": "native", "model": name, "seq_len": seq_len, "attn": chosen.impl,
@@ -251,7 +252,8 @@ def packing_check(name: str, config: Any, attn: str) -> dict[str, Any]:
 
         attention.set_varlen_kernel(counting)
     chosen = choose_attention(attn, "cuda", 8192,
-                              supported_attention(concrete_model_class(AutoModelForCausalLM, cfg))).impl
+                              supported_attention(concrete_model_class(AutoModelForCausalLM, cfg)), cfg,
+                              attention.available_kernels("cuda")).impl
     if chosen == VARLEN:
         register_varlen()
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem, UserError
-from runner.families import FAMILIES, family
+from runner.families import FAMILIES, Family, family_of
 from runner.gpus import (  # noqa: F401 (re-exported for importers of the catalog's GPU names)
     GPUS,
     GpuType,
@@ -139,7 +139,7 @@ class Arch:
         out: list[Linear] = []
         if self.layer_type(i) == LAYER_LINEAR:
             kd, vd, vh = self.linear_key_dim, self.linear_value_dim, self.linear_value_heads
-            if self.model_type == "qwen3_next":
+            if "in_proj_qkvz" in family_of({"model_type": self.model_type}).recurrent_proj:
                 out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd),
                         Linear("linear_attn.in_proj_ba", h, 2 * vh)]
             else:
@@ -307,7 +307,7 @@ def _dimensions(cfg: dict[str, Any], name: str, in_text_config: bool, reasons: l
     return hidden, layers, heads, kv_heads, head_dim, int(vocab), int(intermediate)
 
 
-def _layer_types(cfg: dict[str, Any], layers: int, model_type: str, reasons: list[str]
+def _layer_types(cfg: dict[str, Any], layers: int, fam: Family, reasons: list[str]
                  ) -> tuple[tuple[str, ...], int | None]:
     """(each layer's type, or () when all are full attention; the sliding window)."""
     layer_types = cfg.get("layer_types")
@@ -329,7 +329,7 @@ def _layer_types(cfg: dict[str, Any], layers: int, model_type: str, reasons: lis
     sliding = cfg.get("sliding_window")
     if not cfg.get("use_sliding_window", True):
         sliding = None
-    if sliding and not layer_types and model_type == "mistral":
+    if sliding and not layer_types and fam.window_on_every_layer:
         layer_types = (LAYER_SLIDING,) * layers
     return layer_types, int(sliding) if sliding else None
 
@@ -364,7 +364,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     reasons: list[str] = []
     hidden, layers, heads, kv_heads, head_dim, vocab, intermediate = _dimensions(cfg, name, in_text_config, reasons)
     tied = bool(cfg.get("tie_word_embeddings", False))
-    layer_types, sliding = _layer_types(cfg, layers, model_type, reasons)
+    fam = family_of(config)
+    layer_types, sliding = _layer_types(cfg, layers, fam, reasons)
     num_experts, top_k, expert_im, shared_im, dense_layers = _experts(cfg, layers, intermediate, reasons)
 
     if model_type not in EXACT_TYPES:
@@ -372,8 +373,8 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     if any(k in cfg for k in ("n_shared_experts", "kv_lora_rank", "q_lora_rank")):
         reasons.append("shared-expert / latent-attention fields are not modelled")
 
-    attention_bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
-    o_bias = bool(cfg.get("attention_bias", False)) and model_type != "qwen2"
+    attention_bias = bool(cfg.get("attention_bias", fam.qkv_bias))
+    o_bias = bool(cfg.get("attention_bias", False)) and not fam.qkv_bias
     arch = Arch(
         model_type=model_type, vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, intermediate=intermediate, tied_embeddings=tied,
@@ -381,10 +382,10 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         qk_norm=model_type in QK_NORM_TYPES,
         # transformers builds these q_proj with the output gate whatever the config says
         attn_output_gate=model_type in GATED_ATTN_TYPES,
-        attention_sinks=bool(family(model_type) and family(model_type).attention_sinks),
+        attention_sinks=fam.attention_sinks,
         layer_types=layer_types, sliding_window=sliding,
         num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
-        expert_bias=model_type == "gpt_oss", router_bias=model_type == "gpt_oss",
+        expert_bias=fam.expert_bias, router_bias=fam.expert_bias,
         shared_expert_intermediate=shared_im, dense_layers=dense_layers,
         linear_key_heads=int(cfg.get("linear_num_key_heads") or 0),
         linear_value_heads=int(cfg.get("linear_num_value_heads") or 0),

@@ -34,6 +34,8 @@ class Kernels:
     """The flash-attn package on CUDA."""
     flex: bool = True
     """torch.nn.attention.flex_attention."""
+    varlen_window: bool = True
+    """torch's varlen_attn takes window_size (sliding-window layers need it)."""
 
     @classmethod
     def assumed(cls, device: str) -> Kernels:
@@ -90,6 +92,8 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
     kernels = kernels or Kernels.assumed(device)
     paths = packed_attention_paths(config, device, supported, packed)
     fam = family_of(config) if config is not None else None
+    if fam is not None and fam.sliding_window and not kernels.varlen_window:
+        paths = [p for p in paths if p != VARLEN]
     sinks = " (attention sinks)" if fam is not None and fam.attention_sinks else ""
     if device != "cuda":
         impl = next((p for p in (SDPA, EAGER) if p in paths), EAGER)
@@ -125,6 +129,8 @@ def attention_refusal(impl: str, device: str, config: Any = None, supported: Ite
         return "flash_attention_2 needs CUDA and the flash-attn package", "use auto"
     if impl == FLEX and not kernels.flex:
         return "flex_attention needs torch.nn.attention.flex_attention", "use auto"
+    if impl == VARLEN and config is not None and family_of(config).sliding_window and not kernels.varlen_window:
+        return "this PyTorch's varlen_attn has no window_size, and the model has sliding-window layers", "use auto"
     paths = packed_attention_paths(config, device, supported, packed)
     if impl in paths:
         return None

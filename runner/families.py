@@ -50,8 +50,9 @@ class Family:
     decoder_layer: str
     """Class name of its decoder layer (what FSDP wraps one by one)."""
     attention_paths: tuple[str, ...] = ALL_PATHS
-    """Attention paths that keep packed documents apart and compute this family's attention exactly, before the
-    model class's own support and the device are taken into account (runner.decisions does that)."""
+    """Attention paths that keep packed documents apart and compute this family's attention exactly, and that its
+    transformers class declares (`_supports_*`; tests check the two agree), before the device and the kernels
+    installed are taken into account (runner.decisions does that)."""
     moe: bool = False
     recurrent: str | None = None
     """None for attention-only families; GATED_DELTA or STATE_SPACE for families with recurrent layers."""
@@ -73,6 +74,12 @@ class Family:
     """Expert weight tensors LoRA adapts through `target_parameters` (MoE families)."""
     recurrent_proj: tuple[str, ...] = ()
     """Projections of the recurrent layers (gated-delta in/out projections)."""
+    window_on_every_layer: bool = False
+    """A config `sliding_window` without `layer_types` windows every layer (mistral, mixtral, phi3)."""
+    qkv_bias: bool = False
+    """q/k/v projections carry a bias and o_proj none, whatever `attention_bias` says (qwen2)."""
+    expert_bias: bool = False
+    """Expert projections and the router carry biases (gpt_oss)."""
     qk_norm: bool = False
     """RMSNorm on queries and keys (per head)."""
     attn_output_gate: bool = False
@@ -96,28 +103,29 @@ def _f(model_type: str, layer: str, **traits: Any) -> Family:
     return Family(model_type=model_type, decoder_layer=layer, **traits)
 
 
-_QWEN35_ATTN = dict(recurrent=GATED_DELTA, qk_norm=True, attn_output_gate=True, fp32_norm_product=True,
-                    recurrent_proj=("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
+NO_FLEX = (VARLEN, FLASH, SDPA, EAGER)
+NO_SDPA = (VARLEN, FLASH, FLEX, EAGER)
+
+_QWEN35_ATTN = dict(recurrent=GATED_DELTA, attention_paths=NO_FLEX, qk_norm=True, attn_output_gate=True,
+                    fp32_norm_product=True, recurrent_proj=("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
                     counted_exactly=True)
 _MLA = dict(mla=True, attn_proj=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
 
 _REGISTRY: tuple[Family, ...] = (
     _f("llama", "LlamaDecoderLayer", liger=True, counted_exactly=True),
-    _f("mistral", "MistralDecoderLayer", sliding_window=True, liger=True, counted_exactly=True),
-    _f("mixtral", "MixtralDecoderLayer", moe=True, sliding_window=True, mlp_proj=(), expert_tensors=FUSED_EXPERTS,
+    _f("mistral", "MistralDecoderLayer", sliding_window=True, window_on_every_layer=True, liger=True,
        counted_exactly=True),
-    _f("qwen2", "Qwen2DecoderLayer", sliding_window=True, liger=True, counted_exactly=True),
+    _f("mixtral", "MixtralDecoderLayer", moe=True, sliding_window=True, window_on_every_layer=True, mlp_proj=(),
+       expert_tensors=FUSED_EXPERTS, counted_exactly=True),
+    _f("qwen2", "Qwen2DecoderLayer", sliding_window=True, qkv_bias=True, liger=True, counted_exactly=True),
     _f("qwen2_moe", "Qwen2MoeDecoderLayer", moe=True, sliding_window=True, expert_tensors=FUSED_EXPERTS,
        mlp_proj=LLAMA_MLP + ("shared_expert_gate",)),
     _f("qwen3", "Qwen3DecoderLayer", sliding_window=True, qk_norm=True, liger=True, counted_exactly=True),
     _f("qwen3_moe", "Qwen3MoeDecoderLayer", moe=True, sliding_window=True, qk_norm=True, mlp_proj=(),
        expert_tensors=FUSED_EXPERTS, liger=True, counted_exactly=True),
-    _f("qwen3_vl", "Qwen3VLTextDecoderLayer", qk_norm=True, counted_exactly=True),
-    _f("qwen3_vl_text", "Qwen3VLTextDecoderLayer", qk_norm=True, counted_exactly=True),
-    # transformers' Qwen3Next classes do not declare flex attention support (no _supports_flex_attn): listed here so
-    # that a plan, which does not import the model class, picks the path the engine does.
+    _f("qwen3_vl", "Qwen3VLTextDecoderLayer", qk_norm=True, attention_paths=NO_FLEX, counted_exactly=True),
+    _f("qwen3_vl_text", "Qwen3VLTextDecoderLayer", qk_norm=True, attention_paths=NO_FLEX, counted_exactly=True),
     _f("qwen3_next", "Qwen3NextDecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS,
-       attention_paths=(VARLEN, FLASH, SDPA, EAGER),
        transformers_module="transformers.models.qwen3_next.modeling_qwen3_next",
        mlp_proj=LLAMA_MLP + ("shared_expert_gate",),
        **{**_QWEN35_ATTN, "recurrent_proj": ("in_proj_qkvz", "in_proj_ba", "out_proj")}),
@@ -131,10 +139,11 @@ _REGISTRY: tuple[Family, ...] = (
     _f("qwen3_5_moe_text", "Qwen3_5MoeDecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS,
        transformers_module="transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
        mlp_proj=LLAMA_MLP + ("shared_expert_gate",), **_QWEN35_ATTN),
-    _f("gemma2", "Gemma2DecoderLayer", sliding_window=True, logit_softcapping=True),
+    _f("gemma2", "Gemma2DecoderLayer", sliding_window=True, logit_softcapping=True, attention_paths=NO_SDPA),
     _f("gemma3_text", "Gemma3DecoderLayer", sliding_window=True, logit_softcapping=True, qk_norm=True),
-    _f("gemma3", "Gemma3DecoderLayer", sliding_window=True, logit_softcapping=True, qk_norm=True),
-    _f("phi3", "Phi3DecoderLayer", sliding_window=True, attn_proj=("qkv_proj", "o_proj"),
+    _f("gemma3", "Gemma3DecoderLayer", sliding_window=True, logit_softcapping=True, qk_norm=True,
+       attention_paths=(VARLEN, FLEX, SDPA, EAGER)),
+    _f("phi3", "Phi3DecoderLayer", sliding_window=True, window_on_every_layer=True, attn_proj=("qkv_proj", "o_proj"),
        mlp_proj=("gate_up_proj", "down_proj")),
     _f("olmo2", "Olmo2DecoderLayer", qk_norm=True),
     _f("olmo3", "Olmo3DecoderLayer", qk_norm=True, sliding_window=True),
@@ -142,8 +151,8 @@ _REGISTRY: tuple[Family, ...] = (
     _f("smollm3", "SmolLM3DecoderLayer", sliding_window=True),
     _f("glm4", "Glm4DecoderLayer"),
     _f("gpt_oss", "GptOssDecoderLayer", moe=True, sliding_window=True, attention_sinks=True,
-       attention_paths=(FLEX, EAGER), mlp_proj=(), expert_tensors=FUSED_EXPERTS, fp32_norm_product=True,
-       counted_exactly=True),
+       attention_paths=(FLEX, EAGER), mlp_proj=(), expert_tensors=FUSED_EXPERTS, expert_bias=True,
+       fp32_norm_product=True, counted_exactly=True),
     _f("deepseek_v3", "DeepseekV3DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     _f("deepseek_v2", "DeepseekV2DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     *(_f(t, "", recurrent=STATE_SPACE, attention_paths=())

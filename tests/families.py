@@ -28,10 +28,12 @@ class Width:
     intermediate: int = 128
     experts: int = 4
     vocab: int = VOCAB
+    window: int = 16
+    """Sliding window of the families that have one: shorter than most test documents."""
 
 
 TINY = Width()
-GPU = Width(hidden=1024, layers=4, heads=8, kv_heads=4, head_dim=128, intermediate=2048, experts=8)
+GPU = Width(hidden=1024, layers=4, heads=8, kv_heads=4, head_dim=128, intermediate=2048, experts=8, window=2048)
 
 
 def _dense(w: Width) -> dict[str, Any]:
@@ -61,16 +63,20 @@ def _configs(w: Width) -> dict[str, tuple[str, dict[str, Any]]]:
         "qwen2": ("Qwen2Config", dict(no_head_dim, **hd)),
         "qwen3": ("Qwen3Config", dense),
         "qwen3_moe": ("Qwen3MoeConfig", _moe(w, num_experts=w.experts, num_experts_per_tok=2)),
-        "gemma2": ("Gemma2Config", dict(dense, sliding_window=16, layer_types=_alternate(
+        "gemma2": ("Gemma2Config", dict(dense, sliding_window=w.window, layer_types=_alternate(
             w, "sliding_attention", "full_attention"), tie_word_embeddings=True)),
-        "gemma3_text": ("Gemma3TextConfig", dict(dense, sliding_window=16, layer_types=_alternate(
+        "gemma3_text": ("Gemma3TextConfig", dict(dense, sliding_window=w.window, layer_types=_alternate(
             w, "sliding_attention", "full_attention"), tie_word_embeddings=True)),
-        "phi3": ("Phi3Config", dict(no_head_dim, **hd, sliding_window=None, original_max_position_embeddings=4096)),
+        # Phi-3.5-mini's layout: a sliding window on every layer (2,047 there) and long-context RoPE factors.
+        "phi3": ("Phi3Config", dict(no_head_dim, **hd, sliding_window=w.window, original_max_position_embeddings=4096,
+                                    rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * (w.head_dim // 2),
+                                                  "long_factor": [1.0 + i / w.head_dim
+                                                                  for i in range(w.head_dim // 2)]})),
         "olmo2": ("Olmo2Config", dict(no_head_dim, **hd)),
         "granite": ("GraniteConfig", dict(no_head_dim, **hd, embedding_multiplier=12.0, logits_scaling=8.0,
                                           residual_multiplier=0.22, attention_multiplier=1.0 / w.head_dim)),
         "gpt_oss": ("GptOssConfig", dict(dense, num_local_experts=w.experts, num_experts_per_tok=2,
-                                         sliding_window=16, layer_types=_alternate(
+                                         sliding_window=w.window, layer_types=_alternate(
                                              w, "sliding_attention", "full_attention"))),
         "qwen3_next": ("Qwen3NextConfig", _moe(w, num_experts=w.experts, num_experts_per_tok=2,
                                                shared_expert_intermediate_size=w.intermediate // 2,

@@ -4,6 +4,7 @@ documents run one by one, through the native engine's loss and through TRL's pad
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -57,6 +58,34 @@ def test_registry_names_what_transformers_builds(name):
         assert any(n.endswith("." + target) for n in tensors), (name, target)
     assert bool(fam.expert_tensors) == fam.moe
     assert bool(recurrent_layer_types(config)) == (fam.recurrent is not None)
+
+
+def test_registry_paths_are_what_each_transformers_class_declares():
+    """The estimator plans from the registry alone (no model class): its paths must be the classes' own."""
+    from transformers import AutoModelForImageTextToText
+
+    for mt, fam in families.FAMILIES.items():
+        if fam.recurrent == families.STATE_SPACE:
+            continue
+        config = AutoConfig.for_model(mt)
+        cls = concrete_model_class(AutoModelForCausalLM, config) or \
+            concrete_model_class(AutoModelForImageTextToText, config)
+        if cls is None:  # a text config served through its VLM's class
+            continue
+        supported = supported_attention(cls)
+        assert set(fam.attention_paths) <= supported, (mt, fam.attention_paths, supported)
+        if not fam.attention_sinks:  # sinks rule out what the class would otherwise run
+            assert {"flash_attention_2", "flex_attention", "sdpa"} & supported <= set(fam.attention_paths), mt
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_a_plan_from_the_config_alone_picks_what_the_engines_pick(name):
+    config = family_config(name)
+    supported = supported_attention(concrete_model_class(AutoModelForCausalLM, config))
+    for device, tokens in (("cuda", 8192), ("cuda", 32768), ("cpu", 256)):
+        kernels = Kernels.assumed(device)
+        planned = choose_attention("auto", device, tokens, None, config.to_dict(), kernels)
+        assert planned == choose_attention("auto", device, tokens, supported, config, kernels), (name, device)
 
 
 def test_unknown_model_types_get_traits_from_their_config():
@@ -261,3 +290,46 @@ def test_preflight_refuses_a_family_whose_recurrent_state_would_cross_documents(
     assert "train.packing" in text and "mamba" in text and "train.packing=false" in text, text
     assert "Traceback" not in text and not (tmp_path / "runs").exists()
     assert json.loads((folder / "config.json").read_text())["model_type"] == "mamba"
+
+
+@pytest.mark.parametrize("engine", ["native", "trl"])
+def test_preflight_refuses_an_attention_path_that_drops_the_sinks(tmp_path, engine):
+    from runner.preflight import preflight_problems
+    from runner.spec import resolve
+
+    folder = write_model_folder("gpt_oss", tmp_path / "gpt_oss")
+    spec = resolve(load_spec({"model": {"path": str(folder), "init": "random", "attn_implementation": "sdpa"},
+                              "engine": engine, "hardware": {"device": "cpu", "nproc_per_node": 1}}))
+    problems = [p for p in preflight_problems(spec) if p.field == "model.attn_implementation"]
+    assert len(problems) == 1 and "attention-sink" in problems[0].message and "eager" in problems[0].fix
+    auto = resolve(load_spec({"model": {"path": str(folder), "init": "random"}, "engine": engine,
+                              "hardware": {"device": "cpu", "nproc_per_node": 1}}))
+    assert not [p for p in preflight_problems(auto) if p.field == "model.attn_implementation"]
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma3_text"])
+def test_varlen_applies_the_family_s_sliding_window(name, monkeypatch):
+    """Phi3 (and Mistral) give the window only as an argument of the attention call, Gemma (and GPT-OSS) also on the
+    module: varlen must apply it either way (the reference kernel here; torch's on GPU), as the masks do."""
+    from runner.train import attention
+
+    monkeypatch.setattr(attention, "_varlen", None)
+    attention.set_varlen_kernel(attention.reference_varlen_attn)
+    attention.register_varlen()
+    try:
+        config = family_config(name)
+        torch.manual_seed(0)
+        config.initializer_range = 0.2
+        # One config object each: a model reads its attention implementation from its config at every call.
+        reference_model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager",
+                                                           dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="varlen",
+                                                 dtype=torch.float32)
+        assert model.config._attn_implementation == "varlen" != reference_model.config._attn_implementation
+        model.load_state_dict(reference_model.state_dict())
+        docs = _documents(512)
+        assert max(len(d) for d, _ in docs) > config.sliding_window  # the window cuts into the long documents
+        packed = _grads(model, lambda: full_loss_sum(model, collate([_packed_block(docs)])))
+        _assert_same(packed, _one_by_one(reference_model, docs), f"{name} varlen")
+    finally:
+        attention.set_varlen_kernel(None)

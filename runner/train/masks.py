@@ -1,0 +1,172 @@
+"""Document masks for the mask-based attention paths (flex, sdpa, eager) on packed rows.
+
+transformers builds a block-diagonal causal mask itself when the decoder's forward hands position_ids to its mask
+builders (`masking_utils.find_packed_sequence_indices`). Some forwards do not (GPT-OSS in 5.x) but take a dict of
+prepared per-layer-type masks: `install_packed_mask` gives them one. Which is which is read from the model's own
+source (`packed_mask_route`), so a new transformers release is judged as it is, not as a list says.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import sys
+from typing import Any
+
+import torch
+
+from runner.families import BOUNDARY_PATHS
+
+BOUNDARY_KERNELS = tuple(sorted(BOUNDARY_PATHS))
+"""Kernels that read cu_seqlens keep documents apart without any mask."""
+PACKED_MASK_HOOK = "document masks built from position_ids"
+MASK_BUILDERS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask"})
+
+
+def _mask_calls(forward: ast.FunctionDef) -> tuple[list[bool], bool]:
+    """([whether each mask-builder call in this forward is given position_ids], whether the forward takes a dict of
+    prepared masks as its attention_mask)."""
+    dict_keys: dict[str, set[str]] = {}
+    aliases = set(MASK_BUILDERS)
+    takes_dict = False
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Dict):
+                dict_keys[target] = {k.value for k in value.keys if isinstance(k, ast.Constant)}
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "copy" \
+                    and isinstance(value.func.value, ast.Name):  # sliding_kwargs = mask_kwargs.copy()
+                dict_keys[target] = set(dict_keys.get(value.func.value.id, set()))
+            names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+            if names & MASK_BUILDERS and not isinstance(value, ast.Call):
+                aliases.add(target)  # mask_function = create_causal_mask if ... else create_sliding_...
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            if getattr(node.args[1], "id", None) == "dict" and "attention_mask" in ast.unparse(node.args[0]):
+                takes_dict = True
+    given: list[bool] = []
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in aliases:
+            keys = {k.arg for k in node.keywords if k.arg}
+            for k in node.keywords:
+                if k.arg is None and isinstance(k.value, ast.Name):
+                    keys |= dict_keys.get(k.value.id, set())
+            given.append("position_ids" in keys)
+    return given, takes_dict
+
+
+@functools.lru_cache(maxsize=128)
+def _route_of_class(module_name: str, class_name: str) -> str | None:
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            if forward is None:
+                return None
+            given, takes_dict = _mask_calls(forward)
+            if not given:
+                return None
+            if all(given):
+                return "position_ids"
+            return "hook" if takes_dict else "none"
+    return None
+
+
+def _backbone_class(model_cls: type) -> type | None:
+    """The decoder-stack class under a causal-LM class: the base model of its module with the same config class."""
+    module = sys.modules.get(model_cls.__module__)
+    config_cls = getattr(model_cls, "config_class", None)
+    for obj in vars(module).values() if module else ():
+        if isinstance(obj, type) and obj.__module__ == model_cls.__module__ and "For" not in obj.__name__ \
+                and not obj.__name__.endswith("PreTrainedModel") and obj.__name__.endswith("Model") \
+                and getattr(obj, "config_class", None) is config_cls:
+            return obj
+    return None
+
+
+def packed_mask_route(model_cls: Any) -> str | None:
+    """How a model gets document masks on packed rows under flex / sdpa / eager, read from its decoder stack's
+    forward (`model_cls` is the causal-LM class or the decoder-stack class itself):
+
+    "position_ids": the forward gives position_ids to transformers' mask builders, which find the documents;
+    "hook": it builds masks without them but takes a dict of per-layer-type masks (`install_packed_mask`);
+    "none": neither, so only kernels that read cu_seqlens keep its documents apart; None: unknown (no source, or
+    the stack builds no mask itself).
+    """
+    name = getattr(model_cls, "__module__", None) or ""
+    if not name.startswith("transformers."):
+        return None
+    body = model_cls if "For" not in model_cls.__name__ else _backbone_class(model_cls)
+    if body is None:
+        return None
+    try:
+        return _route_of_class(name, body.__name__)
+    except ImportError:
+        return None
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under a causal LM (and under a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, getattr(base, "base_model_prefix", "model"), base)
+
+
+def _mask_arguments(build: Any, config: Any, stub: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments for a transformers mask builder, whose names changed across 5.x releases (no cache here)."""
+    params = inspect.signature(build).parameters
+    out: dict[str, Any] = {"config": config, "attention_mask": None, "position_ids": position_ids,
+                           ("inputs_embeds" if "inputs_embeds" in params else "input_embeds"): stub}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            out[name] = None
+    if "cache_position" in params:
+        out["cache_position"] = torch.arange(stub.shape[1], device=stub.device)
+    return out
+
+
+def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Keep packed documents apart in models whose forward ignores position_ids when it builds attention masks.
+
+    A forward pre-hook on the decoder: when a packed row arrives (position_ids restart inside it) with no attention
+    mask, it builds the mask of every layer type from the position_ids with transformers' own builders (a
+    block-diagonal causal mask for eager/sdpa, a document BlockMask for flex, sliding windows included). Kernels
+    that read cu_seqlens need no mask, so nothing is installed for them. Returns whether the hook was installed.
+    """
+    from transformers import masking_utils as mu
+
+    body = backbone(model)
+    config = getattr(body, "config", None)
+    if config is None or getattr(config, "_attn_implementation", "") in BOUNDARY_KERNELS:
+        return False
+    # A forward that builds its masks from position_ids needs nothing, and one that does not take a dict of masks
+    # would fail on it ('dict' object has no attribute 'ndim'): supported_attention keeps such models on kernels
+    # that read cu_seqlens.
+    if packed_mask_route(type(body)) != "hook":
+        return False
+    builders = {"full_attention": mu.create_causal_mask,
+                "sliding_attention": getattr(mu, "create_sliding_window_causal_mask", mu.create_causal_mask)}
+    layer_types = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
+
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("attention_mask") is not None:
+            return None
+        pos = kwargs.get("position_ids")
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if pos is None or ids is None or mu.find_packed_sequence_indices(pos) is None:
+            return None
+        stub = torch.empty((ids.shape[0], ids.shape[1], 0), dtype=dtype, device=ids.device)  # shape, dtype, device
+        kwargs["attention_mask"] = {}
+        for lt in layer_types:
+            build = builders.get(lt, mu.create_causal_mask)
+            kwargs["attention_mask"][lt] = build(**_mask_arguments(build, config, stub, pos))
+        return args, kwargs
+
+    body.register_forward_pre_hook(hook, with_kwargs=True)
+    return True
