@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -106,6 +107,9 @@ def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[d
 
 
 def _cleanup(device: str) -> None:
+    # The native engine freezes every live object out of the collector after two steps (GC_FREEZE_AFTER_STEPS):
+    # unfrozen, the finished cell's model and optimizer can be collected before the next cell builds its own.
+    gc.unfreeze()
     gc.collect()
     if device == "cuda":
         import torch
@@ -283,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no cell after this many seconds from the script's start (default 450 on GPU: the "
                          "whole matrix within ~8 minutes; none with --quick); later cells are rows 'not-run'")
-    ap.add_argument("--work", type=Path, default=None, help="model folders, run dirs, logs (default: --out/work)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="model folders, run dirs, rank logs (default: a new folder under the system's temp dir)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -300,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     args.start = time.time()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    work = args.work or Path(args.out) / "work"
+    work = args.work or Path(tempfile.mkdtemp(prefix="families-"))
     work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder (models, runs, rank logs): {work}", flush=True)
     data = REPO / "recipes" / "embedded" / "data" / "chat.jsonl"
     if not args.quick:
         sys.path.insert(0, str(REPO / "benchmarks"))

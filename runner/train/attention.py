@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.decisions import VARLEN_MIN_TOKENS, AttentionChoice, Kernels, attention_refusal, choose_attention  # noqa: F401
-from runner.families import ATTENTION_LAYER_TYPES, GATED_DELTA, VARLEN, family_of  # noqa: F401
+from runner.decisions import AttentionChoice, Kernels, attention_refusal
+from runner.decisions import choose_attention as choose_attention  # benchmarks call it through this module
+from runner.families import GATED_DELTA, VARLEN, family_of
 from runner.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
 from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
 

@@ -26,7 +26,8 @@ LOSS_TOL = 1e-5
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("families")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "families_gpu.py"), "--out", str(out),
-                           "--device", "cpu", "--quick", "--nproc", "2"], cwd=ROOT, capture_output=True, text=True)
+                           "--work", str(out / "work"), "--device", "cpu", "--quick", "--nproc", "2"], cwd=ROOT,
+                          capture_output=True, text=True)
     report = json.loads((out / "families-cpu.json").read_text())
     return {"proc": proc, "rows": report["rows"], "meta": report["meta"], "out": out}
 
@@ -57,6 +58,18 @@ def test_both_ranks_see_one_global_loss_and_the_engines_agree_on_the_first_step(
         losses = [[json.loads(line)["global_loss"] for line in (run_dir / "events" / f"rank{rank}.jsonl")
                    .read_text().splitlines() if '"global_loss"' in line] for rank in (0, 1)]
         assert losses[0] == losses[1], family
+
+
+def test_what_a_plan_from_config_json_says_is_what_each_engine_chose(matrix):
+    """runner.decisions.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
+    from runner.decisions import plan_attention
+    from runner.spec import RunSpec
+
+    for r in matrix["rows"]:
+        run_dir = matrix["out"] / "work" / "runs" / f"{r['family']}-{r['engine']}-{r['seq_len']}"
+        spec = RunSpec.model_validate(json.loads((run_dir / "spec.json").read_text()))
+        config = json.loads((Path(spec.model.path) / "config.json").read_text())
+        assert plan_attention(spec, config, "cpu").impl == r["attn"], r
 
 
 def test_the_report_names_command_machine_and_versions(matrix):
