@@ -11,12 +11,11 @@ from typing import Any
 from runner.catalog import Arch, LoadedArch, load_arch
 from runner.decisions import (
     AttentionChoice,
-    Kernels,
     Precision,
-    choose_attention,
     choose_loss,
     fsdp_wrapped,
     loss_chunk_tokens,
+    plan_attention,
     precision,
 )
 from runner.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
@@ -64,12 +63,9 @@ class Plan:
 
 
 def planned_attention(spec: RunSpec, device: str, config: Any = None) -> AttentionChoice:
-    """The attention path the engine will pick (runner.decisions.choose_attention) with the kernels a plan assumes:
-    on CUDA torch's varlen and flex, no flash-attn (which costs the same memory as varlen here: no s² term). The
-    model class's own declared support is not known without importing it: the family's paths stand for it."""
-    t = spec.train
-    return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config or None,
-                            Kernels.assumed(device), t.packing)
+    """The attention path the engine will pick, from config.json alone (runner.decisions.plan_attention): the kernels
+    a plan assumes on CUDA are torch's varlen and flex, no flash-attn (which costs the same memory as varlen here)."""
+    return plan_attention(spec, config or None, device)
 
 
 def planned_loss(spec: RunSpec, config: Any = None) -> tuple[str, str]:
