@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup clean
+.PHONY: demo test test-fast lint setup clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not dist"

@@ -107,6 +107,9 @@ def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[d
 
 
 def _cleanup(device: str) -> None:
+    # The native engine freezes every live object out of the collector after two steps (GC_FREEZE_AFTER_STEPS):
+    # unfrozen, the finished cell's model and optimizer can be collected before the next cell builds its own.
+    gc.unfreeze()
     gc.collect()
     if device == "cuda":
         import torch

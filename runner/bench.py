@@ -14,7 +14,9 @@ from rich.table import Table
 
 from runner import run as run_mod
 from runner.errors import UserError
-from runner.events import read_events
+from runner.events import END, TRAIN_BEGIN, first_event, read_events, step_lines
+from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token, utilisation
+from runner.gpus import ceiling_tflops_here
 from runner.spec import RunSpec, load_spec, resolve
 from runner.versions import package_versions
 
@@ -22,13 +24,10 @@ VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel"
 
 
 def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
-    out = []
-    for s in sweeps:
-        if "=" not in s or not s.split("=", 1)[1].strip():
-            raise UserError(f"--sweep expects field=v1,v2,..., got '{s}' (e.g. --sweep train.seq_len=8192,32768)")
-        key, values = s.split("=", 1)
-        out.append((key.strip(), [v.strip() for v in values.split(",") if v.strip()]))
-    return out
+    """Each `--sweep field=v1,v2` as (field, values), checked as `runner estimate --sweep` checks it."""
+    from runner.estimate.sweep import parse_sweep
+
+    return [parse_sweep(s) for s in sweeps]
 
 
 NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false"}
@@ -68,20 +67,17 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     return resolve(spec), dropped
 
 
-def flops_per_token(spec: RunSpec) -> tuple[float | None, int, int]:
-    """(6·N per token, full-attention layers, attention width) from the architecture; N = active parameters
-    without the input embedding (a lookup, no matmul)."""
+def model_arch(spec: RunSpec) -> Any | None:
+    """The spec's architecture for the FLOPs counts; None for one the catalog cannot read (no MFU then)."""
     try:
         from runner.catalog import load_arch
 
-        arch = load_arch(spec).arch
+        return load_arch(spec).arch
     except Exception:  # noqa: BLE001 - an unknown architecture only loses the MFU column
-        return None, 0, 0
-    full_layers = sum(1 for i in range(arch.layers) if arch.layer_type(i) == "full_attention")
-    return 6.0 * arch.params_flops, full_layers, arch.q_dim
+        return None
 
 
-def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float | None) -> dict[str, Any]:
+def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: float | None) -> dict[str, Any]:
     """Per-step timings after warm-up, tokens/s per GPU, MFU, peak memory and the share of time spent on data."""
     per_rank = []
     peaks_alloc, peaks_res = [], []
@@ -89,10 +85,10 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
     final_loss = None
     for r in range(spec.world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        steps = [e for e in evs if "event" not in e and "step" in e and e["step"] > warmup]
-        end = next((e for e in evs if e.get("event") == "end"), {})
+        steps = [e for e in step_lines(evs) if e["step"] > warmup]
+        end = first_event(evs, END) or {}
         if r == 0:
-            begin = next((e for e in evs if e.get("event") == "train_begin"), {})
+            begin = first_event(evs, TRAIN_BEGIN) or {}
             final_loss = end.get("final_loss")
         peak = end.get("peak_mem_gib") or {}
         if "allocated" in peak:
@@ -122,16 +118,16 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, peak_tflops: float |
         # What the engine chose, as its train_begin event says.
         "choices": {k: begin[k] for k in ("attn", "loss_impl", "liger_kernels", "fsdp") if k in begin},
     }
-    fpt, full_layers, width = flops_per_token(spec)
-    if fpt and peak_tflops:
-        # MFU = (6·N·tokens + 6·L_attn·width·Σ doc_len²) / (step time · peak); causal attention counts half the
-        # square. Recompute for activation checkpointing is not useful work and is not counted.
+    arch = model_arch(spec)
+    if arch is not None and ceiling_tflops:
+        # MFU (runner/flops.py): model FLOPs + attention FLOPs over the step time and the ceiling. Recompute for
+        # activation checkpointing is not useful work and is not counted.
         attn = [e.get("doc_len_sq") for e in rank0]
         counted = all(attn)
-        attn_flops = 6.0 * full_layers * width * statistics.mean(attn) if counted else 0.0
-        flops = fpt * row["tokens_per_step"] + attn_flops
-        row["mfu"] = round(flops / (row["step_s_median"] * peak_tflops * 1e12), 4)
-        # An engine that does not report its documents' lengths gets the 6·N part only: say so beside the figure.
+        attn_flops = attention_flops_per_doc_len_sq(arch) * statistics.mean(attn) if counted else 0.0
+        flops = model_flops_per_token(arch) * row["tokens_per_step"] + attn_flops
+        row["mfu"] = round(utilisation(flops, row["step_s_median"], ceiling_tflops), 4)
+        # An engine that does not report its documents' lengths gets the model FLOPs only: say so beside the figure.
         row["flops_formula"] = "6*N_active_nonembed*tokens" + (" + 6*L_full_attn*q_width*sum(doc_len^2)"
                                                                 if counted else " (attention not counted)")
     return row
@@ -191,7 +187,7 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
     for i, combo in enumerate(plan, 1):
         spec, dropped = row_spec(spec_ref, overrides, combo, warmup + steps)
         if peak is None:
-            peak = result["peak_tflops"] = _peak_tflops(spec)
+            peak = result["peak_tflops"] = ceiling_tflops_here(spec.hardware.device)
         note = f" (without native-only {', '.join(dropped)})" if dropped else ""
         console.print(f"bench {i}/{len(plan)}: {' '.join(combo)}{note}")
         active = run_mod.start(spec, runs_dir, records_dir)
@@ -234,18 +230,6 @@ def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
         tmp = out_dir / f".{stem}{suffix}.tmp"
         tmp.write_text(text)
         tmp.replace(out_dir / f"{stem}{suffix}")
-
-
-def _peak_tflops(spec: RunSpec) -> float | None:
-    if spec.hardware.device != "cuda":
-        return None
-    try:
-        from runner.catalog import detect_gpu
-
-        found = detect_gpu()
-        return found[0].ceiling_tflops if found else None
-    except Exception:  # noqa: BLE001 - no catalog entry: no MFU
-        return None
 
 
 COLUMNS = ("engine", "seq_len", "tokens_per_s", "mfu", "step_s_median", "step_s_spread", "data_wait_share",

@@ -1,133 +1,34 @@
-"""Built-in catalog of model architectures and GPU types (offline)."""
+"""Model architectures: config.json parsed into the sizes the estimator counts, and a built-in catalog for offline
+planning. GPU types live in runner/gpus.py, the hub's config.json requests in runner/hub_config.py."""
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 import json
 import os
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.catalog_configs import (  # noqa: F401 (CATALOG, PUBLISHED_PARAMS: re-exported for their readers)
+    CATALOG,
+    CATALOG_NOTES,
+    PUBLISHED_PARAMS,
+    catalog_config,
+)
 from runner.errors import Problem, UserError
-from runner.families import FAMILIES, family_of
-
-# ---------------------------------------------------------------------------------------------
-# GPU types
-
-# Where no matmul ceiling has been measured, the practical ceiling is this share of the datasheet peak:
-# the H200 here runs an 8192³ bf16 matmul at ~790 of its 989 TFLOP/s (references.md, "The machine we can measure on").
-PRACTICAL_MATMUL_FRACTION = 790.0 / 989.4
-
-MIB_PER_GIB = 1024.0
-
-
-@dataclass(frozen=True)
-class GpuType:
-    """One accelerator type: memory as the device reports it, dense bf16 peak, and a practical matmul ceiling."""
-
-    name: str
-    memory_gib: float
-    """Total memory as `nvidia-smi --query-gpu=memory.total` / torch `total_memory` report it (GiB)."""
-    bf16_tflops: float
-    """Dense bf16 tensor-core peak from the datasheet (no sparsity)."""
-    matmul_tflops: float | None = None
-    """Measured practical bf16 matmul ceiling, where known."""
-    hbm_tb_s: float = 3.35
-    """Memory bandwidth from the datasheet (TB/s), for memory-bound work such as merging LoRA into expert stacks."""
-    nvml_patterns: tuple[str, ...] = ()
-    """Regexes matched (case-insensitively) against NVML device names to detect this type."""
-    source: str = ""
-
-    @property
-    def ceiling_tflops(self) -> float:
-        """The throughput MFU is measured against: the measured matmul ceiling, else a share of the datasheet peak."""
-        return self.matmul_tflops if self.matmul_tflops else self.bf16_tflops * PRACTICAL_MATMUL_FRACTION
-
-
-GPUS: dict[str, GpuType] = {g.name: g for g in (
-    GpuType("A100-40GB", 40960 / MIB_PER_GIB, 312.0, None, 1.555, (r"A100.*40\s*GB",),
-            "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 40960 MiB reported"),
-    GpuType("A100-80GB", 81920 / MIB_PER_GIB, 312.0, None, 2.039, (r"A100.*80\s*GB",),
-            "NVIDIA A100 datasheet (312 TFLOP/s dense bf16); 81920 MiB reported"),
-    GpuType("L40S", 46068 / MIB_PER_GIB, 362.05, None, 0.864, (r"L40S",),
-            "NVIDIA L40S datasheet (362 TFLOP/s dense bf16, 733 with sparsity); 46068 MiB reported"),
-    GpuType("RTX-4090", 24564 / MIB_PER_GIB, 165.2, None, 1.008, (r"RTX\s*4090",),
-            "NVIDIA Ada whitepaper (165 TFLOP/s dense bf16 with fp32 accumulate); 24564 MiB reported"),
-    GpuType("H100-80GB", 81559 / MIB_PER_GIB, 989.4, None, 3.35, (r"H100(?!.*NVL)", r"H800"),
-            "NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16); 81559 MiB reported"),
-    GpuType("H200", 143771 / MIB_PER_GIB, 989.4, 790.0, 4.8, (r"H200",),
-            "NVIDIA H200 datasheet (989 TFLOP/s dense bf16); 143771 MiB reported; "
-            "790 TFLOP/s measured (references.md)"),
-    GpuType("B200", 183359 / MIB_PER_GIB, 2250.0, None, 8.0, (r"B200",),
-            "NVIDIA HGX B200 datasheet (36 PFLOP/s sparse bf16 per 8 GPUs = 2.25 dense each); 183359 MiB reported"),
-    GpuType("B300", 275040 / MIB_PER_GIB, 2250.0, None, 8.0, (r"B300",),
-            "NVIDIA HGX B300 datasheet (2.25 PFLOP/s dense bf16 per GPU); 275040 MiB reported by a "
-            "'B300 SXM6 AC' (288 GB HBM3e)"),
-    GpuType("MI300X", 205822885888 / 1024**3, 1307.4, None, 5.3, (r"MI300X",),
-            "AMD Instinct MI300X datasheet (1307 TFLOP/s dense bf16); 205822885888 B reported by ROCm"),
-)}
-
-
-def gpu_names() -> list[str]:
-    """The GPU type names `hardware.gpu` accepts for planning."""
-    return list(GPUS)
-
-
-def _norm_gpu(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
-def gpu_type(name: str) -> GpuType:
-    """The catalog entry for a GPU type name (case and punctuation ignored: 'h100-80gb', 'H100_80GB')."""
-    wanted = _norm_gpu(name)
-    for g in GPUS.values():
-        if _norm_gpu(g.name) == wanted:
-            return g
-    # A bare family name is fine when it is unambiguous (H100 → H100-80GB); A100 alone is not.
-    family = [g for g in GPUS.values() if _norm_gpu(g.name).startswith(wanted)] if wanted else []
-    if len(family) == 1:
-        return family[0]
-    names = list(GPUS)
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
-    fix = f"did you mean '{close[0]}'?" if close else "use one of the known names"
-    raise UserError(f"unknown GPU type '{name}'", [Problem("hardware.gpu", f"'{name}' is not one of {', '.join(names)}",
-                                                           fix)])
-
-
-def match_gpu_name(device_name: str, mem_total_gib: float | None = None) -> GpuType | None:
-    """Map an NVML device name (e.g. 'NVIDIA H100 80GB HBM3') to a catalog entry, or None."""
-    hits = [g for g in GPUS.values() if any(re.search(p, device_name, re.IGNORECASE) for p in g.nvml_patterns)]
-    if not hits and mem_total_gib and "A100" in device_name.upper():
-        # Some A100 names carry no size: pick by reported memory.
-        hits = [GPUS["A100-80GB"] if mem_total_gib > 60 else GPUS["A100-40GB"]]
-    return hits[0] if hits else None
-
-
-def detect_gpu() -> tuple[GpuType, int] | None:
-    """(type, count) of this machine's GPUs through NVML; None when none is visible (or NVML is missing).
-
-    A GPU the catalog does not know is planned with its reported memory and the H100's throughput, which is
-    stated in the estimate's approximate_reason by the caller (its name starts with 'unknown:').
-    """
-    from runner.sampler import detect_gpus
-
-    found = detect_gpus()
-    if not found:
-        return None
-    first = found[0]
-    name = first.get("name") or "unknown GPU"
-    mem = first.get("mem_total_gib")
-    g = match_gpu_name(name, mem)
-    if g is None:
-        ref = GPUS["H100-80GB"]
-        g = GpuType(f"unknown:{name}", float(mem or 0.0), ref.bf16_tflops, None, ref.hbm_tb_s, (),
-                    "detected; throughput assumed H100")
-    return g, len(found)
-
+from runner.families import FAMILIES, Family, family_of
+from runner.gpus import (  # noqa: F401 (re-exported for importers of the catalog's GPU names)
+    GPUS,
+    GpuType,
+    detect_gpu,
+    gpu_names,
+    gpu_type,
+    match_gpu_name,
+)
+from runner.hub_config import config_from_cache as _from_cache
+from runner.hub_config import config_from_hub as _from_hub
 
 # ---------------------------------------------------------------------------------------------
 # Architectures
@@ -369,26 +270,26 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
-    """An Arch from an HF config.json dict; VLM-style configs contribute their `text_config` and count `vision_config`.
-
-    Raises UserError naming the missing fields when the config has no hidden size or layer count.
-    """
-    top = config
+def _text_config(config: dict[str, Any]) -> tuple[dict[str, Any], bool, str]:
+    """(the language model's config, whether it came from a VLM's text_config, the model_type to plan with)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
     cfg = dict(text) if text is not None else dict(config)
     for k in ("tie_word_embeddings",):
-        if k not in cfg and k in top:
-            cfg[k] = top[k]
+        if k not in cfg and k in config:
+            cfg[k] = config[k]
     # A VLM is named by its top-level type (qwen3_5), a plain LM by its own.
-    model_type = str((top.get("model_type") if text is not None else None) or cfg.get("model_type") or "unknown")
-    reasons: list[str] = []
+    model_type = str((config.get("model_type") if text is not None else None) or cfg.get("model_type") or "unknown")
+    return cfg, text is not None, model_type
 
+
+def _dimensions(cfg: dict[str, Any], name: str, in_text_config: bool, reasons: list[str]
+                ) -> tuple[int, int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, vocab, intermediate); missing optional ones assumed, in `reasons`."""
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     missing = [f for f, v in (("hidden_size", hidden), ("num_hidden_layers", layers)) if v is None]
     if missing:
-        where = "text_config" if text is not None else "config.json"
+        where = "text_config" if in_text_config else "config.json"
         raise UserError(f"cannot model {name or 'this model'}: its {where} has no {' or '.join(missing)}",
                         [Problem("model", f"config fields missing: {', '.join(missing)}",
                                  "give model.path a directory whose config.json has hidden_size and "
@@ -403,15 +304,17 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     if vocab is None:
         vocab = 32000
         reasons.append("vocab_size missing: assumed 32,000")
-    vocab = int(vocab)
     intermediate = _first(cfg, "intermediate_size", "ffn_dim", "n_inner")
     if intermediate is None:
         intermediate = 4 * hidden
         if not _first(cfg, "num_experts", "num_local_experts", "n_routed_experts"):
             reasons.append("intermediate_size missing: assumed 4 × hidden")
-    intermediate = int(intermediate)
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    return hidden, layers, heads, kv_heads, head_dim, int(vocab), int(intermediate)
 
+
+def _layer_types(cfg: dict[str, Any], layers: int, fam: Family, reasons: list[str]
+                 ) -> tuple[tuple[str, ...], int | None]:
+    """(each layer's type, or () when all are full attention; the sliding window)."""
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
         layer_types = tuple(str(t) for t in layer_types)
@@ -431,10 +334,14 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
     sliding = cfg.get("sliding_window")
     if not cfg.get("use_sliding_window", True):
         sliding = None
-    fam = family_of(config)
     if sliding and not layer_types and fam.window_on_every_layer:
         layer_types = (LAYER_SLIDING,) * layers
+    return layer_types, int(sliding) if sliding else None
 
+
+def _experts(cfg: dict[str, Any], layers: int, intermediate: int, reasons: list[str]
+             ) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """(experts, experts per token, expert width, shared expert width, the layers with a dense MLP)."""
     num_experts = int(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
     top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     expert_im = int(_first(cfg, "moe_intermediate_size", default=0) or 0)
@@ -449,6 +356,22 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         if num_experts and not top_k:
             top_k = 2
             reasons.append("num_experts_per_tok missing: assumed top-2")
+    return num_experts, top_k, expert_im, shared_im, dense_layers
+
+
+def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
+    """An Arch from an HF config.json dict; VLM-style configs contribute their `text_config` and count `vision_config`.
+
+    Raises UserError naming the missing fields when the config has no hidden size or layer count.
+    """
+    top = config
+    cfg, in_text_config, model_type = _text_config(config)
+    reasons: list[str] = []
+    hidden, layers, heads, kv_heads, head_dim, vocab, intermediate = _dimensions(cfg, name, in_text_config, reasons)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    fam = family_of(config)
+    layer_types, sliding = _layer_types(cfg, layers, fam, reasons)
+    num_experts, top_k, expert_im, shared_im, dense_layers = _experts(cfg, layers, intermediate, reasons)
 
     if model_type not in EXACT_TYPES:
         reasons.append(f"model_type '{model_type}' is not modelled exactly: counted as a llama-style decoder")
@@ -465,7 +388,7 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         # transformers builds these q_proj with the output gate whatever the config says
         attn_output_gate=model_type in GATED_ATTN_TYPES,
         attention_sinks=fam.attention_sinks,
-        layer_types=layer_types, sliding_window=int(sliding) if sliding else None,
+        layer_types=layer_types, sliding_window=sliding,
         num_experts=num_experts, experts_per_token=top_k, expert_intermediate=expert_im,
         expert_bias=fam.expert_bias, router_bias=fam.expert_bias,
         shared_expert_intermediate=shared_im, dense_layers=dense_layers,
@@ -480,7 +403,7 @@ def parse_arch(config: dict[str, Any], name: str = "") -> Arch:
         raise UserError(f"cannot model {name or 'this model'}: linear-attention layers without their head sizes",
                         [Problem("model", "config fields missing: linear_num_value_heads, linear_key_head_dim, ...",
                                  "give a config.json with the linear-attention fields")])
-    vision = top.get("vision_config") if text is not None else None
+    vision = top.get("vision_config") if in_text_config else None
     if isinstance(vision, dict) and vision:
         vparams, vlinears, vreason = _vision_params(vision)
         reasons2 = list(arch.approximate_reasons) + ([vreason] if vreason else [])
@@ -524,98 +447,7 @@ def _vision_params(v: dict[str, Any]) -> tuple[int, list[Linear], str | None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Built-in configs (HF config.json subsets; sources in benchmarks/estimator-notes.md)
-
-
-def _qwen3(hidden: int, layers: int, heads: int, inter: int, tied: bool, kv: int = 8) -> dict[str, Any]:
-    return {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 128, "intermediate_size": inter,
-            "tie_word_embeddings": tied, "attention_bias": False, "max_position_embeddings": 40960}
-
-
-def _llama(hidden: int, layers: int, heads: int, inter: int, vocab: int = 128256) -> dict[str, Any]:
-    return {"model_type": "llama", "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": hidden // heads,
-            "intermediate_size": inter, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
-
-
-_QWEN35_27B = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "tie_word_embeddings": False,
-    "text_config": {
-        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "num_hidden_layers": 64,
-        "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
-        "attn_output_gate": True, "attention_bias": False, "full_attention_interval": 4,
-        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 16,
-        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
-        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "tie_word_embeddings": False,
-        "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
-    },
-    "vision_config": {
-        "model_type": "qwen3_5", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
-        "in_channels": 3, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
-        "num_position_embeddings": 2304, "out_hidden_size": 5120, "deepstack_visual_indexes": [],
-    },
-}
-
-
-def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
-    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088,
-            "hidden_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64, "num_key_value_heads": 8,
-            "head_dim": 64, "intermediate_size": 2880, "num_local_experts": experts, "num_experts_per_tok": 4,
-            "attention_bias": True, "sliding_window": 128, "tie_word_embeddings": False,
-            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
-            "max_position_embeddings": 131072}
-
-
-CATALOG: dict[str, dict[str, Any]] = {
-    # The 27B notebook's model: the Qwen3.5-27B architecture (hybrid gated-delta + gated full attention, 3:1).
-    "Qwen/Qwen3.8-27B": _QWEN35_27B,
-    "Qwen/Qwen3.5-27B": _QWEN35_27B,
-    "openai/gpt-oss-120b": _gpt_oss(36, 128),
-    "openai/gpt-oss-20b": _gpt_oss(24, 32),
-    "Qwen/Qwen3-0.6B": _qwen3(1024, 28, 16, 3072, True),
-    "Qwen/Qwen3-1.7B": _qwen3(2048, 28, 16, 6144, True),
-    "Qwen/Qwen3-4B": _qwen3(2560, 36, 32, 9728, True),
-    "Qwen/Qwen3-8B": _qwen3(4096, 36, 32, 12288, False),
-    "Qwen/Qwen3-14B": _qwen3(5120, 40, 40, 17408, False),
-    "Qwen/Qwen3-32B": _qwen3(5120, 64, 64, 25600, False),
-    "Qwen/Qwen3-30B-A3B": {**_qwen3(2048, 48, 32, 6144, False, kv=4), "model_type": "qwen3_moe", "num_experts": 128,
-                           "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
-                           "mlp_only_layers": []},
-    "meta-llama/Llama-3.1-8B": _llama(4096, 32, 32, 14336),
-    "meta-llama/Llama-3.1-70B": _llama(8192, 80, 64, 28672),
-    "mistralai/Mistral-7B-v0.3": {**_llama(4096, 32, 32, 14336, vocab=32768), "model_type": "mistral",
-                                  "sliding_window": None},
-}
-# Said with every estimate that uses the entry.
-CATALOG_NOTES = {
-    "Qwen/Qwen3.8-27B": "built-in config is Qwen3.5-27B's (the same architecture family); the pinned revision's own "
-                        "config.json wins when it is cached or the hub is reachable",
-}
-# Instruct / base variants share the architecture.
-_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B",
-            "meta-llama/Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B",
-            "mistralai/Mistral-7B-Instruct-v0.3": "mistralai/Mistral-7B-v0.3",
-            "Qwen/Qwen3-30B-A3B-Instruct-2507": "Qwen/Qwen3-30B-A3B",
-            "Qwen/Qwen3-4B-Instruct-2507": "Qwen/Qwen3-4B"}
-
-# Published totals the catalog is checked against (tests): model card figures.
-PUBLISHED_PARAMS = {
-    "Qwen/Qwen3-8B": 8.19e9, "Qwen/Qwen3-1.7B": 1.72e9, "Qwen/Qwen3-14B": 14.8e9, "Qwen/Qwen3-32B": 32.8e9,
-    "Qwen/Qwen3-30B-A3B": 30.5e9, "openai/gpt-oss-120b": 116.83e9, "openai/gpt-oss-20b": 20.91e9,
-    "meta-llama/Llama-3.1-8B": 8.03e9, "meta-llama/Llama-3.1-70B": 70.6e9, "mistralai/Mistral-7B-v0.3": 7.25e9,
-}
-
-
-def catalog_config(model_id: str) -> dict[str, Any] | None:
-    key = _ALIASES.get(model_id, model_id)
-    if key not in CATALOG:
-        lowered = {k.lower(): k for k in CATALOG}
-        key = lowered.get(key.lower(), key)
-    cfg = CATALOG.get(key)
-    return copy.deepcopy(cfg) if cfg is not None else None
+# Built-in configs: runner/catalog_configs.py
 
 
 def catalog_arch(model_id: str) -> Arch:
@@ -628,10 +460,6 @@ def catalog_arch(model_id: str) -> Arch:
 # ---------------------------------------------------------------------------------------------
 # Loading a spec's architecture
 
-HUB_TIMEOUT_S = 2.0
-"""One attempt, no retries: planning must not wait on a network that is not there."""
-
-
 @dataclass(frozen=True)
 class LoadedArch:
     arch: Arch
@@ -640,6 +468,8 @@ class LoadedArch:
     config_dir: Path | None = None
     """The local directory holding config.json (and maybe tokenizer.json), when there is one."""
     note: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    """config.json itself, for the engines' decisions (runner.decisions) the estimator plans with."""
 
 
 def load_arch(spec: Any) -> LoadedArch:
@@ -654,17 +484,19 @@ def load_arch(spec: Any) -> LoadedArch:
         if not path.is_file():
             raise UserError(f"no config.json under model.path {m.path}",
                             [Problem("model.path", f"{path} does not exist", "point model.path at a model directory")])
-        return LoadedArch(parse_arch(_read_json(path), name=m.id), "path", path.parent)
+        cfg = _read_json(path)
+        return LoadedArch(parse_arch(cfg, name=m.id), "path", path.parent, config=cfg)
     cached = _from_cache(m.id, m.revision)
     if cached is not None:
-        return LoadedArch(parse_arch(_read_json(cached), name=m.id), "cache", cached.parent)
+        cfg = _read_json(cached)
+        return LoadedArch(parse_arch(cfg, name=m.id), "cache", cached.parent, config=cfg)
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in {"1", "true", "yes", "on"}:
         cfg = _from_hub(m.id, m.revision or "main")
         if cfg is not None:
-            return LoadedArch(parse_arch(cfg, name=m.id), "hub")
+            return LoadedArch(parse_arch(cfg, name=m.id), "hub", config=cfg)
     cfg = catalog_config(m.id)
     if cfg is not None:
-        return LoadedArch(parse_arch(cfg, name=m.id), "catalog", note=CATALOG_NOTES.get(m.id, ""))
+        return LoadedArch(parse_arch(cfg, name=m.id), "catalog", note=CATALOG_NOTES.get(m.id, ""), config=cfg)
     close = difflib.get_close_matches(m.id, list(CATALOG), n=1, cutoff=0.5)
     fix = f"did you mean '{close[0]}'?" if close else "set model.path to a local model directory, or go online once"
     raise UserError(f"cannot find config.json for '{m.id}': not under model.path, not in the HF cache, "
@@ -680,39 +512,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path} must hold a JSON object")
     return data
-
-
-def _from_cache(model_id: str, revision: str | None) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(model_id, "config.json", revision=revision)
-    except Exception:  # a malformed id or cache layout is simply a miss
-        return None
-    return Path(hit) if isinstance(hit, str) and Path(hit).is_file() else None
-
-
-@functools.lru_cache(maxsize=32)
-def _from_hub(model_id: str, revision: str) -> dict[str, Any] | None:
-    # A direct request, not hf_hub_download: that one retries for ~20 s when the hub is unreachable.
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    url = f"{endpoint}/{model_id}/resolve/{urllib.parse.quote(revision, safe='')}/config.json"
-    headers = {"User-Agent": "sft-tui-estimate"}
-    try:
-        from huggingface_hub import get_token
-
-        token = get_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-    except Exception:
-        pass
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=HUB_TIMEOUT_S) as r:
-            data = json.loads(r.read().decode())
-    except Exception:
-        return None
-    return data if isinstance(data, dict) else None

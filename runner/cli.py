@@ -172,9 +172,96 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from runner.estimate import estimate_cli
+    from runner.estimate import estimate, parse_sweep, sweep
+    from runner.spec import load_spec
 
-    return estimate_cli(args.spec, args.overrides, args.sweep, args.json)
+    parsed = [parse_sweep(s) for s in args.sweep]
+    spec = load_spec(args.spec, args.overrides)
+    if parsed:
+        rows = sweep(spec, parsed)
+        if args.json:
+            print(json.dumps(rows))
+        else:
+            _print_sweep(spec, rows, [k for k, _ in parsed])
+        return EXIT_OK
+    est = estimate(spec)
+    if args.json:
+        print(json.dumps(est.to_dict()))
+    else:
+        _print_estimate(spec, est)
+    return EXIT_OK
+
+
+# How `runner estimate` prints an estimate and a sweep
+
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def _hours(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _print_estimate(spec: Any, est: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    a = est.arch
+    active = f", {_count(a['params_active'])} active" if a["params_active"] != a["params_total"] else ""
+    console.print(f"[bold]{spec.name}[/bold]: {spec.model.id} ({a['model_type']}, {_count(a['params_total'])} params"
+                  f"{active}), {est.engine} {est.method}, {est.world_size} × {est.gpu}, "
+                  f"{est.seq_len:,} tokens per block, "
+                  f"{est.attn_implementation}, loss {est.loss_impl}, checkpointing "
+                  f"{'on' if est.activation_checkpointing else 'off'}")
+    table = Table(title=f"per-{'GPU' if est.device == 'cuda' else 'rank'} memory at the peak ({est.peak_phase})",
+                  show_header=True)
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for k, v in est.breakdown.items():
+        table.add_row(k, f"{v:.2f}")
+    if est.device == "cuda":
+        table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+        table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    else:
+        table.add_row("[bold]peak RSS per rank[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+    if est.per_gpu_reserved_gib > est.per_gpu_gib:
+        table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
+    console.print(table)
+    style = VERDICT_STYLE[est.verdict]
+    console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.1f} of {est.gpu_memory_gib:.1f} GiB "
+                  f"(headroom {est.headroom_gib:.1f} GiB)")
+    console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
+                  f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
+                  f"{est.flops_per_step:.3g} FLOP/step, "
+                  + (f"HFU {est.hfu_assumed:.2f} assumed)" if est.device == "cuda" else f"{est.hfu_source})"))
+    if est.suggestion:
+        console.print(f"suggestion: {est.suggestion}")
+    if est.approximate_reason:
+        console.print(f"[dim]{'approximate: ' if est.approximate else 'notes: '}{est.approximate_reason}[/dim]")
+
+
+def _print_sweep(spec: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: {spec.model.id}")
+    short = [k.split(".")[-1] for k in keys]
+    for k, name in zip(keys, short):
+        table.add_column(name if short.count(name) == 1 else k, no_wrap=True)
+    for col in ("GiB/GPU", "of GiB", "verdict", "s/step", "total h"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        style = VERDICT_STYLE[r["verdict"]]
+        total = "-" if r["total_s"] is None else f"{r['total_s'] / 3600:.2f}"
+        table.add_row(*[str(r["swept"][k]) for k in keys], f"{r['per_gpu_gib']:.1f}", f"{r['gpu_memory_gib']:.1f}",
+                      f"[{style}]{r['verdict']}[/{style}]", f"{r['step_s']:.2f}", total)
+    Console(highlight=False).print(table)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

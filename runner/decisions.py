@@ -62,7 +62,7 @@ def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | 
     `config` (None = any attention-only model) gives the family's exact paths (runner.families: attention sinks
     allow eager and, on CUDA, flex; attention softcapping excludes varlen and sdpa); `supported` is what the
     model class declares and can mask (runner.train.attention `supported_attention`, None = everything).
-    On CPU only sdpa, eager and flex exist; flex is not chosen there by `auto` (it compiles) but may be asked for.
+    On CPU only sdpa and eager train: varlen and flash are CUDA kernels, and flex attention has no backward on CPU.
     `packed=False` (one document per block): a family whose recurrent layers rule packing out may use any path.
     """
     paths = list(family_of(config).attention_paths) if config is not None else []
@@ -72,9 +72,7 @@ def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | 
         allowed = set(supported)
         paths = [p for p in paths if p in allowed]
     if device != "cuda":
-        paths = [p for p in paths if p not in (VARLEN, FLASH)]
-        if config is not None and family_of(config).attention_sinks:
-            paths = [p for p in paths if p != FLEX]  # flex applies sinks only through its CUDA kernel
+        paths = [p for p in paths if p not in (VARLEN, FLASH, FLEX)]
     return paths
 
 
@@ -139,6 +137,10 @@ def attention_refusal(impl: str, device: str, config: Any = None, supported: Ite
         return "flash_attention_2 needs CUDA and the flash-attn package", "use auto"
     if impl == FLEX and not kernels.flex:
         return "flex_attention needs torch.nn.attention.flex_attention", "use auto"
+    if impl == FLEX and device != "cuda":
+        sinks = config is not None and family_of(config).attention_sinks
+        return ("flex attention has no backward on CPU" + (" and applies attention sinks only on CUDA" if sinks
+                                                            else ""), "use auto (eager or sdpa on CPU)")
     if impl == VARLEN and config is not None and family_of(config).sliding_window and not kernels.varlen_window:
         return "this PyTorch's varlen_attn has no window_size, and the model has sliding-window layers", "use auto"
     paths = packed_attention_paths(config, device, supported, packed)
@@ -241,6 +243,15 @@ def fused_chunk_tokens_for(vocab_size: int) -> int:
     """Tokens per chunk of the fused loss (multiples of 256, 256..8192): bf16 logits + their bf16 gradient near
     FUSED_CHUNK_BYTES."""
     return _tokens_within(FUSED_CHUNK_BYTES, 2 + 2, vocab_size)
+
+
+def loss_chunk_tokens(loss_impl: str, vocab_size: int) -> int | None:
+    """Tokens per lm_head chunk of the native engine's `loss_impl` (None for a loss that is not chunked)."""
+    if loss_impl == "chunked":
+        return chunk_tokens_for(vocab_size)
+    if loss_impl == "fused":
+        return fused_chunk_tokens_for(vocab_size)
+    return None
 
 
 def chunked_supported(config: Any) -> str | None:

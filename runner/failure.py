@@ -1,10 +1,18 @@
-"""Failure forensics: classify why a rank died, from its exception, its log or torchrun's exit report."""
+"""Failure forensics: classify why a rank died, from its exception, its log or torchrun's exit report, and which
+rank a failed run blames (`diagnose`)."""
 
 from __future__ import annotations
 
 import re
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.events import ERROR, events_of, read_events, step_lines
+
+if TYPE_CHECKING:
+    from runner.launch import RunPaths
+    from runner.records import Failure
 
 _OOM = re.compile(r"(?:CUDA out of memory|OutOfMemoryError).*?Tried to allocate ([\d.]+ [KMGT]i?B)", re.S)
 # runner.train.offload's refusal to page-lock more host memory than the machine has free.
@@ -93,3 +101,48 @@ def _last_line_matching(text: str, pattern: re.Pattern[str]) -> str:
         if pattern.search(ln):
             return ln.strip()[:500]
     return ""
+
+
+def any_error_event(paths: RunPaths, world_size: int) -> bool:
+    return any(events_of(read_events(paths.events / f"rank{r}.jsonl"), ERROR) for r in range(world_size))
+
+
+def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
+    """The first failing rank, its cause (OOM with size, NCCL, exception line, signal), last steps, log path."""
+    launcher_log = log_tail(paths.launcher_log, 200_000)
+    codes = torchrun_exit_codes(launcher_log)
+    root = _root_cause_rank(launcher_log)
+    last_steps: dict[str, int] = {}
+    errors: list[tuple[float, int, dict[str, Any]]] = []
+    for r in range(world_size):
+        evs = read_events(paths.events / f"rank{r}.jsonl")
+        steps = [e["step"] for e in step_lines(evs)]
+        last_steps[str(r)] = steps[-1] if steps else 0
+        errors += [(e.get("t", 0.0), r, e) for e in events_of(evs, ERROR)]
+    # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it, unless a
+    # rank failed first for a reason of its own (not a lost peer). torchrun's "first observed" is only the order
+    # in which it noticed the exits, which a fast-exiting peer can win.
+    killed = [r for r, c in sorted(codes.items()) if signal_cause(c) and signal_cause(c)[0] == "signal"]
+    own_errors = [x for x in errors if x[2].get("cause") not in PEER_FAILURE_CAUSES]
+    if killed and (root in killed or root is None or not own_errors):
+        rank = root if root is not None and root in killed else killed[0]
+        cause, message = signal_cause(codes[rank])  # type: ignore[misc]
+    elif errors:
+        errors.sort()
+        _, rank, ev = errors[0]
+        if root is not None and any(r == root for _, r, _ in errors):
+            rank, ev = next((r, e) for _, r, e in errors if r == root)
+        cause, message = ev.get("cause", "exception"), ev.get("message", "")
+    else:
+        rank = root if root is not None else 0
+        cause, message = classify_text(log_tail(paths.rank_log(rank)) or launcher_log)
+        if rank in codes and signal_cause(codes[rank]):
+            cause, message = signal_cause(codes[rank])  # type: ignore[misc]
+    return {"rank": rank, "cause": cause, "message": message, "last_step": last_steps.get(str(rank), 0),
+            "last_steps": last_steps, "exit_codes": {str(k): v for k, v in codes.items()}, "launcher_exit": exit_code,
+            "log": str(paths.rank_log(rank))}
+
+
+def _root_cause_rank(launcher_log: str) -> int | None:
+    m = re.search(r"Root Cause \(first observed failure\):\s*\n\s*\[\d+\]:.*?rank\s*:\s*(\d+)", launcher_log, re.S)
+    return int(m.group(1)) if m else None

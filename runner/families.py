@@ -107,8 +107,8 @@ NO_FLEX = (VARLEN, FLASH, SDPA, EAGER)
 NO_SDPA = (VARLEN, FLASH, FLEX, EAGER)
 
 _QWEN35_ATTN = dict(recurrent=GATED_DELTA, attention_paths=NO_FLEX, qk_norm=True, attn_output_gate=True,
-                    fp32_norm_product=True, recurrent_proj=("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
-                    counted_exactly=True)
+                    fp32_norm_product=True, counted_exactly=True,
+                    recurrent_proj=("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"))
 _MLA = dict(mla=True, attn_proj=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
 
 _REGISTRY: tuple[Family, ...] = (

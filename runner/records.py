@@ -7,16 +7,91 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from runner.errors import UserError
-from runner.events import read_events
+from runner.events import END, START, events_of, first_event, read_events, step_lines
+from runner.flops import utilisation
 from runner.pins import redact
 
 SCHEMA = "sft-tui.record/1"
 STATUSES = ("running", "succeeded", "failed", "cancelled")
+
+
+class Failure(TypedDict, total=False):
+    """Why a failed run failed (runner.failure.diagnose)."""
+
+    rank: int
+    cause: str
+    message: str
+    last_step: int
+    last_steps: dict[str, int]
+    exit_codes: dict[str, int]
+    launcher_exit: int
+    log: str
+
+
+class RankMetrics(TypedDict, total=False):
+    """One rank's figures, from its event file."""
+
+    last_step: int
+    peak_mem_gib: float | None
+    """The largest `mem_gib` of its step lines (allocated on GPU, RSS on CPU)."""
+    peak_mem: dict[str, float]
+    """Its end event's `peak_mem_gib`: {allocated, reserved} on GPU, {rss} on CPU."""
+    train_s: float
+    tokens: int
+    data: dict[str, Any]
+    export: Any
+    trainable_params: int
+    params: int
+    attn: str
+    fsdp_sharded: bool
+
+
+class Metrics(TypedDict, total=False):
+    """What a finished run measured (metrics_from_events, plus wall_s)."""
+
+    steps: int
+    loss_curve: dict[str, list[list[float]]]
+    final_loss: float | None
+    first_loss: float | None
+    final_global_loss: float
+    tokens: int
+    train_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    """(model + attention FLOPs) / (train_s × the GPUs' matmul ceiling): runner/flops.py."""
+    per_rank: dict[str, RankMetrics]
+    data_fingerprint: str
+    export: Any
+    trainable_params: int
+    params: int
+    wall_s: float
+
+
+class RunRecord(TypedDict, total=False):
+    """records/<id>.json (the design's record contract); `lock` covers everything else."""
+
+    schema: str
+    id: str
+    created: str
+    finished: str | None
+    status: str
+    spec: dict[str, Any]
+    pins: dict[str, Any]
+    launch: dict[str, Any]
+    estimate: dict[str, Any] | None
+    """`Estimate.to_dict()` of runner.estimate, as predicted at launch."""
+    metrics: Metrics | None
+    failure: Failure | None
+    run_dir: str
+    replay_of: str
+    exit_code: int
+    lock: str
 
 
 def canonical(obj: Any) -> bytes:
@@ -75,8 +150,8 @@ def now_iso() -> str:
 
 
 def new_record(run_id: str, spec: dict[str, Any], pins: dict[str, Any], launch: dict[str, Any],
-               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> dict[str, Any]:
-    rec: dict[str, Any] = {
+               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> RunRecord:
+    rec: RunRecord = {
         "schema": SCHEMA,
         "id": run_id,
         "created": now_iso(),
@@ -99,7 +174,7 @@ class RecordError(UserError):
     pass
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> RunRecord:
     """Read a record, with a one-line reason for anything that is not one."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -161,23 +236,38 @@ def find_record(ref: str, records_dir: Path) -> Path:
 # Metrics from the event files
 
 
-def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_per_token: float | None = None,
-                        peak_flops: float | None = None) -> dict[str, Any]:
-    """Per-rank loss curves, last steps, tokens/s, peak memory and the data fingerprint, from rank<r>.jsonl."""
-    per_rank: dict[str, Any] = {}
+@dataclass(frozen=True)
+class RunFlops:
+    """What MFU needs from the run's model and GPU (runner/flops.py)."""
+
+    model_per_token: float
+    attention_per_doc_len_sq: float
+    ceiling_tflops: float
+
+
+
+def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: RunFlops | None = None
+                        ) -> Metrics:
+    """Per-rank loss curves, last steps, tokens/s, peak memory, MFU and the data fingerprint, from rank<r>.jsonl."""
+    per_rank: dict[str, RankMetrics] = {}
     curves: dict[str, list[list[float]]] = {}
     wall = []
     tokens_total = 0
+    doc_len_sq: int | None = 0  # Σ doc_len² over every rank's steps, for the attention FLOPs (None: not reported)
     fingerprint = hashlib.sha256()
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
         # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
-        by_step = {e["step"]: e for e in evs if "event" not in e and "step" in e}
+        by_step = {e["step"]: e for e in step_lines(evs)}
         steps = [by_step[s] for s in sorted(by_step)]
-        ends = [e for e in evs if e.get("event") == "end"]
-        start = next((e for e in evs if e.get("event") == "start"), None)
+        ends = events_of(evs, END)
+        start = first_event(evs, START)
         curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
-        info: dict[str, Any] = {"last_step": steps[-1]["step"] if steps else 0,
+        if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
+            doc_len_sq += sum(e["doc_len_sq"] for e in steps)
+        else:
+            doc_len_sq = None
+        info: RankMetrics = {"last_step": steps[-1]["step"] if steps else 0,
                                 "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
         if ends:
             end = ends[-1]
@@ -202,7 +292,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
     rank0 = [point for point in curves.get("0") or [] if point[1] is not None]
     train_s = max(wall) if wall else None
     tokens_per_s = tokens_total / train_s if train_s else None
-    out: dict[str, Any] = {
+    out: Metrics = {
         "steps": max((i["last_step"] for i in per_rank.values()), default=0),
         "loss_curve": curves,
         # Rank 0's own loss until the global one is known below (older events lack it).
@@ -224,8 +314,10 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops_pe
         # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.
         out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
         out["first_loss"] = global_losses[0][1]
-    if device == "cuda" and flops_per_token and peak_flops and tokens_per_s:
-        out["mfu"] = round(tokens_per_s * flops_per_token / (peak_flops * world_size), 4)
+    if device == "cuda" and flops is not None and train_s and tokens_total:
+        # MFU (runner/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
+        done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
+        out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
     return out
 
 

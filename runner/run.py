@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,8 +9,10 @@ from typing import Any, Callable
 
 from runner import pins as pins_mod
 from runner import records
-from runner.events import read_events
-from runner.failure import PEER_FAILURE_CAUSES, classify_text, log_tail, signal_cause, torchrun_exit_codes
+from runner.catalog import load_arch
+from runner.failure import any_error_event, diagnose  # noqa: F401 (diagnose: runner.run.diagnose for callers)
+from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token
+from runner.gpus import ceiling_tflops_here
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
 from runner.sampler import NodeSampler
 from runner.spec import RunSpec
@@ -57,13 +58,13 @@ class ActiveRun:
             return None
         rec = dict(self.record)
         h = self.spec.hardware
-        fpt, peak = _flops_and_peak(self.spec)
-        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device, fpt, peak)
+        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
+                                                     _run_flops(self.spec))
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
-        elif exit_code == 0 and not _any_error(self.paths, self.spec.world_size):
+        elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
             rec["status"] = "succeeded"
         else:
             rec["status"] = "failed"
@@ -73,63 +74,16 @@ class ActiveRun:
         return self.record
 
 
-def _flops_and_peak(spec: RunSpec) -> tuple[float | None, float | None]:
-    """Model FLOPs per token (6·N) and the GPU's practical peak, for the record's MFU; (None, None) on CPU."""
-    if spec.hardware.device != "cuda":
-        return None, None
-    from runner.bench import _peak_tflops, flops_per_token
-
-    fpt, _, _ = flops_per_token(spec)
-    peak = _peak_tflops(spec)
-    return fpt, peak * 1e12 if peak else None
-
-
-def _any_error(paths: RunPaths, world_size: int) -> bool:
-    return any(e.get("event") == "error"
-               for r in range(world_size) for e in read_events(paths.events / f"rank{r}.jsonl"))
-
-
-def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> dict[str, Any]:
-    """The first failing rank, its cause (OOM with size, NCCL, exception line, signal), last steps, log path."""
-    launcher_log = log_tail(paths.launcher_log, 200_000)
-    codes = torchrun_exit_codes(launcher_log)
-    root = _root_cause_rank(launcher_log)
-    last_steps: dict[str, int] = {}
-    errors: list[tuple[float, int, dict[str, Any]]] = []
-    for r in range(world_size):
-        evs = read_events(paths.events / f"rank{r}.jsonl")
-        steps = [e["step"] for e in evs if "event" not in e and "step" in e]
-        last_steps[str(r)] = steps[-1] if steps else 0
-        for e in evs:
-            if e.get("event") == "error":
-                errors.append((e.get("t", 0.0), r, e))
-    # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it, unless a
-    # rank failed first for a reason of its own (not a lost peer). torchrun's "first observed" is only the order
-    # in which it noticed the exits, which a fast-exiting peer can win.
-    killed = [r for r, c in sorted(codes.items()) if signal_cause(c) and signal_cause(c)[0] == "signal"]
-    own_errors = [x for x in errors if x[2].get("cause") not in PEER_FAILURE_CAUSES]
-    if killed and (root in killed or root is None or not own_errors):
-        rank = root if root is not None and root in killed else killed[0]
-        cause, message = signal_cause(codes[rank])  # type: ignore[misc]
-    elif errors:
-        errors.sort()
-        _, rank, ev = errors[0]
-        if root is not None and any(r == root for _, r, _ in errors):
-            rank, ev = next((r, e) for _, r, e in errors if r == root)
-        cause, message = ev.get("cause", "exception"), ev.get("message", "")
-    else:
-        rank = root if root is not None else 0
-        cause, message = classify_text(log_tail(paths.rank_log(rank)) or launcher_log)
-        if rank in codes and signal_cause(codes[rank]):
-            cause, message = signal_cause(codes[rank])  # type: ignore[misc]
-    return {"rank": rank, "cause": cause, "message": message, "last_step": last_steps.get(str(rank), 0),
-            "last_steps": last_steps, "exit_codes": {str(k): v for k, v in codes.items()}, "launcher_exit": exit_code,
-            "log": str(paths.rank_log(rank))}
-
-
-def _root_cause_rank(launcher_log: str) -> int | None:
-    m = re.search(r"Root Cause \(first observed failure\):\s*\n\s*\[\d+\]:.*?rank\s*:\s*(\d+)", launcher_log, re.S)
-    return int(m.group(1)) if m else None
+def _run_flops(spec: RunSpec) -> records.RunFlops | None:
+    """The model's FLOPs counts and this machine's GPU ceiling, for the record's MFU; None on CPU."""
+    ceiling = ceiling_tflops_here(spec.hardware.device)
+    if ceiling is None:
+        return None
+    try:
+        arch = load_arch(spec).arch
+    except Exception:  # noqa: BLE001 - an architecture the catalog cannot read only loses the MFU figure
+        return None
+    return records.RunFlops(model_flops_per_token(arch), attention_flops_per_doc_len_sq(arch), ceiling)
 
 
 def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,

@@ -19,7 +19,7 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 class _Section(BaseModel):
-    # Field docstrings become descriptions (shown by `runner spec --help-fields` and the wizard);
+    # Field docstrings become descriptions (shown by `runner fields` and the wizard);
     # unknown keys are errors, not silently ignored settings.
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 

@@ -4,33 +4,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import Problem
 from runner.spec import RunSpec
 
-# GPU types offered for planning when runner.catalog does not list its own (names as the spec takes them).
-DEFAULT_GPU_TYPES = ("H100-80GB", "H200", "B200", "B300", "A100-80GB")
 # The Plan screen's what-if table: tokens per block × these GPU types (plus the spec's own type).
 SWEEP_SEQ_LENS = (2048, 8192, 32768)
 SWEEP_GPU_TYPES = ("H100-80GB", "H200", "B300")
 
 
 class EstimatorUnavailable(Exception):
-    """runner.estimate (or runner.catalog) is not importable in this installation."""
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if isinstance(obj, dict):
-        return obj
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return asdict(obj)
-    return dict(vars(obj))
+    """A runner module the screens need is not importable in this installation."""
 
 
 @dataclass
@@ -45,43 +31,31 @@ class Backends:
     preflight_fn: Callable[[RunSpec], list[Problem]] | None = None
 
     def estimate(self, spec: RunSpec) -> dict[str, Any]:
-        """The estimator's dict for a resolved spec; EstimatorUnavailable when runner.estimate is absent."""
+        """The estimator's dict for a resolved spec (runner.estimate)."""
         if self.estimate_fn is not None:
             return self.estimate_fn(spec)
-        try:
-            from runner.estimate import estimate
-        except ImportError as e:
-            raise EstimatorUnavailable(f"estimator unavailable ({e})") from None
-        return _as_dict(estimate(spec))
+        from runner.estimate import estimate
+
+        return estimate(spec).to_dict()
 
     def sweep(self, spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
         if self.sweep_fn is not None:
             return self.sweep_fn(spec, axes)
-        try:
-            from runner.estimate import sweep
-        except ImportError as e:
-            raise EstimatorUnavailable(f"estimator unavailable ({e})") from None
-        return [_as_dict(row) for row in sweep(spec, axes)]
+        from runner.estimate import sweep
+
+        return sweep(spec, axes)
 
     def load_arch(self, spec: RunSpec) -> dict[str, Any]:
-        """The model's architecture summary; falls back to the estimate's `arch` when runner.catalog is absent."""
+        """The model's architecture summary, where its config came from, and why it is approximate (if it is)."""
         if self.load_arch_fn is not None:
             return self.load_arch_fn(spec)
-        try:
-            from runner.catalog import load_arch
-        except ImportError:
-            arch = self.estimate(spec).get("arch")
-            if not arch:
-                raise EstimatorUnavailable("architecture unavailable (no runner.catalog, no arch in the estimate)")
-            return dict(arch)
+        from runner.catalog import load_arch
+
         loaded = load_arch(spec)
-        arch = getattr(loaded, "arch", loaded)
-        out = dict(arch.summary()) if hasattr(arch, "summary") else _as_dict(arch)
-        if getattr(loaded, "source", None):
-            out["source"] = loaded.source
-        reasons = getattr(arch, "approximate_reasons", None)
-        if reasons:
-            out["approximate"] = "; ".join(reasons)
+        out = dict(loaded.arch.summary())
+        out["source"] = loaded.source
+        if loaded.arch.approximate_reasons:
+            out["approximate"] = "; ".join(loaded.arch.approximate_reasons)
         return out
 
     def preflight(self, spec: RunSpec) -> list[Problem]:
@@ -103,25 +77,12 @@ class Backends:
         return detect_gpus()
 
     def gpu_types(self) -> list[str]:
-        """GPU type names to plan for: the catalog's when it has a list, else a built-in few."""
+        """GPU type names to plan for (runner/gpus.py)."""
         if self.gpu_types_list is not None:
             return list(self.gpu_types_list)
-        try:
-            from runner import catalog  # type: ignore[attr-defined]
-        except ImportError:
-            return list(DEFAULT_GPU_TYPES)
-        for name in ("gpu_names", "gpu_types"):
-            fn = getattr(catalog, name, None)
-            if callable(fn):
-                try:
-                    return [str(n) for n in fn()]
-                except Exception:  # noqa: BLE001 - a catalog problem must not break the wizard
-                    break
-        for name in ("GPUS", "GPU_TYPES"):
-            table = getattr(catalog, name, None)
-            if isinstance(table, dict) and table:
-                return [str(n) for n in table]
-        return list(DEFAULT_GPU_TYPES)
+        from runner.gpus import gpu_names
+
+        return gpu_names()
 
 
 def swept_value(row: dict[str, Any], field: str, fallback: Any) -> Any:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime.redirect_output(run_dir / "logs" / f"rank{rank}.log")
     events = EventWriter(run_dir / "events" / f"rank{rank}.jsonl", rank)
-    events.event("start", local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
+    events.start(local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
                  world_size=int(os.environ["WORLD_SIZE"]), pid=os.getpid(), host=socket.gethostname(),
                  max_steps=spec.train.max_steps)
     step = 0
@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
             from runner.train.native import train
         summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
-        events.event("end", step=step, **summary)
+        events.end(step=step, **summary)
         print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the event file before we exit
         traceback.print_exc()
         cause, message = classify_exception(e)
-        events.event("error", step=step, cause=cause, message=message)
+        events.error(step=step, cause=cause, message=message)
         return 1
     finally:
         events.close()

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.decisions import VARLEN_MIN_TOKENS, AttentionChoice, Kernels, attention_refusal, choose_attention  # noqa: F401
-from runner.families import ATTENTION_LAYER_TYPES, GATED_DELTA, VARLEN, family_of  # noqa: F401
+from runner.decisions import AttentionChoice, Kernels, attention_refusal
+from runner.decisions import choose_attention as choose_attention  # benchmarks call it through this module
+from runner.families import GATED_DELTA, VARLEN, family_of
 from runner.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
 from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
 
@@ -95,7 +96,7 @@ def concrete_model_class(auto_cls: Any, config: Any) -> Any:
 def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice, tuple[str, str] | None]:
     """The attention path both engines load this model with on `device` (runner.decisions.choose_attention with
     this class's support and the kernels installed here), and (why, fix) when that path cannot train it."""
-    from runner.train.model import model_class
+    from runner.train.loader import model_class
 
     t = spec.train
     supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
+from runner.train.loader import is_vlm_config, model_class  # noqa: F401 (where callers look for them)
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
@@ -50,22 +51,6 @@ def load_config(spec: RunSpec) -> Any:
 
     src, rev = model_source(spec)
     return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
-
-
-def is_vlm_config(config: Any) -> bool:
-    return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
-
-
-def model_class(spec: RunSpec, config: Any) -> Any:
-    """AutoModelForImageTextToText for VLM-style checkpoints (loader image_text_to_text, or auto with a vision
-    tower in the config), else AutoModelForCausalLM."""
-    AutoModelForCausalLM, AutoModelForImageTextToText = from_transformers("AutoModelForCausalLM",
-                                                                          "AutoModelForImageTextToText")
-
-    loader = spec.model.loader
-    if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
 
 
 def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu") -> nn.Module:

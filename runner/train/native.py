@@ -145,7 +145,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
     from torch.distributed.fsdp import FSDPModule
 
-    from runner.decisions import choose_loss
+    from runner.decisions import choose_loss, loss_chunk_tokens
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
     from runner.train.loss import attach_chunked_loss
@@ -159,6 +159,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
     loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
     model = load_model(spec, attn.impl, seed=t.seed, device=rt.device)
+    chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
@@ -178,7 +179,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
                             weight_decay=t.weight_decay, fused=rt.device == "cuda")
-    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason,
+    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
             "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
             else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
@@ -221,14 +222,14 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             stats.add(block)
             blocks_consumed += 1
         resumed_from = str(path)
-        events.event("resume", step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
-    events.event("train_begin", max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
+        events.resume(step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
+    events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                  resumed_from=resumed_from)
 
     def save_checkpoint(at_blocks: int) -> None:
         ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device,
                   {"blocks_consumed": at_blocks}, group=control)
-        events.event("checkpoint", step=step, path=str(ckpt.step_dir(run_dir, step)))
+        events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
 
     tokens_total = 0
     last_loss = None

@@ -603,7 +603,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
                  tokenisation="generation markers" if has_generation_markers(tokenizer) else "prefix bracketing")
-    events.event("train_begin", **begin)
+    events.train_begin(**begin)
     if rt.rank == 0:
         print(f"[trl] params {n_params:,}, trainable params {n_trainable:,} "
               f"({100 * n_trainable / max(1, n_params):.4f}%); attn {attn}; {data_mode}; fsdp {begin['fsdp']}",

@@ -77,3 +77,15 @@ def test_the_report_names_command_machine_and_versions(matrix):
     assert "--device cpu --quick" in meta["command"] and meta["versions"]["transformers"]
     md = (matrix["out"] / "families-cpu.md").read_text()
     assert "| family | model_type | engine |" in md and md.count("| trained |") == 2 * len(MATRIX)
+
+
+def test_every_cell_ran_what_the_estimator_planned(matrix):
+    """Each cell's train_begin (attention path, FSDP wrapping, loss and its chunk size) is the estimator's plan of
+    the cell's spec."""
+    from runner.spec import RunSpec
+    from tests.unit.test_planned_choices import assert_run_chose_the_plan
+
+    for r in matrix["rows"]:
+        run_dir = matrix["out"] / "work" / "runs" / f"{r['family']}-{r['engine']}-{r['seq_len']}"
+        spec = RunSpec.model_validate(json.loads((run_dir / "spec.json").read_text()))
+        assert_run_chose_the_plan(spec, run_dir / "events")

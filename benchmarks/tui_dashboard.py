@@ -2,7 +2,7 @@
 sampler reports 8 GPUs at 2 Hz, and the time until `sft-tui` shows its first screen. Needs tmux (the real binary
 runs in a pane, read back with capture-pane).
 
-    python -m tui.bench_dashboard [--seconds 20] [--out benchmarks/tui]   # writes tui.json and tui.md
+    python benchmarks/tui_dashboard.py [--seconds 20] [--out benchmarks/tui]   # writes tui.json and tui.md
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from runner.events import is_step
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_TARGET_PCT = 10.0
@@ -142,7 +144,7 @@ def dashboard_load(binary: str, seconds: float, ranks: int, rate_hz: float, gpus
         try:
             proc = psutil.Process(pane.pid)
             time.sleep(2.0)  # startup is measured separately
-            writer = subprocess.Popen([sys.executable, "-m", "tui.bench_dashboard", "--write", str(run_dir),
+            writer = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--write", str(run_dir),
                                        "--seconds", str(seconds), "--ranks", str(ranks), "--rate-hz", str(rate_hz),
                                        "--gpus", str(gpus), "--gpu-hz", str(gpu_hz)], cwd=REPO)
             shown: list[tuple[float, int]] = []
@@ -185,7 +187,7 @@ def _written_times(path: Path) -> dict[int, float]:
     out = {}
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        if "step" in rec and "event" not in rec:
+        if is_step(rec):
             out[rec["step"]] = rec["t"]
     return out
 
@@ -231,7 +233,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tui.bench_dashboard", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/tui_dashboard.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--ranks", type=int, default=8)
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         {"name": "time to first screen (`sft-tui --recipe tiny-cpu`, median of 3)", "value": round(first, 3),
          "unit": "s", "target": f"< {FIRST_SCREEN_TARGET_S:g} s", "ok": first < FIRST_SCREEN_TARGET_S},
     ]
-    result = {"command": " ".join(["python -m tui.bench_dashboard", *(argv if argv is not None else sys.argv[1:])]),
+    result = {"command": " ".join(["python benchmarks/tui_dashboard.py", *(argv if argv is not None else sys.argv[1:])]),
               "gpu": None, "machine": machine(), "versions": versions(),
               "load": {"seconds": args.seconds, "ranks": args.ranks, "rate_hz": args.rate_hz, "gpus": args.gpus,
                        "gpu_hz": args.gpu_hz, **load},

@@ -1,0 +1,96 @@
+"""Dataset size: rows and tokens of the spec's dataset, sampled from local files or known from the dataset card."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.catalog import LoadedArch
+from runner.estimate.constants import CHARS_PER_TOKEN, DATASET_SAMPLE_ROWS, KNOWN_DATASETS, TEMPLATE_TOKENS_PER_MESSAGE
+from runner.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class DataSize:
+    rows: int | None
+    tokens: int | None
+    avg_tokens: float | None
+    source: str
+
+
+def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
+    d = spec.dataset
+    if d.path:
+        from runner.spec import resolve_embedded
+
+        return _local_size(str(resolve_embedded(d.path)), d.messages_field, str(loaded.config_dir or ""))
+    known = KNOWN_DATASETS.get((d.id or "", d.split))
+    if known:
+        return DataSize(known["rows"], known["tokens"], known["tokens"] / known["rows"], known["source"])
+    return DataSize(None, None, None, "")
+
+
+@functools.lru_cache(maxsize=16)
+def _local_size(path: str, field_name: str, model_dir: str) -> DataSize:
+    p = Path(path)
+    files = sorted(x for x in p.rglob("*") if x.suffix in (".jsonl", ".json", ".parquet")) if p.is_dir() else [p]
+    rows: list[dict[str, Any]] = []
+    n_rows = 0
+    for f in files:
+        try:
+            if f.suffix == ".jsonl":
+                size = f.stat().st_size
+                with f.open("rb") as fh:
+                    head = [line for _, line in zip(range(DATASET_SAMPLE_ROWS), fh) if line.strip()]
+                rows += [json.loads(x) for x in head]
+                if size <= 64 << 20:
+                    with f.open("rb") as fh:
+                        n_rows += sum(1 for line in fh if line.strip())
+                else:
+                    n_rows += int(size / max(1.0, sum(map(len, head)) / max(1, len(head))))
+            elif f.suffix == ".json":
+                data = json.loads(f.read_text())
+                data = data if isinstance(data, list) else data.get("data", [])
+                rows += data[:DATASET_SAMPLE_ROWS]
+                n_rows += len(data)
+            else:
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(f)
+                n_rows += meta.metadata.num_rows
+                rows += meta.read_row_group(0).slice(0, DATASET_SAMPLE_ROWS).to_pylist()
+        except Exception:
+            continue
+    if not rows or not n_rows:
+        return DataSize(None, None, None, "")
+    texts: list[str] = []
+    messages = 0
+    for r in rows:
+        conv = r.get(field_name) if isinstance(r, dict) else None
+        if isinstance(conv, list):
+            for m in conv:
+                if isinstance(m, dict):
+                    texts.append(str(m.get("content") or ""))
+                    messages += 1
+    if not texts:
+        return DataSize(n_rows, None, None, "")
+    tokens, how = _count_tokens(texts, model_dir)
+    per_row = (tokens + TEMPLATE_TOKENS_PER_MESSAGE * messages) / len(rows)
+    return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows")
+
+
+def _count_tokens(texts: list[str], model_dir: str) -> tuple[int, str]:
+    tok_file = Path(model_dir) / "tokenizer.json" if model_dir else None
+    if tok_file and tok_file.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tok_file))
+            return sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)), "model tokenizer"
+        except Exception:
+            pass
+    return int(sum(len(x) for x in texts) / CHARS_PER_TOKEN), "chars/4"
+
