@@ -27,6 +27,9 @@ def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> Ru
     elif "fsdp_one_rank" not in train:
         # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
         data["train"] = {**train, "fsdp_one_rank": True}
+    if "packing_strategy" not in data.get("train", train):
+        # Recorded before packing strategies: blocks were cut where they filled (wrapped).
+        data["train"] = {**data.get("train", train), "packing_strategy": "wrapped"}
     spec = validate(data)
     if spec.model.trust_remote_code and not trust_remote_code:
         raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "
