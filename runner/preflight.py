@@ -14,6 +14,7 @@ from typing import Any
 
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
+from runner.tracking import tracker_problems
 from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS = 16
@@ -47,6 +48,7 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
             out += trl_problems(spec, config, _device(spec), lora=False)
     out += _attention_problems(spec)
     out += _hardware_problems(spec)
+    out += tracker_problems(list(spec.report.to))
     if spec.method.kind == "lora" and spec.output.save == "full" and spec.engine == "native":
         out.append(Problem("output.save", "full export of a LoRA run is not supported by the native engine",
                            "use output.save=adapter (load it on the base model with peft)"))

@@ -84,4 +84,13 @@ def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dic
     result = compare_curves(a, b)
     result["tolerance"] = tol
     result["reproduced"] = bool(a) and result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    # The eval curve, when the original has one, is held to the same tolerance: one more curve to reproduce.
+    ea = (original.get("metrics") or {}).get("eval_curve")
+    if ea:
+        eb = (replay.get("metrics") or {}).get("eval_curve") or {}
+        ev = compare_curves({"0": [[int(s), v] for s, v in ea.items()]}, {"0": [[int(s), v] for s, v in eb.items()]})
+        result["max_abs_eval_loss_diff"] = ev["max_abs_loss_diff"]
+        result["eval_first_divergence"] = ev["first_divergence"]
+        result["eval_same_steps"] = ev["same_steps"]
+        result["reproduced"] = result["reproduced"] and ev["same_steps"] and ev["max_abs_loss_diff"] <= tol
     return result

@@ -173,6 +173,9 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     _report(console, active)
     rec = active.record or {}
     result = compare(original, rec, tolerance(spec))
+    if "max_abs_eval_loss_diff" in result:
+        steps = "same eval steps" if result["eval_same_steps"] else "[red]different eval steps[/red]"
+        console.print(f"eval curve: max |Δeval loss| = {result['max_abs_eval_loss_diff']:g} ({steps})")
     if result["reproduced"]:
         console.print(f"reproduced: max |Δloss| = {result['max_abs_loss_diff']:g} over every rank and step "
                       f"(tolerance {result['tolerance']:g})")
@@ -185,7 +188,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
         print(json.dumps({"id": active.run_id, "status": rec.get("status"), "record": str(active.record_path),
                           "replay_of": original["id"], "reproduced": result["reproduced"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
-                          "first_divergence": result["first_divergence"], "drift": rows}))
+                          "first_divergence": result["first_divergence"],
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code
