@@ -14,8 +14,8 @@ from typing import Any
 
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
-from runner.tracking import tracker_problems
 from runner.spec import RunSpec, resolve_embedded
+from runner.tracking import tracker_problems
 
 SAMPLE_ROWS = 16
 # bf16 tensor-core GEMMs and the flash/varlen attention kernels work on 8-token tiles: a block length off that

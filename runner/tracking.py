@@ -141,8 +141,10 @@ class _Trackio:
 
         self.trackio = trackio
         self.project = os.environ.get("TRACKIO_PROJECT") or "sft-tui"
+        from trackio.utils import TRACKIO_DIR
+
         self.run = trackio.init(project=self.project, name=run_id, config=spec)
-        self.ident = {"project": self.project, "run": run_id}
+        self.ident = {"project": self.project, "run": run_id, "dir": str(TRACKIO_DIR)}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
