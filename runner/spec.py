@@ -408,7 +408,7 @@ def eval_problems(spec: RunSpec) -> list[Problem]:
     if d.eval_split and d.eval_split == d.split:
         out.append(Problem("dataset.eval_split", f"is the training split {d.split!r}: it would evaluate on what "
                            "it trains on", "name another split, or use dataset.eval_fraction"))
-    if d.eval_split and d.path and not d.path.startswith(EMBEDDED_PREFIX) and Path(d.path).expanduser().is_file():
+    if d.eval_split and d.path and resolve_embedded(d.path).is_file():
         out.append(Problem("dataset.eval_split", "a single data file has no named splits",
                            "use dataset.eval_fraction, or a directory or hub dataset with that split"))
     has_eval = bool(d.eval_split) or d.eval_fraction > 0
