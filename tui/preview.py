@@ -69,8 +69,10 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
             seen += len(ids)
             yield ids, mask
 
-    for _ in pack(examples(), seq_len, tok.pad_token_id, stats):
+    strategy = spec.train.packing_strategy
+    for _ in pack(examples(), seq_len, tok.pad_token_id, stats, strategy=strategy):
         pass
     return {"detect": info, "tokens": tokens, "n_tokens": n_tokens, "n_trained": n_trained,
             "truncated": n_tokens > PREVIEW_TOKENS_MAX, "pack": stats.to_dict(), "seq_len": seq_len,
+            "strategy": strategy,
             "template": "generation markers" if has_generation_markers(tok) else "prefix bracketing"}
