@@ -130,6 +130,18 @@ class Evaluator:
             batches.append(batch)
         return cls(spec, device, batches, own, pass_boundaries)
 
+    def restore(self, past_events: list[dict[str, Any]], step: int) -> None:
+        """On resume: the best eval loss and the evaluations since it, from this rank's eval events up to `step`
+        (the checkpoint's), so early stopping goes on counting as if the run had not stopped."""
+        evals = {e["step"]: e for e in past_events if e.get("event") == "eval" and e.get("step", step + 1) <= step}
+        for s in sorted(evals):
+            loss = evals[s].get("loss")
+            self.history.append((s, loss if loss is not None else float("inf")))
+            if loss is not None and (self.best is None or loss < self.best[1]):
+                self.best, self.stale = (s, loss), 0
+            else:
+                self.stale += 1
+
     def due(self, step: int) -> bool:
         every = self.spec.train.eval_every
         return bool(every) and step % every == 0

@@ -234,6 +234,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             stats.add(block)
             blocks_consumed += 1
         resumed_from = str(path)
+        if evaluator is not None:
+            from runner.events import read_events
+
+            evaluator.restore(read_events(Path(events._f.name)), step)
         events.event("resume", step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
     events.event("train_begin", max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                  resumed_from=resumed_from)

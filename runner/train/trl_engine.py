@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from runner.errors import Problem, SpecError, UserError
-from runner.events import EventWriter
+from runner.events import EventWriter, read_events
 from runner.spec import RunSpec, resolve_embedded
 from runner.train.attention import install_packed_mask
 from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
@@ -477,6 +477,11 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             self.cancelled = False
             self.evaluated_at: int | None = None
             self.stopped_early: int | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+            if evaluator is not None and state.global_step:  # resumed: early stopping counts on
+                evaluator.restore(read_events(Path(events._f.name)), state.global_step)
+            return control
 
         def evaluate(self, step: int) -> bool:
             """The runner's eval (runner.train.evaluation) on the trainer's model; True when it says stop."""

@@ -101,6 +101,16 @@ def test_early_stopping_after_patience_evals_without_improvement(one_rank_group)
     assert ev.due(20) and not ev.due(25)
 
 
+def test_resume_restores_the_early_stopping_count():
+    spec = load_spec("tiny-cpu", ["dataset.eval_fraction=0.05", "train.eval_every=10",
+                                  "train.early_stop_patience=2"])
+    ev = Evaluator(spec, "cpu", batches=[], own_blocks=0)
+    past = [{"event": "eval", "step": 10, "loss": 2.0}, {"event": "eval", "step": 20, "loss": 2.2},
+            {"event": "eval", "step": 30, "loss": 1.0}, {"step": 20, "loss": 9.0}]
+    ev.restore(past, 20)  # resumed from the checkpoint of step 20: the eval at 30 is not part of it
+    assert ev.best == (10, 2.0) and ev.stale == 1 and [s for s, _ in ev.history] == [10, 20]
+
+
 def test_eval_metrics_in_the_record(tmp_path):
     ev = tmp_path / "events"
     ev.mkdir()
