@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 # Keys too bulky or too noisy to show in a diff; they are summarised elsewhere.
-_SKIP = {"lock", "loss_curve", "packages", "created", "finished", "run_dir", "id", "argv", "command", "diff_file"}
+# The eval curves are summarised by final/best eval loss (and shown step by step by `runner diff` below them).
+_SKIP = {"lock", "loss_curve", "eval_curve", "eval_accuracy", "packages", "created", "finished", "run_dir", "id", "argv", "command", "diff_file"}
 
 
 def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -21,6 +22,7 @@ def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
         "method": f"{spec.get('engine', '?')}/{(spec.get('method') or {}).get('kind', '?')}",
         "steps": m.get("steps"),
         "final_loss": m.get("final_loss"),
+        "final_eval_loss": m.get("final_eval_loss"),
         "tokens_per_s": m.get("tokens_per_s"),
         "replay_of": rec.get("replay_of"),
     }
@@ -62,6 +64,11 @@ def diff_records(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, A
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):
                 rows.append((key, fa.get(key), fb.get(key)))
+    ca = (a.get("metrics") or {}).get("eval_curve") or {}
+    cb = (b.get("metrics") or {}).get("eval_curve") or {}
+    for step in sorted(set(ca) | set(cb), key=int):
+        if ca.get(step) != cb.get(step):
+            rows.append((f"metrics.eval_curve.{step}", ca.get(step), cb.get(step)))
     pa = (a.get("pins") or {}).get("packages") or {}
     pb = (b.get("pins") or {}).get("packages") or {}
     for name in sorted(set(pa) | set(pb)):

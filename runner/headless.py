@@ -31,6 +31,11 @@ def _step_text(step: int, max_steps: int | None) -> str:
     return f"{step}/{max_steps}" if max_steps is not None else str(step)
 
 
+def eval_line(step: int, loss: float | None, accuracy: float | None) -> str:
+    acc = "-" if accuracy is None else f"{100 * accuracy:.1f}%"
+    return f"eval at step {step}: loss {_f(loss, '.4f')}  token accuracy {acc}"
+
+
 class HeadlessDisplay:
     """Shows a RunView: call `update()` after each `view.poll()`, `close()` at the end.
 
@@ -45,6 +50,7 @@ class HeadlessDisplay:
         self.console = console or Console()
         self.plain = (not self.console.is_terminal) if plain is None else plain
         self._printed_step = 0
+        self._printed_evals = 0
         self._reported_failures: set[int] = set()
         self._reported_end = False
         self._live: Live | None = None
@@ -79,6 +85,9 @@ class HeadlessDisplay:
             if lead.step > self._printed_step:
                 self._printed_step = lead.step
                 self._out(self._step_line(lead))
+        for step in sorted(view.evals)[self._printed_evals:]:
+            self._printed_evals += 1
+            self._out(eval_line(step, *view.evals[step]))
         for rs in sorted(view.ranks.values(), key=lambda r: (r.error_t or 0.0, r.rank)):
             if rs.status == "failed" and rs.rank not in self._reported_failures:
                 self._reported_failures.add(rs.rank)
@@ -126,6 +135,9 @@ class HeadlessDisplay:
             line.append(f"  {100 * view.global_step / view.max_steps:.0f}%")
         line.append(f"  eta {format_duration(view.eta_s)}  tok/s {view.tokens_per_s:,.0f}")
         line.append(f"  ranks {len(view.ranks)}/{view.world_size}")
+        if view.evals:
+            step = max(view.evals)
+            line.append(f"  {eval_line(step, *view.evals[step])}", style="cyan")
         failed = view.failed_rank()
         if failed is not None:
             line.append(f"  rank {failed} failed", style="bold red")

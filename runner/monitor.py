@@ -162,6 +162,9 @@ class RunView:
         self.ranks: dict[int, RankState] = {}
         self.gpus: dict[tuple[int, int], GpuState] = {}  # (node, gpu index) -> state
         self.nodes: dict[int, NodeState] = {}
+        # Eval loss and token accuracy by step: global numbers (every rank writes the same), taken from the
+        # lowest rank that reports each step.
+        self.evals: dict[int, tuple[float | None, float | None]] = {}
         self._tail = DirTail(self.run_dir / "events")
         self._world_size: int | None = None
 
@@ -203,6 +206,11 @@ class RunView:
                 changed |= self._apply_step(rs, rec, t)
         elif event == "start":
             changed |= self._apply_start(rs, rec)
+        elif event == "eval":
+            step = _int(rec, "step")
+            if step is not None and step not in self.evals:
+                self.evals[step] = (_num(rec, "loss"), _num(rec, "accuracy"))
+                changed = True
         elif event == "end":
             if rs.status not in _TERMINAL:
                 rs.status = "cancelled" if rec.get("reason") == "cancelled" else "done"
@@ -318,6 +326,11 @@ class RunView:
         return True
 
     # -- derived -----------------------------------------------------------------------------------
+
+    @property
+    def eval_curve(self) -> list[tuple[int, float]]:
+        """(step, eval loss) sorted by step, finite losses only."""
+        return [(s, v[0]) for s, v in sorted(self.evals.items()) if v[0] is not None and math.isfinite(v[0])]
 
     @property
     def world_size(self) -> int:

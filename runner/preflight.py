@@ -17,6 +17,7 @@ from runner.errors import Problem, SpecError
 from runner.formats import FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
 from runner.spec import RunSpec, resolve_embedded
+from runner.tracking import tracker_problems
 
 SAMPLE_ROWS = 16
 TEMPLATE_ROWS = 8  # rows rendered through the chat template (each trained turn costs two renders of its prefix)
@@ -50,6 +51,7 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
             out += trl_problems(spec, config, _device(spec), lora=False)
     out += _attention_problems(spec, config)
     out += _hardware_problems(spec)
+    out += tracker_problems(list(spec.report.to))
     if spec.method.kind == "lora" and spec.output.save == "full" and spec.engine == "native":
         out.append(Problem("output.save", "full export of a LoRA run is not supported by the native engine",
                            "use output.save=adapter (load it on the base model with peft)"))

@@ -309,15 +309,58 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     for key in ("export", "trainable_params", "params"):
         if key in rank0_info:
             out[key] = rank0_info[key]
-    global_losses = global_loss_curve(read_events(events_dir / "rank0.jsonl"))
+    rank0_events = read_events(events_dir / "rank0.jsonl")
+    global_losses = global_loss_curve(rank0_events)
     if global_losses:
         # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.
         out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
         out["first_loss"] = global_losses[0][1]
+    out.update(eval_metrics(rank0_events, per_rank))
+    packing = packing_metrics(per_rank)
+    if packing:
+        out["packing"] = packing
     if device == "cuda" and flops is not None and train_s and tokens_total:
         # MFU (runner/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
         done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
         out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
+    return out
+
+
+def eval_metrics(rank0_events: list[dict[str, Any]], per_rank: dict[str, Any]) -> dict[str, Any]:
+    """eval_curve (step → global eval loss, as a string-keyed map), eval_accuracy, the best and last eval, and
+    whether the run stopped early; empty when the run evaluated nothing."""
+    # A resumed run evaluates again from its checkpoint: the last line of each step counts, as for steps.
+    evals = {int(e["step"]): e for e in rank0_events if e.get("event") == "eval" and "step" in e}
+    if not evals:
+        return {}
+    steps = sorted(evals)
+    curve = {str(s): evals[s].get("loss") for s in steps}
+    finite = [(s, evals[s]["loss"]) for s in steps if evals[s].get("loss") is not None]
+    out: dict[str, Any] = {"eval_curve": curve,
+                           "eval_accuracy": {str(s): evals[s].get("accuracy") for s in steps},
+                           "final_eval_loss": curve[str(steps[-1])],
+                           "eval_target_tokens": evals[steps[-1]].get("target_tokens")}
+    if finite:
+        best = min(finite, key=lambda x: x[1])
+        out["best_eval_loss"], out["best_eval_step"] = best[1], best[0]
+    ends = [e for e in rank0_events if e.get("event") == "end"]
+    stopped = ends[-1].get("stopped_early") if ends else None
+    out["stopped_early"] = stopped  # the step where early stopping ended the run, or None
+    return out
+
+
+def packing_metrics(per_rank: dict[str, Any]) -> dict[str, Any]:
+    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data)."""
+    data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
+    if not data:
+        return {}
+    blocks = sum(d.get("blocks") or 0 for d in data)
+    real = sum(d.get("real_tokens") or 0 for d in data)
+    out = {"blocks": blocks, "examples": sum(d.get("examples") or 0 for d in data),
+           "split_documents": sum(d.get("split_documents") or 0 for d in data), "real_tokens": real}
+    effs = [(d.get("packing_efficiency"), d.get("blocks") or 0) for d in data if d.get("packing_efficiency")]
+    if effs and blocks:
+        out["packing_efficiency"] = round(sum(e * b for e, b in effs) / blocks, 4)
     return out
 
 

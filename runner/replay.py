@@ -27,6 +27,9 @@ def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> Ru
     elif "fsdp_one_rank" not in train:
         # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
         data["train"] = {**train, "fsdp_one_rank": True}
+    if "packing_strategy" not in data.get("train", train):
+        # Recorded before packing strategies: blocks were cut where they filled (wrapped).
+        data["train"] = {**data.get("train", train), "packing_strategy": "wrapped"}
     spec = validate(data)
     if spec.model.trust_remote_code and not trust_remote_code:
         raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "
@@ -114,6 +117,18 @@ def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dic
                              f"{result['max_abs_loss_diff']:g} over {over} (tolerance {tol:g})")
         if not result["same_steps"]:
             result["message"] += f"; the replay logged other steps ({_steps(replay)} against {steps})"
+    # The eval curve, when the original has one, is held to the same tolerance: one more curve to reproduce.
+    ea = (original.get("metrics") or {}).get("eval_curve")
+    if ea:
+        eb = (replay.get("metrics") or {}).get("eval_curve") or {}
+        ev = compare_curves({"0": [[int(s), v] for s, v in ea.items()]}, {"0": [[int(s), v] for s, v in eb.items()]})
+        result["max_abs_eval_loss_diff"] = ev["max_abs_loss_diff"]
+        result["eval_first_divergence"] = ev["first_divergence"]
+        result["eval_same_steps"] = ev["same_steps"]
+        eval_ok = ev["same_steps"] and ev["max_abs_loss_diff"] <= tol
+        if result["compared"] and result["reproduced"] and not eval_ok:
+            result["reproduced"] = False
+            result["message"] += f"; the eval curve was not reproduced (max |Δeval loss| = {ev['max_abs_loss_diff']:g})"
     return result
 
 

@@ -16,6 +16,7 @@ from runner.gpus import ceiling_tflops_here
 from runner.launch import Launcher, RunPaths, build_command, command_line, new_run_id, run_env, write_spec
 from runner.sampler import NodeSampler
 from runner.spec import RunSpec
+from runner.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 EXIT_CANCELLED = 130
@@ -33,8 +34,11 @@ class ActiveRun:
     launcher: Launcher
     sampler: NodeSampler | None = None
     started: float = field(default_factory=time.time)
+    trackers: Trackers | None = None
 
     def poll(self) -> int | None:
+        if self.trackers is not None:
+            self.trackers.update()
         return self.launcher.poll()
 
     def cancel(self) -> None:
@@ -70,7 +74,14 @@ class ActiveRun:
             rec["status"] = "failed"
             rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
         rec["exit_code"] = exit_code
+        if self.trackers is not None:
+            self.trackers.update()
+            rec["trackers"] = self.trackers.idents
         self.record = records.save(self.record_path, rec)
+        if self.trackers is not None:
+            # After the lock: the artifact is the record as it stays.
+            trackers, self.trackers = self.trackers, None
+            trackers.finish(self.record_path, rec["status"])
         return self.record
 
 
@@ -124,11 +135,14 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         record_path = records_dir / f"{run_id}.json"
         rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
                                                              paths.run_dir, replay_of))
+    trackers = open_trackers(spec, run_id, paths.run_dir) if node_rank == 0 else None
+    if trackers is not None and rec is not None and record_path is not None:
+        rec = records.save(record_path, {**rec, "trackers": trackers.idents})
     launcher = Launcher(argv, paths, env)
     launcher.start()
     sampler = NodeSampler(paths.run_dir, node_rank, spec.hardware.sample_interval_s)
     sampler.start()
-    return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler)
+    return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)
 
 
 def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:

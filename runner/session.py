@@ -174,6 +174,9 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     _report(console, active)
     rec = active.record or {}
     result = compare(original, rec, tolerance(spec))
+    if "max_abs_eval_loss_diff" in result:
+        steps = "same eval steps" if result["eval_same_steps"] else "[red]different eval steps[/red]"
+        console.print(f"eval curve: max |Δeval loss| = {result['max_abs_eval_loss_diff']:g} ({steps})")
     first = result["first_divergence"]
     where = f"; first divergence at rank {first['rank']} step {first['step']}: {first['original']} → " \
             f"{first['replay']}" if first and not result["reproduced"] else ""
@@ -184,7 +187,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "replay_of": original["id"], "reproduced": result["reproduced"],
                           "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
-                          "first_divergence": result["first_divergence"], "drift": rows}))
+                          "first_divergence": result["first_divergence"],
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code

@@ -68,6 +68,11 @@ class DatasetSpec(_Section):
     e.g. {bot: assistant, customer: user}."""
     train_on: Literal["assistant", "assistant+tool_calls"] = "assistant"
     """Which turns carry the loss: assistant replies, or also the assistant's function/tool calls."""
+    eval_split: str | None = None
+    """Split to evaluate on (hub dataset or a directory with splits); None = no named eval split."""
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Share of the training rows held out for evaluation and never trained on (0 = none). A row is held out by
+    a hash of its content with train.seed: the same rows whatever the world size, on resume and on replay."""
 
 
 class LoraSpec(_Section):
@@ -156,6 +161,16 @@ class TrainSpec(_Section):
     compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
     """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
+    packing_strategy: Literal["bfd", "wrapped"] = "bfd"
+    """bfd = best-fit decreasing within a bounded buffer: conversations stay whole (one longer than seq_len is
+    split into seq_len pieces); wrapped = concatenate and cut every seq_len tokens, a conversation cut at a block
+    end continues in the next block without its prompt (the 27B notebook's method)."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on the eval set (dataset.eval_split or dataset.eval_fraction) every N steps; it is also
+    evaluated at the end. 0 = only at the end."""
+    early_stop_patience: int = Field(0, ge=0)
+    """Stop when this many evaluations in a row did not improve the best eval loss (0 = never; needs
+    train.eval_every)."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a resumable checkpoint every N steps (0 = never during the run)."""
     data_workers: int = Field(0, ge=0)
@@ -168,6 +183,16 @@ class TrainSpec(_Section):
     bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does the same cast). Measured for
     TRL's full fine-tune on an H200: unwrapped 13-44% faster at 8k tokens, wrapped 6-12% faster and 2.6-4.2 GiB
     less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
+
+
+TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
+
+
+class ReportSpec(_Section):
+    to: list[Literal["tensorboard", "mlflow", "wandb", "trackio"]] = Field(default_factory=list)
+    """Experiment trackers to log to (from the launcher, never prompting): tensorboard (runs/<id>/tensorboard),
+    mlflow (MLFLOW_TRACKING_URI, or a file store in runs/<id>/mlruns), wandb (WANDB_MODE, WANDB_PROJECT as set),
+    trackio (local). Each needs its package installed: pip install 'sft-tui[tensorboard]' and so on."""
 
 
 class OutputSpec(_Section):
@@ -196,6 +221,8 @@ class RunSpec(_Section):
     """Optimisation settings."""
     output: OutputSpec = Field(default_factory=OutputSpec)
     """What to export."""
+    report: ReportSpec = Field(default_factory=ReportSpec)
+    """Where else the run's curves go (experiment trackers)."""
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -372,6 +399,7 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
                                f"set train.activation_checkpointing=true, or train.{field}={off}"))
         if spec.engine != "native":
             out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
+    out += eval_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",
@@ -380,6 +408,31 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
         if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
             out.append(Problem(name, f"no such file or directory: {value}",
                                "give an existing local path, or unset it to use the hub id"))
+    return out
+
+
+def eval_problems(spec: RunSpec) -> list[Problem]:
+    """Evaluation, early stopping and trackers: the fields that only make sense together."""
+    out: list[Problem] = []
+    d, t = spec.dataset, spec.train
+    if d.eval_split and d.eval_fraction:
+        out.append(Problem("dataset.eval_fraction", "both an eval split and an eval fraction are set",
+                           "use dataset.eval_split or dataset.eval_fraction, not both"))
+    if d.eval_split and d.eval_split == d.split:
+        out.append(Problem("dataset.eval_split", f"is the training split {d.split!r}: it would evaluate on what "
+                           "it trains on", "name another split, or use dataset.eval_fraction"))
+    if d.eval_split and d.path and resolve_embedded(d.path).is_file():
+        out.append(Problem("dataset.eval_split", "a single data file has no named splits",
+                           "use dataset.eval_fraction, or a directory or hub dataset with that split"))
+    has_eval = bool(d.eval_split) or d.eval_fraction > 0
+    if t.eval_every and not has_eval:
+        out.append(Problem("train.eval_every", "there is no eval set to evaluate",
+                           "set dataset.eval_fraction (e.g. 0.05) or dataset.eval_split"))
+    if t.early_stop_patience and not (t.eval_every and has_eval):
+        out.append(Problem("train.early_stop_patience", "needs evaluations during training",
+                           "set train.eval_every and dataset.eval_fraction or dataset.eval_split"))
+    if len(set(spec.report.to)) != len(spec.report.to):
+        out.append(Problem("report.to", f"lists a tracker twice: {spec.report.to}", "name each tracker once"))
     return out
 
 

@@ -91,11 +91,12 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
             seen += len(ids)
             yield ids, mask
 
-    for _ in pack(examples(), seq_len, tok.pad_token_id, stats):
+    strategy = spec.train.packing_strategy
+    for _ in pack(examples(), seq_len, tok.pad_token_id, stats, strategy=strategy):
         pass
     return {"detect": info, "tokens": tokens, "n_tokens": n_tokens, "n_trained": n_trained,
             "truncated": n_tokens > PREVIEW_TOKENS_MAX, "pack": stats.to_dict(), "seq_len": seq_len,
-            "template": _mask_method(tok, markers)}
+            "strategy": strategy, "template": _mask_method(tok, markers)}
 
 
 def _mask_method(tok: Any, markers: bool) -> str:

@@ -11,7 +11,8 @@ Rules, in the order the data meets them:
 * Tokenisation: templates with `{% generation %}` markers give ids and mask in one render when exactly the
   assistant turns train; otherwise turns are bracketed one by one (the prefix method, below); text is tokenised
   as it is, ending in EOS. Examples without a trained token are skipped and counted (`skipped_no_assistant`).
-* Packing (`train.packing=true`): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
+* Packing (`train.packing=true`, `train.packing_strategy=wrapped`; `bfd` keeps conversations whole and is
+  described in runner.train.packing): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
   a block each document is a segment: position_ids restart at 0, `cu_seqlens` / `seq_idx` / `max_len` give the
   boundaries, and the label of a segment's first token is -100 so the shifted loss never predicts across a
   boundary. A document longer than the room left in a block is cut at the block end and continues at the start
@@ -301,12 +302,18 @@ FINGERPRINT_BLOCKS = 4  # token ids of the first blocks of each rank are hashed 
 
 
 def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStats | None = None,
-         packing: bool = True) -> Iterator[PackedBlock]:
-    """Concatenate tokenised examples and cut exact seq_len blocks (the rules are in the module docstring).
+         packing: bool = True, strategy: str = "wrapped") -> Iterator[PackedBlock]:
+    """Concatenate tokenised examples and cut exact seq_len blocks (the rules are in the module docstring);
+    `strategy="bfd"` packs whole conversations by best-fit decreasing instead (runner.train.packing).
 
     Each block carries what was consumed to build it (examples, skipped, split documents); `stats`, when
     given, is updated as blocks are yielded.
     """
+    if packing and strategy == "bfd":
+        from runner.train.packing import pack_bfd
+
+        yield from pack_bfd(examples, seq_len, pad_id, stats)
+        return
     buf: list[int] = []
     loss: list[bool] = []
     starts: list[int] = []  # offsets in buf where documents begin; 0 may mean "a new document starts the block"
@@ -460,6 +467,11 @@ class DataSource:
     seed: int
     epochs: float | None  # None = repeat until the trainer stops (train.max_steps)
     row_format: RowFormat | None = None  # None = conversations in messages_field (dataset.format=auto)
+    packing_strategy: str = "wrapped"
+    # Rows held out for evaluation (runner.train.evaluation): a training stream drops them, an eval stream
+    # (heldout=True) keeps only them.
+    eval_fraction: float = 0.0
+    heldout: bool = False
 
 
 class BlockStream(torch.utils.data.IterableDataset):
@@ -485,7 +497,14 @@ class BlockStream(torch.utils.data.IterableDataset):
         s = self.source
         shard_rank, shard_world = self._shard()
         ds = load_examples(s.path, s.dataset_id, s.revision, s.split, shard_rank, shard_world, s.seed, epoch)
-        yield from _iterate_unsplit(ds)
+        if not s.eval_fraction:
+            yield from _iterate_unsplit(ds)
+            return
+        from runner.train.evaluation import is_heldout
+
+        for row in _iterate_unsplit(ds):
+            if is_heldout(row, s.seed, s.eval_fraction) == s.heldout:
+                yield row
 
     def __iter__(self) -> Iterator[PackedBlock]:
         s = self.source
@@ -514,4 +533,4 @@ class BlockStream(torch.utils.data.IterableDataset):
                     yield tokenize_sample(self.tokenizer, read(row), markers)
                 shard_rows = n if epoch < whole else shard_rows
 
-        yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing)
+        yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing, strategy=s.packing_strategy)

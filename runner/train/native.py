@@ -116,7 +116,8 @@ def block_source(spec: RunSpec, tokenizer: Any):
     return DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
                       split=d.split, messages_field=d.messages_field, seq_len=t.seq_len, pad_id=tokenizer.pad_token_id,
                       packing=t.packing, seed=t.seed, epochs=None if t.max_steps is not None else t.epochs,
-                      row_format=RowFormat.from_spec(d))
+                      row_format=RowFormat.from_spec(d), packing_strategy=t.packing_strategy,
+                      eval_fraction=d.eval_fraction)
 
 
 def block_iterator(spec: RunSpec, tokenizer: Any, rank: int, world_size: int, device: str) -> Iterator[PackedBlock]:
@@ -148,6 +149,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.decisions import choose_loss, loss_chunk_tokens
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
+    from runner.train.evaluation import attach_eval
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
 
@@ -177,11 +179,12 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     model.train()
     if loss_impl in ("chunked", "fused"):
         attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
+    attach_eval(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
                             weight_decay=t.weight_decay, fused=rt.device == "cuda")
     info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
-            "packing": ("on: " + (packing_mechanism or "document mask / cu_seqlens")) if t.packing
-            else "off: one document per block",
+            "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
+            if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)"}
@@ -195,6 +198,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     from torch.distributed.fsdp import FSDPModule
 
     from runner.train import checkpoint as ckpt
+    from runner.train.evaluation import Evaluator
     from runner.train.export import export
 
     t = spec.train
@@ -206,6 +210,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
 
     stats = PackStats()
     blocks = block_iterator(spec, tokenizer, rt.rank, rt.world_size, rt.device)
+    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, parts["pass_boundaries"])
+    evaluated_at, stopped_early = None, None
     pad_id = tokenizer.pad_token_id
     total_steps = t.max_steps
     step = 0
@@ -222,6 +228,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             stats.add(block)
             blocks_consumed += 1
         resumed_from = str(path)
+        if evaluator is not None:
+            from runner.events import read_events
+
+            evaluator.restore(read_events(Path(events._f.name)), step)
         events.resume(step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                  resumed_from=resumed_from)
@@ -297,23 +307,30 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                         step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
                         global_loss=last_loss, target_tokens=rank_targets, data_s=round(data_s, 6),
                         doc_len_sq=sum(segment_len_sq(b) for g in micro for b in g))
+        if evaluator is not None and evaluator.due(step):
+            evaluated_at = step
+            if evaluator.run(model, step, events)["stop"]:
+                stopped_early = step  # every rank has the same eval loss: all stop here
+                last_step = True
         if t.checkpoint_every and step % t.checkpoint_every == 0 and not last_step:
             save_checkpoint(blocks_consumed)
             last_saved = step
-        if ran_out_any:
+        if ran_out_any or stopped_early:
             break
 
     if t.checkpoint_every and last_saved != step and step > 0:
         save_checkpoint(blocks_consumed)
     rt.synchronize()
-    elapsed = time.perf_counter() - loop_start
+    elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)
+    if evaluator is not None and not cancelled and step > 0 and evaluated_at != step:
+        evaluator.run(model, step, events)
     exported = None
     if not cancelled and spec.output.save != "none":
         exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank)
     summary: dict[str, Any] = {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3),
                                "final_loss": last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
                                "reason": "cancelled" if cancelled else "done",
-                               "fsdp_sharded": isinstance(model, FSDPModule)}
+                               "fsdp_sharded": isinstance(model, FSDPModule), "stopped_early": stopped_early}
     if exported is not None:
         summary["export"] = exported
     return summary

@@ -39,10 +39,11 @@ import torch
 import torch.distributed as dist
 
 from runner.errors import Problem, SpecError, UserError
-from runner.events import EventWriter
+from runner.events import EventWriter, read_events
 from runner.spec import RunSpec, resolve_embedded
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
+from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 
@@ -166,7 +167,8 @@ def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> l
     source = DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
                         split=d.split, messages_field=d.messages_field, seq_len=t.seq_len,
                         pad_id=tokenizer.pad_token_id, packing=t.packing, seed=t.seed,
-                        epochs=1.0 if t.max_steps is not None else t.epochs, row_format=RowFormat.from_spec(d))
+                        epochs=1.0 if t.max_steps is not None else t.epochs, packing_strategy=t.packing_strategy,
+                        eval_fraction=d.eval_fraction, row_format=RowFormat.from_spec(d))
     rows = []
     for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
         stats.add(block)
@@ -423,7 +425,7 @@ def _trainer_class() -> type:
     return RunnerSFTTrainer
 
 
-def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref: list) -> Any:
+def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref: list, evaluator: Any = None) -> Any:
     from transformers import TrainerCallback
 
     class EventCallback(TrainerCallback):
@@ -435,6 +437,24 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             self.tokens_total = 0
             self.last_loss: float | None = None
             self.cancelled = False
+            self.evaluated_at: int | None = None
+            self.stopped_early: int | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+            if evaluator is not None and state.global_step:  # resumed: early stopping counts on
+                evaluator.restore(read_events(Path(events._f.name)), state.global_step)
+            return control
+
+        def evaluate(self, step: int) -> bool:
+            """The runner's eval (runner.train.evaluation) on the trainer's model; True when it says stop."""
+            tr = trainer_ref[0]
+            self.evaluated_at = step
+            if not hasattr(tr.model, EVAL_METHOD):
+                attach_eval(tr.model)
+            with tr.accelerator.autocast():
+                stop = evaluator.run(tr.model, step, events)["stop"]
+            self.mark = time.perf_counter()  # the eval's time is not the next step's
+            return stop
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
             tr = trainer_ref[0]
@@ -460,6 +480,9 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             self.mark = now
             if stop:
                 self.cancelled = True
+                control.should_training_stop = True
+            elif evaluator is not None and evaluator.due(step) and self.evaluate(step):
+                self.stopped_early = step  # the eval loss is global: every rank stops on this step
                 control.should_training_stop = True
             return control
 
@@ -584,7 +607,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
 
         cpu_plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     trainer_ref: list = []
-    callback = _event_callback(spec, rt, events, trainer_ref)
+    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
+    callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                                callbacks=[callback], rank_loader=loader, cpu_fsdp_plugin=cpu_plugin)
     trainer_ref.append(trainer)
@@ -612,7 +636,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if resume else None)
     rt.synchronize()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start - (evaluator.seconds if evaluator else 0.0)
+    step = int(trainer.state.global_step)
+    if evaluator is not None and not callback.cancelled and step > 0 and callback.evaluated_at != step:
+        callback.evaluate(step)
     from torch.distributed.tensor import DTensor
 
     sharded = any(isinstance(p, DTensor) for p in trainer.model.parameters())
@@ -621,7 +648,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         "steps": int(trainer.state.global_step), "tokens": callback.tokens_total, "train_s": round(elapsed, 3),
         "final_loss": callback.last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
         "reason": "cancelled" if callback.cancelled else "done", "params": n_params, "trainable_params": n_trainable,
-        "fsdp_sharded": sharded}
+        "fsdp_sharded": sharded, "stopped_early": callback.stopped_early}
     if exported is not None:
         summary["export"] = exported
     return summary

@@ -90,8 +90,12 @@ def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
     rows = [good] * 40
     rows[21] = {"messages": None}  # not a conversation: reading it raises in whichever rank streams it
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # Wrapped blocks leave after a few rows, so one rank meets the bad row while its peer waits in a collective;
+    # bfd would first read a 64-block buffer spanning several passes, in which each rank (the shards are drawn
+    # anew each pass) meets the bad row itself.
     proc = _runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
-                    "--set", "train.max_steps=50", "--json", "--plain", *dir_args(dirs)])
+                    "--set", "train.max_steps=50", "--set", "train.packing_strategy=wrapped", "--json", "--plain",
+                    *dir_args(dirs)])
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out + err
     rec = records.load(Path(last_json(out)["record"]))

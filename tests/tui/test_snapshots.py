@@ -7,12 +7,13 @@ Regenerate with `pytest tests/tui/test_snapshots.py --snapshot-update` and look 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, fixed_backends
+from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, T0, fixed_backends
 from tui.app import make_app
 
 SIZE = (120, 40)
@@ -84,6 +85,23 @@ def dashboard(synth: Path, theme: str | None = None):
 
 
 def test_dashboard(snap_compare, synth: Path) -> None:
+    assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=settle)
+
+
+# The eval losses the embedded default recorded at steps 25-100 with dataset.eval_fraction=0.05 and
+# train.eval_every=25 (a real CPU run), put at steps 10-40 of the synthetic run.
+EVAL_LOSSES = (3.2706, 1.8159, 1.5170, 1.2266)
+
+
+def test_dashboard_with_eval_curve(snap_compare, synth: Path) -> None:
+    """Eval events draw the eval curve over the rank curves, with its own legend entry."""
+    for r in (0, 1):
+        with open(synth / "runs" / DASH_ID / "events" / f"rank{r}.jsonl", "a") as f:
+            for i, loss in enumerate(EVAL_LOSSES):
+                step = 10 * (i + 1)
+                if step <= 40 - 3 * r:
+                    f.write(json.dumps({"t": T0 + 10 + step * 0.5, "rank": r, "event": "eval", "step": step,
+                                        "loss": loss, "accuracy": 0.4 + 0.05 * i}) + "\n")
     assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=settle)
 
 

@@ -127,7 +127,9 @@ class DashboardScreen(Screen):
         view = self.view
         self._update_run_line()
         if changed:
-            self.query_one("#chart", LossChart).set_series({r: rs.losses for r, rs in view.ranks.items()})
+            chart = self.query_one("#chart", LossChart)
+            chart.set_eval(view.eval_curve)
+            chart.set_series({r: rs.losses for r, rs in view.ranks.items()})
             self._update_gpus()
         self._update_ranks()
         self._update_log()

@@ -79,6 +79,12 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("train.offload_activations", "offload activations", "switch"),
         ("train.compile", "compile layers", "switch"),
         ("train.loss_impl", "loss", "select"),
+        ("train.packing_strategy", "packing", "select"),
+        ("dataset.eval_fraction", "eval fraction", "float"),
+        ("dataset.eval_split", "eval split", "optional"),
+        ("train.eval_every", "eval every (steps)", "int"),
+        ("train.early_stop_patience", "early stop patience", "int"),
+        ("report.to", "trackers", "list"),
         ("output.save", "save at end", "select"),
     ],
     "launch": [
@@ -91,7 +97,7 @@ STEP_OF_FIELD = {p: step for step, fields in FIELDS.items() for p, _, _ in field
 LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules")
 # Which panes' background work an edit makes stale.
 ARCH_INPUTS = ("model.",)
-DATA_INPUTS = ("model.", "dataset.", "train.seq_len")
+DATA_INPUTS = ("model.", "dataset.", "train.seq_len", "train.packing_strategy")
 DEBOUNCE_S = 0.4
 HELP_HINT = "tab/shift+tab: fields · ^n/^p: next/previous step · a focused field's meaning shows here"
 
@@ -796,9 +802,10 @@ def render_packing(p: dict[str, Any]) -> Content:
     eff = s.get("packing_efficiency")
     share = s.get("target_share")
     return Content(
-        f"packing on a sample of {s.get('examples')} conversations into {p.get('seq_len'):,}-token blocks: "
-        f"{s.get('blocks')} blocks, efficiency {100 * eff:.1f}%, trained-on tokens {100 * share:.1f}% of the "
-        f"block, {s.get('split_documents')} documents split across blocks, {s.get('skipped_no_assistant')} "
+        f"packing ({p.get('strategy', 'wrapped')}) on a sample of {s.get('examples')} conversations into "
+        f"{p.get('seq_len'):,}-token blocks: {s.get('blocks')} blocks, efficiency {100 * eff:.1f}%, trained-on "
+        f"tokens {100 * share:.1f}% of the block, {s.get('split_documents')} conversations split across blocks, "
+        f"{s.get('skipped_no_assistant')} "
         "skipped (no assistant turn)" if eff is not None else "packing: no tokens in the sample")
 
 

@@ -16,6 +16,8 @@ BRAILLE_BASE = 0x2800
 # Dot bit of braille pixel (x in 0..1, y in 0..3) inside a cell.
 _DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 MAX_LEGEND = 16
+EVAL = -1  # series key of the eval loss curve (ranks are 0..N-1)
+EVAL_STYLE = "bold $error"
 
 
 def smooth(points: Sequence[tuple[int, float]], alpha: float) -> list[tuple[int, float]]:
@@ -65,6 +67,12 @@ class LossChart(Widget):
         self.smoothed = False
         self.alpha = alpha
         self.title = "loss"
+        self.eval_points: list[tuple[int, float]] = []
+
+    def set_eval(self, points: list[tuple[int, float]]) -> None:
+        """The global eval loss by step, drawn over the rank curves (never smoothed: each point is a full eval)."""
+        self.eval_points = points
+        self.refresh()
 
     def set_series(self, series: dict[int, list[tuple[int, float]]]) -> None:
         self.series = series
@@ -78,6 +86,9 @@ class LossChart(Widget):
         width, height = self.content_size.width, self.content_size.height
         series = {r: (smooth(p, self.alpha) if self.smoothed else [q for q in p if math.isfinite(q[1])])
                   for r, p in sorted(self.series.items())}
+        eval_points = [q for q in self.eval_points if math.isfinite(q[1])]
+        if eval_points:
+            series[EVAL] = eval_points
         title = f"{self.title} ({'smoothed' if self.smoothed else 'raw'})"
         legend = self._legend(title, list(series))
         points = [q for pts in series.values() for q in pts]
@@ -157,17 +168,18 @@ class LossChart(Widget):
 
     @staticmethod
     def _style(rank: int) -> str:
-        return SERIES_STYLES[rank % len(SERIES_STYLES)]
+        return EVAL_STYLE if rank == EVAL else SERIES_STYLES[rank % len(SERIES_STYLES)]
 
     def _legend(self, title: str, ranks: list[int]) -> Content:
         parts = [Content(title).stylize("bold")]
-        if len(ranks) > MAX_LEGEND:
-            parts.append(Content(f"  {len(ranks)} ranks"))
-        else:
-            for r in ranks:
-                parts.append(Content("  "))
-                parts.append(Content("━━").stylize(self._style(r)))
-                parts.append(Content(f" r{r}"))
+        shown = [r for r in ranks if r != EVAL]
+        if len(shown) > MAX_LEGEND:
+            parts.append(Content(f"  {len(shown)} ranks"))
+            shown = []
+        for r in shown + [r for r in ranks if r == EVAL]:
+            parts.append(Content("  "))
+            parts.append(Content("━━").stylize(self._style(r)))
+            parts.append(Content(" eval" if r == EVAL else f" r{r}"))
         return Content("").join(parts)
 
     @staticmethod

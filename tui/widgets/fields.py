@@ -13,7 +13,8 @@ from textual.widgets import Input, Label, Select, Static, Switch
 
 from runner.errors import Problem
 
-Kind = Literal["text", "optional", "int", "optional_int", "float", "int_or_auto", "modules", "select", "switch"]
+Kind = Literal["text", "optional", "int", "optional_int", "float", "int_or_auto", "modules", "list", "select",
+               "switch"]
 
 
 def parse_value(kind: Kind, text: str) -> Any:
@@ -34,6 +35,8 @@ def parse_value(kind: Kind, text: str) -> Any:
             return float(s)
         except ValueError:
             return s
+    if kind == "list":  # comma-separated names; empty = none
+        return [p.strip() for p in s.split(",") if p.strip()]
     if kind == "modules":
         if "," in s:
             return [p.strip() for p in s.split(",") if p.strip()]

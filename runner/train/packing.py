@@ -1,0 +1,147 @@
+"""Best-fit-decreasing packing that keeps conversations whole, and a packing preview from document lengths.
+
+Two strategies fill the exact `train.seq_len` blocks of runner.train.data (`train.packing_strategy`):
+
+* `wrapped`: documents are concatenated in stream order and cut every seq_len tokens; a document that does not
+  fit in the room left continues in the next block without the context before the cut (data.pack).
+* `bfd`: best-fit decreasing within a bounded buffer, as TRL's `packing_strategy="bfd"`. Documents are read in
+  stream order into a buffer of BFD_BUFFER_BLOCKS blocks' worth of tokens; the buffer is sorted by length (longest
+  first, ties in stream order) and each document goes into the open block with the least room that still holds
+  it, or opens a new one. Blocks leave in the order they were opened, the last ones of a buffer padded. A
+  document never crosses a block boundary, so every conversation keeps its prompt in context.
+  Rule for a conversation longer than seq_len: it is split into seq_len-token pieces from its start (each piece a
+  segment of its own, whose first token is not a target, as in `wrapped`); the pieces are packed like documents
+  and the conversation is counted once in `split_documents`. Nothing is truncated away.
+
+The buffer is filled in stream order and sorted stably, so the blocks are a pure function of the stream: resume
+and replay skip and see the same blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+STRATEGIES = ("bfd", "wrapped")
+BFD_BUFFER_BLOCKS = 64
+"""Blocks' worth of tokens that one bfd buffer holds before it is packed: large enough that the sort finds fits,
+small enough that a block waits on few documents. The embedded data (2,500 conversations) in 512-token blocks:
+98.7% real tokens, against 99.4% with the whole data set in one buffer and 99.9% wrapped (which cuts 238 of the
+conversations); 94.5% with a buffer of 16 blocks."""
+
+
+def pieces(length: int, seq_len: int) -> list[tuple[int, int]]:
+    """(start, end) pieces of a document: whole when it fits, else seq_len-token pieces from its start."""
+    if length <= seq_len:
+        return [(0, length)]
+    return [(a, min(a + seq_len, length)) for a in range(0, length, seq_len)]
+
+
+def bfd_layout(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, int]]]:
+    """Blocks as lists of (document index, start, end), by best-fit decreasing over these documents.
+
+    Pure and deterministic: the sort is stable (ties keep input order) and blocks are returned in opening order.
+    """
+    items = [(i, a, b) for i, n in enumerate(lengths) for a, b in pieces(n, seq_len)]
+    items.sort(key=lambda it: -(it[2] - it[1]))  # stable: equal lengths keep stream order
+    blocks: list[list[tuple[int, int, int]]] = []
+    room: list[int] = []
+    # Blocks grouped by room left: the best fit for a piece of n tokens is the open block with the smallest
+    # room >= n. A list of rooms scanned linearly is fast enough for buffers of tens of blocks.
+    for it in items:
+        n = it[2] - it[1]
+        best, best_room = -1, seq_len + 1
+        for k, r in enumerate(room):
+            if n <= r < best_room:
+                best, best_room = k, r
+                if r == n:
+                    break
+        if best < 0:
+            blocks.append([it])
+            room.append(seq_len - n)
+        else:
+            blocks[best].append(it)
+            room[best] -= n
+    for block in blocks:
+        block.sort(key=lambda it: (it[0], it[1]))  # documents inside a block in stream order
+    return blocks
+
+
+def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: Any = None,
+             buffer_blocks: int = BFD_BUFFER_BLOCKS) -> Iterator[Any]:
+    """data.pack's contract with the bfd strategy: PackedBlocks carrying what the stream consumed for them."""
+    from runner.train.data import make_block
+
+    docs: list[tuple[list[int], list[bool]]] = []
+    buffered = 0
+    pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
+
+    def flush() -> Iterator[Any]:
+        nonlocal docs, buffered
+        layout = bfd_layout([len(ids) for ids, _ in docs], seq_len)
+        for block_items in layout:
+            ids: list[int] = []
+            mask: list[bool] = []
+            starts: list[int] = []
+            for i, a, b in block_items:
+                starts.append(len(ids))
+                ids.extend(docs[i][0][a:b])
+                mask.extend(docs[i][1][a:b])
+            block = make_block(ids, mask, starts, seq_len, pad_id)
+            # The consumed counts ride on the first block of the buffer, so they add up wherever blocks go.
+            block.examples, block.skipped_no_assistant, block.split_documents = (
+                pending["examples"], pending["skipped_no_assistant"], pending["split_documents"])
+            pending.update(examples=0, skipped_no_assistant=0, split_documents=0)
+            if stats is not None:
+                stats.add(block)
+            yield block
+        docs, buffered = [], 0
+
+    for ids, mask in examples:
+        pending["examples"] += 1
+        if not any(mask):
+            pending["skipped_no_assistant"] += 1
+            continue
+        if len(ids) > seq_len:
+            pending["split_documents"] += 1
+        docs.append((ids, mask))
+        buffered += len(ids)
+        if buffered >= buffer_blocks * seq_len:
+            yield from flush()
+    if docs:
+        yield from flush()
+
+
+def packing_preview(lengths: list[int], seq_len: int, strategy: str = "bfd",
+                    buffer_blocks: int = BFD_BUFFER_BLOCKS) -> dict[str, Any]:
+    """What packing these document lengths (tokens, in stream order) into seq_len blocks gives, without tokens.
+
+    Returns {strategy, documents, blocks, real_tokens, packing_efficiency (real / block tokens),
+    split_documents, tokens_per_block}. For the estimator: the number of blocks (hence steps) a data set makes,
+    and the share of each block that is real tokens.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"packing strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    lengths = [int(n) for n in lengths if n > 0]
+    real = sum(lengths)
+    split = 0
+    if strategy == "wrapped":
+        blocks = math.ceil(real / seq_len) if real else 0
+        pos = 0
+        for n in lengths:
+            # Split when it does not end inside the block it starts in (ending exactly at a cut is whole).
+            if (pos % seq_len) + n > seq_len:
+                split += 1
+            pos += n
+    else:
+        blocks, start, filled = 0, 0, 0
+        for k, n in enumerate(lengths):
+            split += n > seq_len
+            filled += n
+            if filled >= buffer_blocks * seq_len or k == len(lengths) - 1:
+                blocks += len(bfd_layout(lengths[start:k + 1], seq_len))
+                start, filled = k + 1, 0
+    return {"strategy": strategy, "documents": len(lengths), "blocks": blocks, "real_tokens": real,
+            "packing_efficiency": round(real / (blocks * seq_len), 4) if blocks else None,
+            "split_documents": split, "tokens_per_block": round(real / blocks, 1) if blocks else None}

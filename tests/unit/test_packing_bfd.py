@@ -1,0 +1,129 @@
+"""Packing strategies: bfd keeps conversations whole, both strategies give each document's own loss, the preview
+the estimator and the wizard read agrees with the packer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from runner.train.data import PackStats, collate, make_block, pack
+from runner.train.loss import full_loss_sum
+from runner.train.packing import BFD_BUFFER_BLOCKS, bfd_layout, packing_preview
+from tests.unit.test_packing import _assert_equal, _loss_and_grads, _per_document, _qwen3
+
+
+def _docs(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        prompt = n // 3
+        out.append((torch.randint(0, 128, (n,), generator=g).tolist(), [False] * prompt + [True] * (n - prompt)))
+    return out
+
+
+def _segments(block):
+    """(token ids of each document segment) of a block, padding left out."""
+    cu = block.cu_seqlens.tolist()
+    segs = [block.input_ids[a:b].tolist() for a, b in zip(cu[:-1], cu[1:])]
+    return segs[:-1] if block.real_tokens < block.input_ids.numel() else segs
+
+
+def test_bfd_never_splits_a_conversation_shorter_than_the_block():
+    rng = random.Random(3)
+    lengths = [rng.randint(5, 120) for _ in range(300)]
+    docs = _docs(lengths)
+    stats = PackStats()
+    blocks = list(pack(docs, 128, 0, stats, strategy="bfd"))
+    assert stats.split_documents == 0 and stats.examples == len(docs)
+    segments = [tuple(s) for b in blocks for s in _segments(b)]
+    # Every conversation is exactly one segment of one block, whole: none cut, none lost, none repeated.
+    assert sorted(segments) == sorted(tuple(ids) for ids, _ in docs)
+    wrapped = PackStats()
+    list(pack(docs, 128, 0, wrapped, strategy="wrapped"))
+    assert wrapped.split_documents > 0  # the same data wrapped cuts conversations at block ends
+    # Lengths up to nearly a block leave room no other conversation fits: 92.6% here (96.8% with one buffer).
+    assert stats.to_dict()["packing_efficiency"] > 0.9
+
+
+def test_bfd_is_best_fit_decreasing():
+    # Sorted 7, 5, 4, 3, 1 into blocks of 8: 7 opens A; 5 opens B; 4 opens C; 3 fits B exactly (best fit);
+    # 1 fits A exactly.
+    layout = bfd_layout([4, 7, 1, 5, 3], 8)
+    assert [[i for i, _, _ in b] for b in layout] == [[1, 2], [3, 4], [0]]
+
+
+def test_bfd_splits_a_conversation_longer_than_the_block_into_pieces_counted_once():
+    docs = _docs([20, 300, 50])
+    stats = PackStats()
+    blocks = list(pack(docs, 128, 0, stats, strategy="bfd"))
+    assert stats.split_documents == 1
+    segments = [s for b in blocks for s in _segments(b)]
+    long_doc = docs[1][0]
+    pieces = [long_doc[0:128], long_doc[128:256], long_doc[256:300]]
+    assert all(p in segments for p in pieces)  # split from its start into block-sized pieces, nothing dropped
+    assert sum(len(s) for s in segments) == 370
+
+
+def test_bfd_stream_is_deterministic_and_bounded():
+    rng = random.Random(5)
+    docs = _docs([rng.randint(5, 60) for _ in range(2000)])
+    a = [b.input_ids.tolist() for b in pack(docs, 64, 0, strategy="bfd")]
+    b = [b.input_ids.tolist() for b in pack(iter(docs), 64, 0, strategy="bfd")]
+    assert a == b
+
+    consumed = 0
+
+    def counting():
+        nonlocal consumed
+        for d in docs:
+            consumed += 1
+            yield d
+
+    first = next(pack(counting(), 64, 0, strategy="bfd"))
+    assert first.real_tokens > 0
+    # The first block leaves once one buffer (BFD_BUFFER_BLOCKS blocks of tokens) is read, not the whole stream.
+    assert sum(len(d[0]) for d in docs[:consumed]) < (BFD_BUFFER_BLOCKS + 1) * 64 < sum(len(d[0]) for d in docs)
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_packed_blocks_equal_documents_one_by_one(strategy):
+    """Summed over the blocks a strategy makes, the loss and gradients are those of the documents one by one."""
+    model = _qwen3("sdpa")
+    # Wrapped: lengths that meet the block ends exactly (40 + 24 = 64, 30 + 34 = 64), so no document is cut;
+    # bfd must pair them up itself from a shuffled order.
+    lengths = [40, 30, 24, 34, 17, 9] if strategy == "bfd" else [40, 24, 30, 34, 17, 9]
+    docs = _docs(lengths, seed=2)
+    stats = PackStats()
+    blocks = list(pack(docs, 64, 0, stats, strategy=strategy))
+    assert stats.split_documents == 0 and len(blocks) == 3
+
+    def packed():
+        return sum(full_loss_sum(model, collate([b])) for b in blocks)
+
+    _assert_equal(_loss_and_grads(model, packed), _per_document(model, docs), f"{strategy} blocks")
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_preview_agrees_with_the_packer(strategy):
+    rng = random.Random(11)
+    lengths = [rng.randint(3, 300) for _ in range(700)]
+    docs = [([1] * n, [True] * n) for n in lengths]
+    stats = PackStats()
+    blocks = list(pack(docs, 256, 0, stats, strategy=strategy))
+    p = packing_preview(lengths, 256, strategy)
+    assert p["blocks"] == len(blocks)
+    assert p["split_documents"] == stats.split_documents
+    assert p["packing_efficiency"] == stats.to_dict()["packing_efficiency"]
+    assert p["real_tokens"] == stats.real_tokens
+
+
+def test_preview_rejects_an_unknown_strategy():
+    with pytest.raises(ValueError, match="bfd, wrapped"):
+        packing_preview([10], 64, "first_fit")
+
+
+def test_make_block_keeps_bfd_documents_apart():
+    block = make_block([1, 2, 3, 4, 5], [True] * 5, [0, 2], 8, 0)
+    assert block.position_ids.tolist()[:5] == [0, 1, 0, 1, 2]
