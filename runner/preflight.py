@@ -111,9 +111,13 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     if suffix == ".jsonl":
         rows = []
         with open(path, encoding="utf-8") as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 if line.strip():
-                    rows.append(json.loads(line))
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        # json counts within the one line: name the file's line, as an editor shows it.
+                        raise ValueError(f"line {number} is not valid JSON ({e.msg} at column {e.colno})") from None
                 if len(rows) >= limit:
                     break
         return rows

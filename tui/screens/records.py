@@ -23,8 +23,10 @@ from runner.records import RecordError, list_records, load, verify
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
-COLUMNS = (("mark", " "), ("id", "id"), ("created", "created"), ("status", "status"), ("model", "model"),
-           ("method", "method"), ("steps", "steps"), ("final_loss", "final loss"), ("tokens_per_s", "tok/s"))
+# What tells runs apart comes first (id, status, steps, loss, data, model); the rest scrolls in from the right.
+COLUMNS = (("mark", " "), ("id", "id"), ("status", "status"), ("steps", "steps"), ("final_loss", "final loss"),
+           ("dataset", "dataset"), ("model", "model"), ("method", "method"), ("tokens_per_s", "tok/s"),
+           ("created", "created"))
 STATUS_COLOR = {"succeeded": "success", "failed": "error", "cancelled": "warning", "running": "primary"}
 
 
@@ -65,6 +67,7 @@ class RecordsScreen(Screen):
             table.add_column(label, key=key)
         self.action_reload()
         table.focus()
+        self.call_after_refresh(self._update_head)  # the table's width is known after its first layout
 
     def action_reload(self) -> None:
         table = self.query_one("#records", DataTable)
@@ -79,13 +82,14 @@ class RecordsScreen(Screen):
             table.add_row(
                 "●" if row["id"] in self.marked else " ",
                 row["id"],
-                (row["created"] or "")[:16].replace("T", " "),
                 Text(str(row["status"]), style=colors.get(row["status"], "")),
+                Text(str(row["steps"] or 0), justify="right"),
+                Text(fmt.num(row["final_loss"]), justify="right"),
+                row["dataset"] or "-",
                 row["model"] or "-",
                 row["method"],
-                str(row["steps"] or 0),
-                fmt.num(row["final_loss"]),
-                fmt.num(row["tokens_per_s"], ",.0f"),
+                Text(fmt.num(row["tokens_per_s"], ",.0f"), justify="right"),
+                (row["created"] or "")[:16].replace("T", " "),
                 key=row["id"],
             )
         self._update_head()
@@ -96,7 +100,13 @@ class RecordsScreen(Screen):
         if self.marked:
             text += f" · marked: {', '.join(self.marked)}"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
+        table = self.query_one("#records", DataTable)
+        if table.virtual_size.width > table.size.width > 0:
+            hint += " · ←/→: more columns"
         self.query_one("#records-head", Static).update(Content(text) + Content(hint).stylize("$text-muted"))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._update_head)
 
     def _current(self) -> dict[str, Any] | None:
         table = self.query_one("#records", DataTable)
