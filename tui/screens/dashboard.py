@@ -43,9 +43,9 @@ class DashboardScreen(Screen):
     process) it also watches the torchrun process, cancels it, and finishes the record when it exits."""
 
     BINDINGS = [
-        Binding("c", "cancel_run", "Cancel run"),
-        Binding("s", "toggle_smooth", "Smoothed"),
-        Binding("r", "next_rank", "Next rank log"),
+        Binding("c", "cancel_run", "Cancel"),
+        Binding("s", "toggle_smooth", "Smooth"),
+        Binding("r", "next_rank", "Next log"),
         Binding("u", "summary", "Summary"),
         Binding("escape", "back", "Back"),
     ]

@@ -159,8 +159,8 @@ class WizardScreen(Screen):
         Binding("ctrl+n", "next_step", "Next", priority=True),
         Binding("ctrl+p", "prev_step", "Back", priority=True),
         Binding("ctrl+l", "launch", "Launch", priority=True),
-        Binding("ctrl+s", "save_recipe", "Save recipe", priority=True),
-        Binding("ctrl+o", "load_recipe", "Load recipe", priority=True),
+        Binding("ctrl+s", "save_recipe", "Save", priority=True),
+        Binding("ctrl+o", "load_recipe", "Load", priority=True),
     ]
 
     @dataclass
@@ -301,6 +301,7 @@ class WizardScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = f"recipe {self.recipe}" if self.recipe else "new run"
+        self.query_one("#help", Static).update(STEP_HELP.get(self.step, HELP_HINT))
         steps = self.query_one("#steps", OptionList)
         with steps.prevent(OptionList.OptionHighlighted):
             steps.highlighted = STEP_IDS.index(self.step)
