@@ -101,7 +101,9 @@ class RecordsScreen(Screen):
             text += f" · marked: {', '.join(self.marked)}"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
         table = self.query_one("#records", DataTable)
-        if table.virtual_size.width > table.size.width > 0:
+        # From the columns themselves, not the table's layout: that is not done yet right after a reload.
+        needed = sum(col.get_render_width(table) for col in table.columns.values())
+        if needed > (table.size.width or self.app.size.width):
             hint += " · ←/→: more columns"
         self.query_one("#records-head", Static).update(Content(text) + Content(hint).stylize("$text-muted"))
 
