@@ -327,3 +327,32 @@ def test_summary_and_record_open_at_80_columns(synth: Path) -> None:
             assert isinstance(app.screen, RecordScreen) and not isinstance(app.screen, RecordsScreen)
 
     run_async(go())
+
+
+def test_the_longest_field_meaning_is_whole_at_80_columns(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path, "method")
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            wiz.query_one("#f-train-offload-activations Switch").focus()
+            await pilot.pause(0.2)
+            help_w = wiz.query_one("#help")
+            doc = text_of(help_w)
+            assert doc.startswith("train.offload_activations (default False)") and doc.endswith("in forward.")
+            assert help_w.size.height * (help_w.size.width - 2) >= len(doc)  # the region holds all of it
+
+    run_async(go())
+
+
+def test_plan_warns_when_max_steps_is_shorter_than_warmup(tmp_path: Path) -> None:
+    data = load_recipe_dict("tiny-cpu", ["train.max_steps=5", "train.warmup_steps=20"])
+
+    async def go() -> None:
+        app = _app(tmp_path, "plan", data)
+        async with app.run_test(size=(100, 30)) as pilot:
+            wiz = await ready(pilot)
+            await wait_for(pilot, lambda: wiz.plan is not None, 30, "the plan")
+            assert "warning: train.max_steps=5 is shorter than train.warmup_steps=20" in \
+                text_of(wiz.query_one("#plan-verdict"))
+
+    run_async(go())

@@ -287,8 +287,9 @@ class WizardScreen(Screen):
                 options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else literal_options(path)
             choices = field_choices(path) if kind != "select" else []
             hint = f"; one of {', '.join(map(str, choices))}" if choices else ""
+            # One paragraph: the schema's line breaks are for `runner fields`, the help line wraps by itself.
             field = SpecField(path, label, get_path(self.data, path), kind,
-                              doc=f"{path} (default {default!r}{hint}): {doc}", options=options)
+                              doc=" ".join(f"{path} (default {default!r}{hint}): {doc}".split()), options=options)
             if path in LORA_FIELDS:
                 field.add_class("lora-only")
             out.append(field)
