@@ -17,6 +17,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EX
 # Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
 # need every character (a run id, a field name), so it gets a width no line reaches.
 PIPE_COLUMNS = "100000"
+# Commands that only print (a launching one would hand the width to its ranks' progress bars through the env).
+WIDE_WHEN_PIPED = {"estimate", "verify", "diff", "list", "show", "calibrate", "fields", "recipes"}
 
 EPILOG = """\
 SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_OK
     columns = os.environ.get("COLUMNS")
-    if not sys.stdout.isatty():
+    if not sys.stdout.isatty() and args.command in WIDE_WHEN_PIPED:
         os.environ["COLUMNS"] = PIPE_COLUMNS
     try:
         return COMMANDS[args.command](args)

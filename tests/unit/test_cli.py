@@ -116,3 +116,10 @@ def test_max_steps_below_warmup_warns(tmp_path: Path) -> None:
     (warning,) = spec_warnings(spec)
     assert "train.warmup_steps" in warning and "never reaches" in warning
     assert spec_warnings(load_spec("tiny-cpu", ["train.max_steps=50", "train.warmup_steps=20"])) == []
+
+
+def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
+    out = runner("estimate", "tiny-cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    time_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("time: "))
+    assert time_line.rstrip().endswith("assumed)")  # one line, not wrapped at 80 columns
