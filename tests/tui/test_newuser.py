@@ -356,3 +356,28 @@ def test_plan_warns_when_max_steps_is_shorter_than_warmup(tmp_path: Path) -> Non
                 text_of(wiz.query_one("#plan-verdict"))
 
     run_async(go())
+
+
+def test_fixing_the_input_elsewhere_lifts_a_stale_block(tmp_path: Path) -> None:
+    from runner.errors import Problem
+
+    calls = []
+
+    def preflight(spec):
+        calls.append(spec.train.seq_len)
+        return [Problem("train.seq_len", "too short for any target")] if spec.train.seq_len == 8 else []
+
+    backends = dataclasses.replace(fixed_backends(), preflight_fn=preflight)
+
+    async def go() -> None:
+        app = _app(tmp_path, "plan", load_recipe_dict("tiny-cpu", ["train.seq_len=8"]), backends=backends)
+        async with app.run_test(size=(100, 30)) as pilot:
+            wiz = await ready(pilot)
+            await wait_for(pilot, lambda: wiz.plan_complete, 30, "preflight")
+            assert wiz.blockers() and "✗1" in str(wiz.query_one("#steps").get_option_at_index(3).prompt)
+            wiz.go("method")
+            fill(wiz, "train.seq_len", "512")
+            await pilot.pause(0.2)
+            assert wiz.blockers() == []  # checked again on the Plan or at launch, not blocked by the old finding
+
+    run_async(go())

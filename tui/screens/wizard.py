@@ -417,10 +417,15 @@ class WizardScreen(Screen):
         """Everything that keeps Launch off: field problems, what the dataset preview and preflight found, a plan
         that could not be made. (A run predicted not to fit is not one: the launch asks to force it.)"""
         out = list(self.problems)
-        if self.plan and self.plan.get("error") and not self.problems:
+        # What the plan, preview and preflight found holds for the inputs they checked; after an edit elsewhere it
+        # is stale until checked again (on the Dataset step, the Plan, or by ^l).
+        planned = self._keys.get("plan") == spec_key(self.data)
+        if planned and self.plan and self.plan.get("error") and not self.problems:
             out.append(Problem("", self.plan["error"]))
-        out += self.data_problems
-        out += [p for p in self.preflight or [] if p not in out]
+        if self.data_problems and self._keys.get("data") == spec_key(self.data, DATA_INPUTS):
+            out += self.data_problems
+        if planned:
+            out += [p for p in self.preflight or [] if p not in out]
         return out
 
     def _show_blockers(self) -> None:
