@@ -529,9 +529,8 @@ class WizardScreen(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data")
     def load_preview(self, data: dict[str, Any], key: str) -> None:
-        from tui.preview import tokenizer_preview
-
         from runner.hub import hub_problems
+        from tui.preview import tokenizer_preview
 
         spec = None
         try:
