@@ -381,3 +381,20 @@ def test_fixing_the_input_elsewhere_lifts_a_stale_block(tmp_path: Path) -> None:
             assert wiz.blockers() == []  # checked again on the Plan or at launch, not blocked by the old finding
 
     run_async(go())
+
+
+def test_a_record_that_failed_before_its_first_step_says_so(synth: Path) -> None:
+    rec = synthetic_record("20260101-010000-demo-000000", status="failed")
+    rec["metrics"]["loss_curve"] = {"0": [], "1": []}
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.2)
+            await app.push_screen(RecordScreen(rec, Path("records") / "x.json"))
+            await pilot.pause(0.3)
+            chart = app.screen.query_one("#record-chart")
+            assert "no step was logged: the run failed before its first step" in chart.render().plain
+            assert "waiting" not in chart.render().plain
+
+    run_async(go())

@@ -260,6 +260,8 @@ class RecordScreen(Screen):
                     curves = (rec.get("metrics") or {}).get("loss_curve") or {}
                     if curves:
                         chart = LossChart(id="record-chart")
+                        # A finished record waits for nothing: an empty curve means no step was ever logged.
+                        chart.empty_text = f"no step was logged: the run {rec.get('status')} before its first step"
                         chart.set_series({int(r): [(int(s), float(v)) for s, v in c if v is not None]
                                           for r, c in curves.items()})
                         yield chart
