@@ -73,11 +73,12 @@ def per_unit(device: str) -> str:
     return "rank" if device == "cpu" else "GPU"
 
 
-def memory_estimate(est: dict[str, Any] | None) -> str:
+def memory_estimate(est: dict[str, Any] | None, device: str | None = None) -> str:
     """"0.32 GiB needed per rank": the estimate's `per_gpu_gib`, the figure its verdict is about (PyTorch's peak
-    allocated plus fragmentation and the process's own memory), "-" when there is none."""
+    allocated plus fragmentation and the process's own memory), "-" when there is none. `device` (the run's) wins
+    over what the estimate says."""
     est = est or {}
-    return f"{gib(est.get('per_gpu_gib'), 2)} GiB needed per {per_unit(estimate_device(est))}"
+    return f"{gib(est.get('per_gpu_gib'), 2)} GiB needed per {per_unit(device or estimate_device(est))}"
 
 
 # The estimator's breakdown keys as a CPU run's legend names them: a CPU rank has no CUDA context or NCCL.

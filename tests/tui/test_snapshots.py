@@ -123,7 +123,8 @@ def test_dashboard_smoothed_light_theme(snap_compare, synth: Path) -> None:
     assert snap_compare(dashboard(synth, "textual-light"), press=["s", "r"], terminal_size=SIZE, run_before=settle)
 
 
-@pytest.mark.parametrize(("record_id", "size"), [(RUN_ID, SIZE), (RUN_ID_B, SIZE), (RUN_ID_B, SMALL)])
+@pytest.mark.parametrize(("record_id", "size"), [(RUN_ID, SIZE), (RUN_ID_B, SIZE), (RUN_ID_B, SMALL)],
+                         ids=["succeeded-100x30", "failed-100x30", "failed-80x24"])
 def test_summary(snap_compare, synth: Path, record_id: str, size: tuple[int, int]) -> None:
     app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{record_id}.json",
                    backends=fixed_backends())

@@ -346,8 +346,11 @@ class DiffScreen(Screen):
         table.add_column("B", key="b")
         if not rows:
             table.add_row("(no differences in spec, pins or metrics)", "", "")
+        # Both values in view: each gets half of what the field names leave (the full text is in `runner diff`).
+        names = max((len(k) for k, _, _ in rows), default=10)
+        width = max(12, min(44, (self.app.size.width - names - 8) // 2))
         for key, va, vb in rows:
-            table.add_row(key, _short(va), _short(vb))
+            table.add_row(key, _short(va, width), _short(vb, width))
         table.focus()
 
     def action_back(self) -> None:

@@ -152,7 +152,8 @@ def memory_content(record: dict[str, Any]) -> Content:
     device = ((record.get("spec") or {}).get("hardware") or {}).get("device") or fmt.estimate_device(est)
     measured = peak_measured_gib(m)
     approx = " (approximate)" if est.get("approximate") else ""
-    rows = [("estimate", fmt.memory_estimate(est) + approx if est.get("per_gpu_gib") is not None else "none recorded")]
+    rows = [("estimate", fmt.memory_estimate(est, device) + approx if est.get("per_gpu_gib") is not None
+             else "none recorded")]
     if device == "cpu":
         predicted, what = est.get("per_gpu_gib"), "needed vs resident"
         rows.append(("measured peak", f"{fmt.gib(measured, 2)} GiB resident (RSS) per rank, max over ranks"
