@@ -280,7 +280,7 @@ def test_an_unreachable_hub_model_is_reported_in_seconds(tmp_path: Path, monkeyp
     import runner.hub
 
     monkeypatch.setattr(runner.hub, "hub_reachable", lambda: False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(runner.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
     data = load_recipe_dict("tiny-cpu", ["model.path=null", "model.id=org/not-cached"])
 
     async def go() -> None:

@@ -123,3 +123,21 @@ def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     time_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("time: "))
     assert time_line.rstrip().endswith("assumed)")  # one line, not wrapped at 80 columns
+
+
+def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import runner.hub
+
+    monkeypatch.setattr(runner.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(runner.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
+    code = main(["run", "tiny-cpu", "--set", "model.path=null", "--set", "model.id=org/not-cached",
+                 "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")])
+    assert code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "model.id: org/not-cached is not in the local cache and the hub" in err and "model.path" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "records").exists()
+    # local model and data: nothing to reach, no probe
+    from runner.spec import load_spec
+
+    assert runner.hub.hub_problems(load_spec("tiny-cpu")) == []
