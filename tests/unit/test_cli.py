@@ -141,3 +141,16 @@ def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: py
     from runner.spec import load_spec
 
     assert runner.hub.hub_problems(load_spec("tiny-cpu")) == []
+
+
+def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None:
+    import tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    # An SPDX string (a TOML table is deprecated and warned about on every install), which needs setuptools 77.
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert any(r.replace(" ", "").startswith("setuptools>=77") for r in meta["build-system"]["requires"])
+    make = subprocess.run(["make", "-n", "demo", "runner", "ARGS=list", "-W", "pyproject.toml"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "setting up .venv/" in make and "source .venv/bin/activate" in make
+    assert ".venv/bin/runner list" in make
