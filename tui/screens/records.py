@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,7 +306,9 @@ class RecordScreen(Screen):
             lines.append(Content(f"  replay of {row['replay_of']}"))
         launch = self.record.get("launch") or {}
         if launch.get("command"):
-            lines.append(Content(f"  command  {launch['command']}"))
+            # Wrapped under itself (at 80 columns too), not back to column 0.
+            wrapped = textwrap.wrap(launch["command"], 64, break_long_words=False, break_on_hyphens=False)
+            lines += [Content(f"  {'command' if i == 0 else '':<7}  {part}") for i, part in enumerate(wrapped)]
         if self.record.get("failure"):
             lines.append(failure_content(self.record))
         lines.append(Content("memory").stylize("bold"))
