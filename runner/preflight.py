@@ -111,13 +111,9 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     if suffix == ".jsonl":
         rows = []
         with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
+            for line in f:
                 if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        # json counts within the one line: name the file's line, as an editor shows it.
-                        raise ValueError(f"line {number} is not valid JSON ({e.msg} at column {e.colno})") from None
+                    rows.append(json.loads(line))
                 if len(rows) >= limit:
                     break
         return rows
