@@ -91,8 +91,8 @@ def test_replay_of_a_recipe_says_use_run(capsys: pytest.CaptureFixture[str]) -> 
 def test_a_union_field_gets_one_error_with_its_own_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "tiny-cpu", "--set", "hardware.nproc_per_node=abc"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert "(1 problem)" in err and "hardware.nproc_per_node: should be a valid integer or 'auto'" in err
-    assert "nproc_per_node.int" not in err
+    assert err.count("hardware.nproc_per_node") == 1 and "nproc_per_node.int" not in err
+    assert "hardware.nproc_per_node: should be a valid integer or 'auto', got \"abc\"" in err
 
 
 def test_fields_lists_enum_values_and_indents_descriptions(capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,6 +89,8 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
 }
 ALL_FIELDS = [p for fields in FIELDS.values() for p, _, _ in fields]
 STEP_OF_FIELD = {p: step for step, fields in FIELDS.items() for p, _, _ in fields}
+STEP_OF_SECTION = {"model": "model", "dataset": "dataset", "hardware": "hardware", "method": "method",
+                   "train": "method", "output": "method", "engine": "method", "name": "launch", "description": "launch"}
 LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules")
 # Which panes' background work an edit makes stale.
 ARCH_INPUTS = ("model.",)
@@ -442,7 +444,9 @@ class WizardScreen(Screen):
         bad_per_step = dict.fromkeys(STEP_IDS, 0)
         for problem in blockers:
             f = field_of(problem.field, ALL_FIELDS) if problem.field else None
-            bad_per_step[STEP_OF_FIELD.get(f, "plan") if f else "plan"] += 1
+            section = (problem.field or "").split(".")[0]
+            # A field the wizard does not show counts on the step of its section (dataset.format on Dataset).
+            bad_per_step[STEP_OF_FIELD[f] if f else STEP_OF_SECTION.get(section, "plan")] += 1
         steps = self.query_one("#steps", OptionList)
         for i, (s, label) in enumerate(STEPS):
             steps.replace_option_prompt_at_index(i, self._step_prompt(i, s, label, bad_per_step[s]))
@@ -539,7 +543,11 @@ class WizardScreen(Screen):
             if unreachable:  # said in seconds, not after the hub client's retries
                 self.post_message(self.DataReady(key, None, "; ".join(map(str, unreachable)), unreachable))
                 return
-            self.post_message(self.DataReady(key, tokenizer_preview(spec), None))
+            preview = tokenizer_preview(spec)
+            found: list[Problem] = []
+            if (preview.get("detect") or {}).get("messages_ok") is False:  # shown with ✗: it blocks Launch too
+                found = self._data_preflight(spec) or [Problem("dataset", "no conversation in the rows' format")]
+            self.post_message(self.DataReady(key, preview, None, found))
         except UserError as e:
             self.post_message(self.DataReady(key, None, str(e), e.problems or [Problem("dataset", str(e))]))
         except Exception as e:  # noqa: BLE001 - a bad file or tokenizer is shown, not raised
