@@ -6,13 +6,15 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup clean
+.PHONY: demo test test-fast lint setup clean runner
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
+	@echo "setting up $(VENV)/ (first time only, about a minute): torch, transformers, trl, peft, textual and the"
+	@echo "pinned versions from .ci/constraints.txt, then sft-tui itself (editable)"
 	@test -x $(PY) || $(PYTHON) -m venv $(if $(shell command -v nvidia-smi),--system-site-packages,) $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q --upgrade pip
 	@if command -v nvidia-smi >/dev/null 2>&1 && $(PY) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then \
 		echo "GPU machine: using the installed CUDA torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 		$(PY) -m pip install -q -e ".[dev]"; \
@@ -21,10 +23,17 @@ $(STAMP): pyproject.toml .ci/constraints.txt
 		$(PY) -m pip install -q -c .ci/constraints.txt -e ".[dev]"; \
 	fi
 	@touch $(STAMP)
+	@echo "installed: $(VENV)/bin/runner and $(VENV)/bin/sft-tui (put them on PATH with: source $(VENV)/bin/activate)"
 
 demo: $(STAMP)
 	@if [ -t 1 ] && [ -z "$$CI" ]; then $(VENV)/bin/sft-tui --recipe tiny-cpu; \
 	else $(VENV)/bin/runner run tiny-cpu; fi
+	@echo "next: source $(VENV)/bin/activate, then runner list, runner verify <id>, runner replay <id>"
+	@echo "      (or without activating: make runner ARGS='verify <id>')"
+
+# `make runner ARGS="list"`: the runner command from .venv without activating it.
+runner: $(STAMP)
+	@$(VENV)/bin/runner $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

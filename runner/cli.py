@@ -4,27 +4,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+# Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
+# need every character (a run id, a field name), so it gets a width no line reaches.
+PIPE_COLUMNS = "100000"
+# Commands that only print (a launching one would hand the width to its ranks' progress bars through the env).
+WIDE_WHEN_PIPED = {"estimate", "verify", "diff", "list", "show", "calibrate", "fields", "recipes"}
 
 EPILOG = """\
 SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
 field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 replay did not reproduce,
-130 cancelled.
+4 record does not verify (its lock does not match its content), 130 cancelled.
 
 examples:
   runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
   runner run tiny-cpu --set train.max_steps=20 --json
   runner estimate qwen3.8-27b-full-8xb300 --sweep train.seq_len=8192,32768 --sweep hardware.gpu=H100-80GB,B300
   runner run --resume runs/<id> --set train.max_steps=400   # continue from the latest checkpoint
-  runner replay records/<id>.json           # re-run and compare the loss curves
-  runner verify records/<id>.json           # check the record's lock
+  runner replay records/<id>.json           # re-run and compare the loss curves (a path or an id)
+  runner verify <id>                        # check the record's lock (exit 4 when it does not match)
+  runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
 """
 
@@ -77,17 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a record that needs trust_remote_code")
 
-    p = sub.add_parser("verify", help="check that a record's lock matches its content")
-    p.add_argument("record", metavar="RECORD")
+    p = sub.add_parser("verify", help="check that a record's lock matches its content (exit 4 when it does not)")
+    p.add_argument("record", metavar="RECORD", help="record path or id")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
 
     p = sub.add_parser("diff", help="show what differs between two records")
     p.add_argument("a", metavar="RECORD_A")
     p.add_argument("b", metavar="RECORD_B")
     p.add_argument("--records-dir", type=Path, default=Path("records"))
 
-    p = sub.add_parser("list", help="list records")
+    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take)")
     p.add_argument("--records-dir", type=Path, default=Path("records"))
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per record")
 
     p = sub.add_parser("bench", help="benchmark engines side by side; results under benchmarks/")
     _add_spec_args(p)
@@ -124,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_OK
+    columns = os.environ.get("COLUMNS")
+    if not sys.stdout.isatty() and args.command in WIDE_WHEN_PIPED:
+        os.environ["COLUMNS"] = PIPE_COLUMNS
     try:
         return COMMANDS[args.command](args)
     except UserError as e:
@@ -132,6 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cancelled", file=sys.stderr)
         return EXIT_CANCELLED
+    except BrokenPipeError:
+        # `runner list | head`: the reader has all it wanted; no traceback, and none again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    finally:
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from runner.session import resume_headless, run_headless
-    from runner.spec import load_spec, resolve
+    from runner.spec import load_spec, resolve, spec_warnings
 
     if args.resume is not None:
         if args.spec:
@@ -149,6 +170,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.spec:
         raise UserError("runner run needs a SPEC (a recipe name such as tiny-cpu, or a YAML/JSON path)")
     spec = resolve(load_spec(args.spec, args.overrides))
+    for warning in spec_warnings(spec):
+        print(f"warning: {warning}", file=sys.stderr)
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
                         node_rank=args.node_rank, run_id=args.run_id, force=args.force)
 
@@ -266,17 +289,22 @@ def _print_sweep(spec: Any, rows: list[dict[str, Any]], keys: list[str]) -> None
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from runner.session import replay_headless
+    from runner.spec import recipe_names
 
+    ref = args.record
+    if Path(ref).suffix in (".yaml", ".yml") or (ref in recipe_names() and not Path(ref).exists()):
+        raise UserError(f"{ref} is a recipe (a spec), not a record: train it with `runner run {ref}`; "
+                        "replay takes a record that a run wrote (`runner list` shows their ids)")
     return replay_headless(args.record, args.runs_dir, args.records_dir, strict=args.strict, as_json=args.json,
                            plain=args.plain, trust_remote_code=args.trust_remote_code)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runner.records import verify
+    from runner.records import find_record, verify
 
-    ok, reason = verify(Path(args.record))
+    ok, reason = verify(find_record(args.record, args.records_dir))
     print(reason, file=sys.stdout if ok else sys.stderr)
-    return EXIT_OK if ok else EXIT_FAILED
+    return EXIT_OK if ok else EXIT_NOT_VERIFIED
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -339,13 +367,25 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_fields(_: argparse.Namespace) -> int:
-    from runner.spec import field_docs
+    from runner.spec import field_choices, field_docs
 
     rows = field_docs()
     width = max(len(p) for p, _, _ in rows)
+    text_width = max(40, min(shutil_columns(), 120) - 6)
     for path, doc, default in rows:
-        print(f"{path:<{width}}  {json.dumps(_plain(default)):<22} {doc}")
+        print(f"{path:<{width}}  default {json.dumps(_plain(default))}")
+        choices = field_choices(path)
+        if choices:
+            doc = f"{doc} One of: {', '.join(json.dumps(c) for c in choices)}."
+        # Descriptions wrap under themselves, indented, never back to column 0.
+        print(textwrap.fill(doc, text_width, initial_indent="    ", subsequent_indent="    ") if doc else "")
     return EXIT_OK
+
+
+def shutil_columns() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
 
 
 def _plain(x: Any) -> Any:

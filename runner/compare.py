@@ -19,6 +19,7 @@ def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
         "created": rec.get("created"),
         "status": rec.get("status"),
         "model": (spec.get("model") or {}).get("id"),
+        "dataset": dataset_name(spec),
         "method": f"{spec.get('engine', '?')}/{(spec.get('method') or {}).get('kind', '?')}",
         "steps": m.get("steps"),
         "final_loss": m.get("final_loss"),
@@ -28,17 +29,30 @@ def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def dataset_name(spec: dict[str, Any]) -> str | None:
+    """The dataset as a user named it: the hub id, else the local path's file or folder name."""
+    ds = spec.get("dataset") or {}
+    path = ds.get("path")
+    if ds.get("id"):
+        return str(ds["id"])
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else None
+
+
 def print_list(recs: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     if not recs:
         console.print("no records")
         return
+    rows = [summary_row(rec) for rec in recs]
     table = Table(show_edge=False)
-    for col in ("id", "created", "status", "model", "method", "steps", "final loss", "tokens/s"):
-        table.add_column(col, justify="right" if col in {"steps", "final loss", "tokens/s"} else "left")
-    for rec in recs:
-        r = summary_row(rec)
-        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], r["model"], r["method"], str(r["steps"] or 0),
+    # The id is what replay, verify and diff take: never wrapped or cut, whatever the terminal's width.
+    table.add_column("id", no_wrap=True, min_width=max(len(str(r["id"])) for r in rows))
+    for col in ("created", "status", "model", "dataset", "method", "steps", "final loss", "tokens/s"):
+        table.add_column(col, justify="right" if col in {"steps", "final loss", "tokens/s"} else "left",
+                         overflow="fold")
+    for r in rows:
+        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], r["model"], r["dataset"] or "-", r["method"],
+                      str(r["steps"] or 0),
                       "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
                       "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}")
     console.print(table)
@@ -84,7 +98,7 @@ def print_diff(a: dict[str, Any], b: dict[str, Any], rows: list[tuple[str, Any, 
         console.print(f"{a['id']} and {b['id']}: no differences in spec, pins or metrics")
         return
     table = Table(show_edge=False)
-    table.add_column("field")
+    table.add_column("field", overflow="fold")
     table.add_column(a["id"], overflow="fold")
     table.add_column(b["id"], overflow="fold")
     for key, va, vb in rows:

@@ -42,6 +42,11 @@ class SpecError(UserError):
     """The run spec is invalid; lists every problem at once."""
 
 
+class PredictedNotToFit(UserError):
+    """The estimate says the run does not fit: the one refusal that `--force` (or the wizard's confirmation)
+    overrides."""
+
+
 class RunFailed(Exception):
     """A run ended with a failed rank (exit code 1)."""
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from runner import records
 from runner import run as run_mod
-from runner.errors import UserError
+from runner.errors import PredictedNotToFit, UserError
 from runner.replay import compare, current_pins, drift, spec_from_record, tolerance
 from runner.spec import RunSpec, resolve
 
@@ -24,8 +24,13 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
     fit unless forced and warns when it is tight."""
     from runner.estimate import estimate
+    from runner.errors import SpecError
+    from runner.hub import hub_problems
     from runner.preflight import precision_advice, preflight
 
+    unreachable = hub_problems(spec)
+    if unreachable:
+        raise SpecError("preflight found problems", unreachable)
     preflight(spec)
     advice = precision_advice(spec)
     if advice and console is not None:
@@ -38,7 +43,7 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
             console.print(f"[yellow]no estimate: {e}[/yellow]")
         return None
     if spec.hardware.device == "cuda" and result.get("fits") is False and not force:
-        raise UserError(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per GPU of "
+        raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per GPU of "
                         f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
                         "pass --force to launch anyway")
     if console is not None and result.get("verdict") == "tight":

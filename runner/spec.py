@@ -6,6 +6,7 @@ import difflib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -272,8 +273,11 @@ def read_spec_file(path: Path) -> dict[str, Any]:
             where = f" at line {e.lineno}, column {e.colno}"
         raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
                         [Problem("SPEC", str(getattr(e, 'problem', None) or e.msg), "fix the syntax")]) from None
-    if data is None:
-        data = {}
+    if data is None or data == {}:
+        # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
+        raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
+                                                    "write the fields to change (see `runner fields`), or give a "
+                                                    "recipe name such as tiny-cpu")])
     if not isinstance(data, dict):
         raise SpecError(f"{path} must hold a mapping of fields, got {type(data).__name__}")
     return data
@@ -436,11 +440,73 @@ def eval_problems(spec: RunSpec) -> list[Problem]:
     return out
 
 
+def _leaf_depth(loc: tuple[Any, ...]) -> int:
+    """How many parts of a pydantic error location are field names; the rest name union members (`int`, ...)."""
+    model: type[BaseModel] | None = RunSpec
+    for i, part in enumerate(loc):
+        if model is None or str(part) not in model.model_fields:
+            return i
+        model = _section_type(model, str(part))
+    return len(loc)
+
+
+def _problems_from_validation(e: ValidationError) -> list[Problem]:
+    """One problem per field: a value that fits no member of a union (`int | "auto"`) is one error, not one per
+    member, and its path is the field's (`hardware.nproc_per_node`, not `hardware.nproc_per_node.int`)."""
+    by_field: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        depth = _leaf_depth(loc)
+        key = loc[:depth] if depth and err["type"] != "extra_forbidden" else loc
+        by_field.setdefault(key, []).append({**err, "loc": key})
+    out = []
+    for errs in by_field.values():
+        if len(errs) == 1:
+            out.append(_problem_from_pydantic(errs[0]))
+            continue
+        wants = []
+        for err in errs:
+            want = str(err["msg"]).removeprefix("Input should be ").split(",")[0]
+            if want not in wants:
+                wants.append(want)
+        loc = ".".join(str(p) for p in errs[0]["loc"])
+        out.append(Problem(loc, f"should be {' or '.join(wants)}, got {_show(errs[0].get('input'))}",
+                           "give a value of one of these kinds"))
+    return out
+
+
+def spec_warnings(spec: RunSpec) -> list[str]:
+    """Valid but probably not meant: said before launch, never refused."""
+    out = []
+    t = spec.train
+    if t.max_steps is not None and 0 < t.max_steps < t.warmup_steps:
+        out.append(f"train.max_steps={t.max_steps} is shorter than train.warmup_steps={t.warmup_steps}: the learning "
+                   f"rate never reaches train.lr (fix: set train.warmup_steps below {t.max_steps}, e.g. {max(1, t.max_steps // 10)})")
+    return out
+
+
+def field_choices(path: str) -> list[Any]:
+    """The allowed values of an enum field (a Literal, optionally None too); [] for any other field."""
+    model: type[BaseModel] | None = RunSpec
+    ann: Any = None
+    for part in path.split("."):
+        if model is None or part not in model.model_fields:
+            return []
+        ann = model.model_fields[part].annotation
+        model = _section_type(model, part)
+    if typing.get_origin(ann) is typing.Literal:
+        return list(typing.get_args(ann))
+    members = [a for a in typing.get_args(ann) if a is not type(None)]
+    if members and all(typing.get_origin(a) is typing.Literal for a in members):
+        return [v for a in members for v in typing.get_args(a)]
+    return []
+
+
 def validate(data: dict[str, Any]) -> RunSpec:
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError("invalid spec", [_problem_from_pydantic(err) for err in e.errors()]) from None
+        raise SpecError("invalid spec", _problems_from_validation(e)) from None
     problems = cross_field_problems(spec)
     if problems:
         raise SpecError("invalid spec", problems)

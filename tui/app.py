@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 
-from runner.errors import UserError
+from runner.errors import PredictedNotToFit, UserError
 from runner.spec import RunSpec
 from tui.backends import Backends
 from tui.specform import DEFAULT_RECIPE, full_dict, load_recipe_dict, plan_resolve
@@ -54,8 +54,9 @@ class SftApp(App):
 
     def __init__(self, runs_dir: Path, records_dir: Path, initial_data: dict[str, Any], start_screen: str = "wizard",
                  run_dir: Path | None = None, record_path: Path | None = None, backends: Backends | None = None,
-                 clock: Callable[[], float] = time.time, poll_s: float = 0.5) -> None:
+                 clock: Callable[[], float] = time.time, poll_s: float = 0.5, recipe: str | None = None) -> None:
         super().__init__()
+        self.recipe = recipe  # the recipe the first wizard starts from (its title says so)
         if start_screen not in START_SCREENS:
             raise ValueError(f"start_screen must be one of {', '.join(START_SCREENS)}, got {start_screen!r}")
         self.runs_dir = Path(runs_dir)
@@ -101,7 +102,7 @@ class SftApp(App):
             if self.record_path is None:
                 raise ValueError("start_screen='summary' needs record_path")
             return SummaryScreen(load(self.record_path), self.record_path)
-        return WizardScreen(self.initial_data, "model" if s == "wizard" else s)
+        return WizardScreen(self.initial_data, "model" if s == "wizard" else s, recipe=self.recipe)
 
     # -- machine facts (thread-safe: workers call these) -------------------------------------------
 
@@ -137,12 +138,13 @@ class SftApp(App):
             else:
                 try:
                     # The same preflight as `runner run`: refuses a GPU run predicted not to fit unless forced.
+                    # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
                     estimate = preflight_estimate(resolved, force)
-                except UserError as e:
-                    if not force:
-                        self.post_message(LaunchFailed(str(e), spec=spec))
-                        return
-                    estimate = None
+                except PredictedNotToFit as e:
+                    self.post_message(LaunchFailed(str(e), spec=spec))
+                    return
+                except UserError:
+                    raise
                 except Exception:  # noqa: BLE001 - a broken estimator must not block launching
                     estimate = None
             active = run_mod.start(resolved, self.runs_dir, self.records_dir, estimate=estimate,
@@ -255,10 +257,13 @@ class SftApp(App):
 def make_app(runs_dir: Path | str = "runs", records_dir: Path | str = "records",
              initial_spec: RunSpec | dict[str, Any] | str | None = None, start_screen: str = "wizard",
              run_dir: Path | None = None, record_path: Path | None = None, backends: Backends | None = None,
-             clock: Callable[[], float] = time.time, poll_s: float = 0.5) -> SftApp:
+             clock: Callable[[], float] = time.time, poll_s: float = 0.5, recipe: str | None = None) -> SftApp:
     """The app over these folders. initial_spec: a RunSpec, a raw spec dict, a recipe name/path, or None for the
     embedded default (tiny-cpu). start_screen: a wizard step ("wizard" = its first), "records", "dashboard"
-    (of `run_dir`) or "summary" (of `record_path`)."""
+    (of `run_dir`) or "summary" (of `record_path`). recipe: the name the wizard's title gives the choices (a recipe
+    name or path given as initial_spec is its own)."""
+    if isinstance(initial_spec, (str, Path)) and recipe is None:
+        recipe = str(initial_spec)
     if initial_spec is None:
         data = load_recipe_dict(DEFAULT_RECIPE)
     elif isinstance(initial_spec, RunSpec):
@@ -268,7 +273,7 @@ def make_app(runs_dir: Path | str = "runs", records_dir: Path | str = "records",
     else:
         data = load_recipe_dict(initial_spec)
     return SftApp(Path(runs_dir), Path(records_dir), data, start_screen, run_dir=run_dir, record_path=record_path,
-                  backends=backends, clock=clock, poll_s=poll_s)
+                  backends=backends, clock=clock, poll_s=poll_s, recipe=recipe)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         start = "records"
     else:
         start = "plan" if args.recipe else "wizard"
-    app = make_app(args.runs_dir, args.records_dir, data, start, run_dir=args.watch)
+    app = make_app(args.runs_dir, args.records_dir, data, start, run_dir=args.watch, recipe=args.recipe)
     app.run()
     return app.return_code or 0
 

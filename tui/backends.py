@@ -67,7 +67,9 @@ class Backends:
             from runner.preflight import preflight_problems
         except ImportError as e:
             raise EstimatorUnavailable(f"preflight unavailable ({e})") from None
-        return preflight_problems(spec)
+        from runner.hub import hub_problems
+
+        return hub_problems(spec) + preflight_problems(spec)
 
     def detect_gpus(self) -> list[dict[str, Any]]:
         if self.detect_gpus_fn is not None:

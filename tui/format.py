@@ -59,3 +59,35 @@ def theme_color(app: Any, name: str, fallback: str = "default") -> str:
         return app.get_css_variables().get(name, fallback)
     except Exception:  # noqa: BLE001 - before the app is running there is no theme yet
         return fallback
+
+
+# -- the memory estimate, one figure and one label on every screen (Plan, dashboard, summary, record) ---------------
+
+
+def estimate_device(est: dict[str, Any] | None) -> str:
+    est = est or {}
+    return str(est.get("device") or ("cpu" if est.get("gpu") == "cpu" else "cuda"))
+
+
+def per_unit(device: str) -> str:
+    return "rank" if device == "cpu" else "GPU"
+
+
+def memory_estimate(est: dict[str, Any] | None, device: str | None = None) -> str:
+    """"0.32 GiB needed per rank": the estimate's `per_gpu_gib`, the figure its verdict is about (PyTorch's peak
+    allocated plus fragmentation and the process's own memory), "-" when there is none. `device` (the run's) wins
+    over what the estimate says."""
+    est = est or {}
+    return f"{gib(est.get('per_gpu_gib'), 2)} GiB needed per {per_unit(device or estimate_device(est))}"
+
+
+# The estimator's breakdown keys as a CPU run's legend names them: a CPU rank has no CUDA context or NCCL.
+CPU_PART_NAMES = {"cuda_context_nccl": "process"}
+
+
+def breakdown_parts(est: dict[str, Any] | None) -> dict[str, Any]:
+    est = est or {}
+    parts = dict(est.get("breakdown") or {})
+    if estimate_device(est) == "cpu":
+        parts = {CPU_PART_NAMES.get(k, k): v for k, v in parts.items()}
+    return parts

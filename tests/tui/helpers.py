@@ -34,3 +34,9 @@ def fill(screen: Any, path: str, text: str) -> None:
     field_id = "f-" + path.replace(".", "-").replace("_", "-")
     control = screen.query_one(f"#{field_id} Input", Input)
     control.value = text
+
+
+def terminal_text(app: Any) -> str:
+    """What the terminal shows now, as plain text, one line per row (for checks that nothing is cut)."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(seg.text for seg in strip) for strip in strips)

@@ -1,4 +1,5 @@
-"""Pictures of every screen (pytest-textual-snapshot): the wizard's steps, dashboard, summary, records, record, diff.
+"""Pictures of every screen (pytest-textual-snapshot) at the two sizes people use, 100×30 and 80×24: the wizard's
+steps (the Plan also scrolled to its end), dashboard (also a replay's), summary, records, record, diff, dialogs.
 
 Deterministic by construction: fixed backends (estimate, sweep, architecture, no GPU), a synthetic run folder and
 records with fixed times and ids, a fixed clock for event ages, `python` as the interpreter, relative paths.
@@ -16,8 +17,9 @@ import pytest
 from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, T0, fixed_backends
 from tui.app import make_app
 
-SIZE = (120, 40)
+SIZE = (100, 30)
 SMALL = (80, 24)
+SIZES = pytest.mark.parametrize("size", [SIZE, SMALL], ids=["100x30", "80x24"])
 
 
 async def settle(pilot) -> None:
@@ -34,6 +36,10 @@ async def settle(pilot) -> None:
         if getattr(screen, "step", None) in ("plan", "launch"):
             busy = busy or not screen.plan_complete
         quiet = 0 if busy else quiet + 1
+    from textual.widgets import Input
+
+    for widget in app.screen.query(Input):  # the focused field's cursor stays lit: the same picture every time
+        widget.cursor_blink = False
     await pilot.pause(0.1)
 
 
@@ -47,23 +53,34 @@ def wizard(step: str, **kw):
     return make_app("runs", "records", kw.pop("initial_spec", "tiny-cpu"), step, backends=fixed_backends(), **kw)
 
 
+@SIZES
 @pytest.mark.parametrize("step", ["model", "dataset", "hardware", "plan", "launch"])
-def test_wizard_step(snap_compare, in_repo: None, step: str) -> None:
-    assert snap_compare(wizard(step), terminal_size=SIZE, run_before=settle)
+def test_wizard_step(snap_compare, in_repo: None, step: str, size: tuple[int, int]) -> None:
+    assert snap_compare(wizard(step), terminal_size=size, run_before=settle)
 
 
-def test_wizard_method_lora_with_a_problem(snap_compare, in_repo: None) -> None:
+@SIZES
+def test_wizard_plan_scrolled_to_its_end(snap_compare, in_repo: None, size: tuple[int, int]) -> None:
+    """End on the step list scrolls the Plan to the torchrun command and stays on the Plan."""
+
+    async def to_end(pilot) -> None:
+        await settle(pilot)
+        pilot.app.screen.query_one("#steps").focus()
+        await pilot.press("end")
+        await pilot.pause(0.1)
+
+    assert snap_compare(wizard("plan"), terminal_size=size, run_before=to_end)
+
+
+@SIZES
+def test_wizard_method_lora_with_a_problem(snap_compare, in_repo: None, size: tuple[int, int]) -> None:
     async def edit(pilot) -> None:
         screen = pilot.app.screen
         screen.query_one("#f-method-kind Select").value = "lora"
         screen.query_one("#f-train-seq-len Input").value = "-5"
         await settle(pilot)
 
-    assert snap_compare(wizard("method"), terminal_size=SIZE, run_before=edit)
-
-
-def test_wizard_plan_small_terminal(snap_compare, in_repo: None) -> None:
-    assert snap_compare(wizard("plan"), terminal_size=SMALL, run_before=settle)
+    assert snap_compare(wizard("method"), terminal_size=size, run_before=edit)
 
 
 def test_wizard_plan_does_not_fit(snap_compare, in_repo: None) -> None:
@@ -84,8 +101,9 @@ def dashboard(synth: Path, theme: str | None = None):
     return app
 
 
-def test_dashboard(snap_compare, synth: Path) -> None:
-    assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=settle)
+@SIZES
+def test_dashboard(snap_compare, synth: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(dashboard(synth), terminal_size=size, run_before=settle)
 
 
 # The eval losses the embedded default recorded at steps 25-100 with dataset.eval_fraction=0.05 and
@@ -93,7 +111,8 @@ def test_dashboard(snap_compare, synth: Path) -> None:
 EVAL_LOSSES = (3.2706, 1.8159, 1.5170, 1.2266)
 
 
-def test_dashboard_with_eval_curve(snap_compare, synth: Path) -> None:
+@SIZES
+def test_dashboard_with_eval_curve(snap_compare, synth: Path, size: tuple[int, int]) -> None:
     """Eval events draw the eval curve over the rank curves, with its own legend entry."""
     for r in (0, 1):
         with open(synth / "runs" / DASH_ID / "events" / f"rank{r}.jsonl", "a") as f:
@@ -102,38 +121,52 @@ def test_dashboard_with_eval_curve(snap_compare, synth: Path) -> None:
                 if step <= 40 - 3 * r:
                     f.write(json.dumps({"t": T0 + 10 + step * 0.5, "rank": r, "event": "eval", "step": step,
                                         "loss": loss, "accuracy": 0.4 + 0.05 * i}) + "\n")
-    assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=settle)
+    assert snap_compare(dashboard(synth), terminal_size=size, run_before=settle)
 
 
-def test_dashboard_small_terminal(snap_compare, synth: Path) -> None:
-    assert snap_compare(dashboard(synth), terminal_size=SMALL, run_before=settle)
+@SIZES
+def test_replay_dashboard(snap_compare, synth: Path, size: tuple[int, int]) -> None:
+    """A replay: the title keeps the new run's whole id, the banner names the original."""
+    from tests.tui.conftest import synthetic_record
+    from tui.screens.dashboard import DashboardScreen
+
+    async def replay(pilot) -> None:
+        await pilot.app.push_screen(DashboardScreen(Path("runs") / DASH_ID, original=synthetic_record(RUN_ID),
+                                                    clock=lambda: CLOCK_T, poll_s=60.0))
+        await settle(pilot)
+
+    assert snap_compare(records(synth), terminal_size=size, run_before=replay)
 
 
 def test_dashboard_smoothed_light_theme(snap_compare, synth: Path) -> None:
     assert snap_compare(dashboard(synth, "textual-light"), press=["s", "r"], terminal_size=SIZE, run_before=settle)
 
 
-@pytest.mark.parametrize("record_id", [RUN_ID, RUN_ID_B])
-def test_summary(snap_compare, synth: Path, record_id: str) -> None:
+@pytest.mark.parametrize(("record_id", "size"), [(RUN_ID, SIZE), (RUN_ID_B, SIZE), (RUN_ID_B, SMALL)],
+                         ids=["succeeded-100x30", "failed-100x30", "failed-80x24"])
+def test_summary(snap_compare, synth: Path, record_id: str, size: tuple[int, int]) -> None:
     app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{record_id}.json",
                    backends=fixed_backends())
-    assert snap_compare(app, terminal_size=SIZE, run_before=settle)
+    assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
 def records(synth: Path):
     return make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
 
 
-def test_records_list(snap_compare, synth: Path) -> None:
-    assert snap_compare(records(synth), press=["down", "space"], terminal_size=SIZE, run_before=settle)
+@SIZES
+def test_records_list(snap_compare, synth: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(records(synth), press=["down", "space"], terminal_size=size, run_before=settle)
 
 
-def test_record_open(snap_compare, synth: Path) -> None:
-    assert snap_compare(records(synth), press=["down", "down", "enter"], terminal_size=SIZE, run_before=settle)
+@SIZES
+def test_record_open(snap_compare, synth: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(records(synth), press=["down", "down", "enter"], terminal_size=size, run_before=settle)
 
 
-def test_records_diff(snap_compare, synth: Path) -> None:
-    assert snap_compare(records(synth), press=["down", "space", "down", "space", "d"], terminal_size=SIZE,
+@SIZES
+def test_records_diff(snap_compare, synth: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(records(synth), press=["down", "space", "down", "space", "d"], terminal_size=size,
                         run_before=settle)
 
 
@@ -151,6 +184,19 @@ def test_load_recipe_prompt(snap_compare, in_repo: None, monkeypatch: pytest.Mon
         pilot.app.screen.query_one(Input).cursor_blink = False  # a steady cursor: the same picture every time
 
     assert snap_compare(wizard("launch"), terminal_size=SIZE, run_before=prompt)
+
+
+def test_save_recipe_prompt(snap_compare, in_repo: None) -> None:
+    async def prompt(pilot) -> None:
+        from textual.widgets import Input
+
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        for widget in pilot.app.screen.query(Input):
+            widget.cursor_blink = False
+
+    assert snap_compare(wizard("launch"), terminal_size=SMALL, run_before=prompt)
 
 
 def test_cancel_confirmation(snap_compare, synth: Path) -> None:

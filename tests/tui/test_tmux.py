@@ -1,4 +1,5 @@
-"""The real `sft-tui` binary in a tmux pane, driven by keys through a whole tiny-cpu run (tests/tui/tmux_drive.sh)."""
+"""The real `sft-tui` binary in an 80×24 tmux pane, driven by keys only through a whole tiny-cpu run: every wizard
+step, launch, dashboard, summary, records browser, the record (tests/tui/tmux_drive.sh)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_sft_tui_in_tmux_runs_tiny_cpu_to_a_record(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = Path(proc.stdout.strip().splitlines()[-1].removeprefix("record: "))
     assert record.parent == tmp_path / "records"
-    assert "SUCCEEDED" in proc.stdout and f"{record.stem}.json" in proc.stdout  # the path was on the screen
+    assert "SUCCEEDED" in proc.stdout and f"records/{record.stem}.json" in proc.stdout  # the path was on the screen
+    records_screen = proc.stdout.split("--- records")[1].split("--- record\n")[0]
+    assert record.stem in records_screen  # the whole id, at 80 columns
     rec = json.loads(record.read_text())
     assert rec["status"] == "succeeded" and rec["metrics"]["steps"] == 5
     assert verify(record)[0]

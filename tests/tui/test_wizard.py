@@ -105,7 +105,8 @@ def test_plan_shows_verdict_breakdown_sweep_and_command(tmp_path: Path, fixed_py
             est = fake_estimate(screen.plan["spec"])
             assert est["verdict"] == "tight"  # 21.95 of 23.4 GiB
             assert "2 rank(s) on cpu" in verdict and " TIGHT " in verdict and "(approximate)" in verdict
-            assert f"{fmt.gib(est['per_gpu_gib'])} GiB per rank of 23.4 GiB host RAM, headroom 1.4 GiB" in verdict
+            assert f"{fmt.memory_estimate(est)} of 23.4 GiB host RAM, headroom 1.4 GiB" in verdict
+            assert "21.95 GiB needed per rank" in verdict
             grid = [line.split() for line in text_of(screen.query_one("#sweep")).splitlines()]
             # the spec's own 512 (marked •), then 2,048 / 8,192 / 32,768 tokens per block
             assert grid[0] == ["GPU", "512", "•", "2,048", "8,192", "32,768"]
@@ -189,7 +190,9 @@ def test_save_then_load_recipe_round_trips(tmp_path: Path) -> None:
             await pilot.press("ctrl+s")
             await pilot.pause()
             prompt = app.screen
-            prompt.query_one("#path").value = str(target)
+            # the recipe's own name while model, data and method are unchanged
+            assert prompt.query_one("#save-name").value == "tiny-cpu"
+            prompt.query_one("#save-path").value = str(target)
             await pilot.press("enter")
             await pilot.pause()
             assert target.is_file()

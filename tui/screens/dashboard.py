@@ -43,9 +43,9 @@ class DashboardScreen(Screen):
     process) it also watches the torchrun process, cancels it, and finishes the record when it exits."""
 
     BINDINGS = [
-        Binding("c", "cancel_run", "Cancel run"),
-        Binding("s", "toggle_smooth", "Smoothed"),
-        Binding("r", "next_rank", "Next rank log"),
+        Binding("c", "cancel_run", "Cancel"),
+        Binding("s", "toggle_smooth", "Smooth"),
+        Binding("r", "next_rank", "Next log"),
         Binding("u", "summary", "Summary"),
         Binding("escape", "back", "Back"),
     ]
@@ -90,7 +90,10 @@ class DashboardScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "sft-tui"
-        self.sub_title = ("replay of " + self.original["id"] + " → " if self.original else "") + self.run_id
+        # The title holds one id (the run's), whole at 80 columns; a replay names its original in the banner.
+        self.sub_title = ("replay " if self.original else "") + self.run_id
+        if self.original:
+            self._set_banner(f"replay of {self.original['id']}: the loss curves are compared at the end", "primary")
         table = self.query_one("#ranks", DataTable)
         for name in RANK_COLUMNS:
             table.add_column(name, key=name)
@@ -129,6 +132,8 @@ class DashboardScreen(Screen):
         if changed:
             chart = self.query_one("#chart", LossChart)
             chart.set_eval(view.eval_curve)
+            if self.record is not None or view.finished or view.failed_rank() is not None:
+                chart.empty_text = "no step was logged: the run ended before its first step"
             chart.set_series({r: rs.losses for r, rs in view.ranks.items()})
             self._update_gpus()
         self._update_ranks()
@@ -216,11 +221,11 @@ class DashboardScreen(Screen):
                     rss = "  ".join(f"r{r} {v:.2f}" for r, v in sorted(ns.rank_rss_gib.items()))
                     lines.append(Content(f" RSS GiB {rss}"))
             if est_gib is not None:
-                lines.append(Content(f"estimate {fmt.gib(est_gib, 2)} GiB per rank").stylize("$text-muted"))
+                lines.append(Content(f"estimate {fmt.memory_estimate(self.estimate)}").stylize("$text-muted"))
             panel.update(Content("\n").join(lines))
             return
         if est_gib is not None:
-            lines.append(Content(f"estimate {fmt.gib(est_gib)} GiB per GPU").stylize("$text-muted"))
+            lines.append(Content(f"estimate {fmt.memory_estimate(self.estimate)}").stylize("$text-muted"))
         last_node = None
         for (node, index), g in sorted(view.gpus.items()):
             if node != last_node:

@@ -85,3 +85,40 @@ class PathPrompt(ModalScreen["str | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class SaveRecipePrompt(ModalScreen["dict[str, str] | None"]):
+    """Asks for the recipe's name, description and file; dismisses with {name, description, path} or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, name: str, description: str, path: str) -> None:
+        super().__init__()
+        self.values = {"name": name, "description": description, "path": path}
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("Save the choices as a recipe", classes="dialog-text")
+            for key, label in (("name", "run name"), ("description", "description"), ("path", "file (YAML)")):
+                yield Label(label, classes="dialog-label")
+                yield Input(self.values[key], id=f"save-{key}")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#save-name", Input).focus()
+
+    def _answer(self) -> dict[str, str]:
+        return {k: self.query_one(f"#save-{k}", Input).value.strip() for k in self.values}
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()  # enter in any of the three saves (tab moves between them)
+        self.dismiss(self._answer() if self._answer()["path"] else None)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(self._answer() if event.button.id == "ok" and self._answer()["path"] else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from runner.records import RecordError, list_records, load, verify
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
-COLUMNS = (("mark", " "), ("id", "id"), ("created", "created"), ("status", "status"), ("model", "model"),
-           ("method", "method"), ("steps", "steps"), ("final_loss", "final loss"), ("tokens_per_s", "tok/s"))
+# What tells runs apart comes first (id, status, steps, loss, data, model); the rest scrolls in from the right.
+COLUMNS = (("mark", " "), ("id", "id"), ("status", "status"), ("steps", "steps"), ("final_loss", "final loss"),
+           ("dataset", "dataset"), ("model", "model"), ("method", "method"), ("tokens_per_s", "tok/s"),
+           ("created", "created"))
 STATUS_COLOR = {"succeeded": "success", "failed": "error", "cancelled": "warning", "running": "primary"}
 
 
@@ -65,6 +68,7 @@ class RecordsScreen(Screen):
             table.add_column(label, key=key)
         self.action_reload()
         table.focus()
+        self.call_after_refresh(self._update_head)  # the table's width is known after its first layout
 
     def action_reload(self) -> None:
         table = self.query_one("#records", DataTable)
@@ -79,13 +83,14 @@ class RecordsScreen(Screen):
             table.add_row(
                 "●" if row["id"] in self.marked else " ",
                 row["id"],
-                (row["created"] or "")[:16].replace("T", " "),
                 Text(str(row["status"]), style=colors.get(row["status"], "")),
+                Text(str(row["steps"] or 0), justify="right"),
+                Text(fmt.num(row["final_loss"]), justify="right"),
+                row["dataset"] or "-",
                 row["model"] or "-",
                 row["method"],
-                str(row["steps"] or 0),
-                fmt.num(row["final_loss"]),
-                fmt.num(row["tokens_per_s"], ",.0f"),
+                Text(fmt.num(row["tokens_per_s"], ",.0f"), justify="right"),
+                (row["created"] or "")[:16].replace("T", " "),
                 key=row["id"],
             )
         self._update_head()
@@ -96,7 +101,15 @@ class RecordsScreen(Screen):
         if self.marked:
             text += f" · marked: {', '.join(self.marked)}"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
+        table = self.query_one("#records", DataTable)
+        # From the columns themselves, not the table's layout: that is not done yet right after a reload.
+        needed = sum(col.get_render_width(table) for col in table.columns.values())
+        if needed > (table.size.width or self.app.size.width):
+            hint += " · ←/→: more columns"
         self.query_one("#records-head", Static).update(Content(text) + Content(hint).stylize("$text-muted"))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._update_head)
 
     def _current(self) -> dict[str, Any] | None:
         table = self.query_one("#records", DataTable)
@@ -248,6 +261,8 @@ class RecordScreen(Screen):
                     curves = (rec.get("metrics") or {}).get("loss_curve") or {}
                     if curves:
                         chart = LossChart(id="record-chart")
+                        # A finished record waits for nothing: an empty curve means no step was ever logged.
+                        chart.empty_text = f"no step was logged: the run {rec.get('status')} before its first step"
                         chart.set_series({int(r): [(int(s), float(v)) for s, v in c if v is not None]
                                           for r, c in curves.items()})
                         yield chart
@@ -291,7 +306,9 @@ class RecordScreen(Screen):
             lines.append(Content(f"  replay of {row['replay_of']}"))
         launch = self.record.get("launch") or {}
         if launch.get("command"):
-            lines.append(Content(f"  command  {launch['command']}"))
+            # Wrapped under itself (at 80 columns too), not back to column 0.
+            wrapped = textwrap.wrap(launch["command"], 64, break_long_words=False, break_on_hyphens=False)
+            lines += [Content(f"  {'command' if i == 0 else '':<7}  {part}") for i, part in enumerate(wrapped)]
         if self.record.get("failure"):
             lines.append(failure_content(self.record))
         lines.append(Content("memory").stylize("bold"))
@@ -332,8 +349,11 @@ class DiffScreen(Screen):
         table.add_column("B", key="b")
         if not rows:
             table.add_row("(no differences in spec, pins or metrics)", "", "")
+        # Both values in view: each gets half of what the field names leave (the full text is in `runner diff`).
+        names = max((len(k) for k, _, _ in rows), default=10)
+        width = max(12, min(44, (self.app.size.width - names - 8) // 2))
         for key, va, vb in rows:
-            table.add_row(key, _short(va), _short(vb))
+            table.add_row(key, _short(va, width), _short(vb, width))
         table.focus()
 
     def action_back(self) -> None:

@@ -145,14 +145,26 @@ def failure_content(record: dict[str, Any]) -> Content:
 
 
 def memory_content(record: dict[str, Any]) -> Content:
+    """The estimate (the same figure and words as the Plan and the dashboard) beside what the ranks measured, and
+    an error between like quantities: on GPU PyTorch's peak allocated on both sides, on CPU the memory a rank
+    needs against its resident memory (RSS), which is what CPU ranks report."""
     est = record.get("estimate") or {}
     m = record.get("metrics") or {}
+    device = ((record.get("spec") or {}).get("hardware") or {}).get("device") or fmt.estimate_device(est)
     measured = peak_measured_gib(m)
-    # Ranks report torch's peak allocated on GPU (RSS on CPU): compare like with like.
-    predicted = est.get("per_gpu_allocated_gib", est.get("per_gpu_gib"))
-    rows = [("estimate", f"{fmt.gib(predicted, 2)} GiB allocated" + (" (approximate)" if est.get("approximate") else "")
-             if predicted is not None else "none recorded"),
-            ("measured peak", f"{fmt.gib(measured, 2)} GiB (max over ranks)" if measured is not None else "-")]
+    approx = " (approximate)" if est.get("approximate") else ""
+    rows = [("estimate", fmt.memory_estimate(est, device) + approx if est.get("per_gpu_gib") is not None
+             else "none recorded")]
+    if device == "cpu":
+        predicted, what = est.get("per_gpu_gib"), "needed vs resident"
+        rows.append(("measured peak", f"{fmt.gib(measured, 2)} GiB resident (RSS) per rank, max over ranks"
+                     if measured is not None else "-"))
+    else:
+        predicted, what = est.get("per_gpu_allocated_gib"), "peak allocated, estimated vs measured"
+        if predicted is not None:
+            rows.append(("of which allocated", f"{fmt.gib(predicted, 2)} GiB (PyTorch's peak allocated)"))
+        rows.append(("measured peak", f"{fmt.gib(measured, 2)} GiB allocated per GPU, max over ranks"
+                     if measured is not None else "-"))
     if isinstance(predicted, (int, float)) and measured:
-        rows.append(("error", f"{100 * (predicted - measured) / measured:+.0f}% (estimate vs measured)"))
+        rows.append(("error", f"{100 * (predicted - measured) / measured:+.0f}% ({what})"))
     return _kv(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
 from runner.preflight import precision_advice
-from runner.spec import RunSpec, field_docs, validate
+from runner.spec import RunSpec, field_choices, field_docs, spec_warnings, validate
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.specform import field_of, get_path, plan_resolve, problems_of, set_path
@@ -94,12 +95,18 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
 }
 ALL_FIELDS = [p for fields in FIELDS.values() for p, _, _ in fields]
 STEP_OF_FIELD = {p: step for step, fields in FIELDS.items() for p, _, _ in fields}
+STEP_OF_SECTION = {"model": "model", "dataset": "dataset", "hardware": "hardware", "method": "method",
+                   "train": "method", "output": "method", "engine": "method", "name": "launch", "description": "launch"}
 LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules")
 # Which panes' background work an edit makes stale.
 ARCH_INPUTS = ("model.",)
 DATA_INPUTS = ("model.", "dataset.", "train.seq_len", "train.packing_strategy")
 DEBOUNCE_S = 0.4
 HELP_HINT = "tab/shift+tab: fields · ^n/^p: next/previous step · a focused field's meaning shows here"
+STEP_HELP = {
+    "plan": "↑/↓, PgUp/PgDn, Home/End: scroll the plan (the torchrun command is at its end) · ^n: on to Launch",
+    "launch": "^l: launch · ^s: save these choices as a recipe · ^o: load a recipe · tab: run name, description",
+}
 
 
 def literal_options(path: str) -> list[Any]:
@@ -116,6 +123,23 @@ def literal_options(path: str) -> list[Any]:
     if typing.get_origin(ann) is typing.Literal:
         out = list(typing.get_args(ann))
     return out
+
+
+class StepList(OptionList):
+    """The step list. Home/End/PgUp/PgDn scroll the shown step's pane instead of jumping to the first or last step
+    (End on Plan used to land on Launch); ↑/↓ still walk the steps."""
+
+    BINDINGS = [
+        Binding("home", "scroll_pane('home')", show=False),
+        Binding("end", "scroll_pane('end')", show=False),
+        Binding("pageup", "scroll_pane('page_up')", show=False),
+        Binding("pagedown", "scroll_pane('page_down')", show=False),
+    ]
+
+    def action_scroll_pane(self, how: str) -> None:
+        screen = self.screen
+        if isinstance(screen, WizardScreen):
+            screen.scroll_pane(how)
 
 
 def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
@@ -143,8 +167,8 @@ class WizardScreen(Screen):
         Binding("ctrl+n", "next_step", "Next", priority=True),
         Binding("ctrl+p", "prev_step", "Back", priority=True),
         Binding("ctrl+l", "launch", "Launch", priority=True),
-        Binding("ctrl+s", "save_recipe", "Save recipe", priority=True),
-        Binding("ctrl+o", "load_recipe", "Load recipe", priority=True),
+        Binding("ctrl+s", "save_recipe", "Save", priority=True),
+        Binding("ctrl+o", "load_recipe", "Load", priority=True),
     ]
 
     @dataclass
@@ -174,14 +198,17 @@ class WizardScreen(Screen):
         key: str
         preview: dict[str, Any] | None
         error: str | None
+        problems: list[Problem] | None = None  # an error's problems: they keep Launch off
 
     @dataclass
     class GpusReady(Message):
         gpus: list[dict[str, Any]]
 
-    def __init__(self, data: dict[str, Any], step: str = "model") -> None:
+    def __init__(self, data: dict[str, Any], step: str = "model", recipe: str | None = None) -> None:
         super().__init__()
         self.data = data
+        self.recipe = recipe  # the recipe the choices came from (title, and what Ctrl+S proposes)
+        self.origin = copy.deepcopy(data)  # as loaded: Ctrl+S renames a recipe whose model or data changed
         self.step = step if step in STEP_IDS else "model"
         self.first_step = self.step
         self.ready = False  # every pane is mounted (see _mount_rest)
@@ -195,14 +222,16 @@ class WizardScreen(Screen):
         self._keys: dict[str, str] = {}  # pane -> spec key its content was computed for
         self._debounce: dict[str, Timer] = {}
         self.launching = False
+        self.launch_queued = False  # ^l pressed while the plan or preflight was still being checked
+        self.data_problems: list[Problem] = []  # what the Dataset step's preview found wrong, for the current spec
 
     # -- layout ------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         with Horizontal(id="wizard-body"):
-            yield OptionList(*[Option(self._step_prompt(i, s, label), id=s) for i, (s, label) in enumerate(STEPS)],
-                             id="steps")
+            yield StepList(*[Option(self._step_prompt(i, s, label), id=s) for i, (s, label) in enumerate(STEPS)],
+                           id="steps")
             with Vertical(id="wizard-main"):
                 with ContentSwitcher(initial=f"pane-{self.step}", id="panes"):
                     # Only the first step's pane is filled before the first frame; the rest follow right after it
@@ -234,7 +263,7 @@ class WizardScreen(Screen):
         if step == "plan":
             return [title, Static("computing the plan…", id="plan-verdict"), MemoryBar(id="plan-bar"),
                     Static("", id="plan-time", classes="info"), Static("", id="plan-suggestion"),
-                    Static("what-if: peak GiB per GPU by tokens per block × GPU type", id="sweep-title",
+                    Static("what-if: GiB needed per GPU by tokens per block × GPU type", id="sweep-title",
                            classes="section"),
                     Static("", id="sweep"),
                     Static("", id="plan-preflight", classes="info"),
@@ -255,6 +284,7 @@ class WizardScreen(Screen):
         # Background work starts after the first frame: its threads would hold the GIL while it is drawn.
         self.detect_gpus()
         self._on_step_shown()
+        self.focus_step()
 
     def _fields(self, step: str) -> list[SpecField]:
         out = []
@@ -263,8 +293,11 @@ class WizardScreen(Screen):
             options: list[Any] | None = None
             if kind == "select":
                 options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else literal_options(path)
-            field = SpecField(path, label, get_path(self.data, path), kind, doc=f"{path}: {doc} (default {default!r})",
-                              options=options)
+            choices = field_choices(path) if kind != "select" else []
+            hint = f"; one of {', '.join(map(str, choices))}" if choices else ""
+            # One paragraph: the schema's line breaks are for `runner fields`, the help line wraps by itself.
+            field = SpecField(path, label, get_path(self.data, path), kind,
+                              doc=" ".join(f"{path} (default {default!r}{hint}): {doc}".split()), options=options)
             if path in LORA_FIELDS:
                 field.add_class("lora-only")
             out.append(field)
@@ -276,7 +309,8 @@ class WizardScreen(Screen):
         return Content(f"{i + 1} {label}") + mark
 
     def on_mount(self) -> None:
-        self.sub_title = "new run"
+        self.sub_title = f"recipe {self.recipe}" if self.recipe else "new run"
+        self.query_one("#help", Static).update(STEP_HELP.get(self.step, HELP_HINT))
         steps = self.query_one("#steps", OptionList)
         with steps.prevent(OptionList.OptionHighlighted):
             steps.highlighted = STEP_IDS.index(self.step)
@@ -286,7 +320,8 @@ class WizardScreen(Screen):
 
     # -- navigation --------------------------------------------------------------------------------
 
-    def go(self, step: str) -> None:
+    def go(self, step: str, focus: bool = False) -> None:
+        """Show `step`; with `focus`, the keyboard moves there too (its first field, or the pane to scroll)."""
         if step not in STEP_IDS:
             return
         self.step = step
@@ -298,15 +333,34 @@ class WizardScreen(Screen):
                 steps.highlighted = STEP_IDS.index(step)
         self.query_one("#back", Button).disabled = step == STEP_IDS[0]
         self.query_one("#next", Button).disabled = step == STEP_IDS[-1]
+        self.query_one("#help", Static).update(STEP_HELP.get(step, HELP_HINT))
         self._on_step_shown()
+        if focus:
+            self.focus_step()
+
+    def focus_step(self) -> None:
+        """Focus the shown step's first field (its meaning then shows on the help line), or its pane."""
+        if not self.ready:
+            return
+        pane = self.query_one(f"#pane-{self.step}", VerticalScroll)
+        for field in pane.query(SpecField):
+            if field.display:
+                field.control.focus()
+                return
+        pane.focus()
+
+    def scroll_pane(self, how: str) -> None:
+        pane = self.query_one(f"#pane-{self.step}", VerticalScroll)
+        {"home": pane.scroll_home, "end": pane.scroll_end, "page_up": pane.scroll_page_up,
+         "page_down": pane.scroll_page_down}[how](animate=False)
 
     def action_next_step(self) -> None:
         i = STEP_IDS.index(self.step)
-        self.go(STEP_IDS[min(i + 1, len(STEP_IDS) - 1)])
+        self.go(STEP_IDS[min(i + 1, len(STEP_IDS) - 1)], focus=True)
 
     def action_prev_step(self) -> None:
         i = STEP_IDS.index(self.step)
-        self.go(STEP_IDS[max(i - 1, 0)])
+        self.go(STEP_IDS[max(i - 1, 0)], focus=True)
 
     @on(OptionList.OptionHighlighted, "#steps")
     def _step_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -365,26 +419,51 @@ class WizardScreen(Screen):
 
     def revalidate(self) -> None:
         self.problems = problems_of(self.data)
-        # Problems of fields the wizard does not show stay in the problem bar and the Launch step's list.
+        self._show_blockers()
+
+    def blockers(self) -> list[Problem]:
+        """Everything that keeps Launch off: field problems, what the dataset preview and preflight found, a plan
+        that could not be made. (A run predicted not to fit is not one: the launch asks to force it.)"""
+        out = list(self.problems)
+        # What the plan, preview and preflight found holds for the inputs they checked; after an edit elsewhere it
+        # is stale until checked again (on the Dataset step, the Plan, or by ^l).
+        planned = self._keys.get("plan") == spec_key(self.data)
+        if planned and self.plan and self.plan.get("error") and not self.problems:
+            out.append(Problem("", self.plan["error"]))
+        if self.data_problems and self._keys.get("data") == spec_key(self.data, DATA_INPUTS):
+            out += self.data_problems
+        if planned:
+            out += [p for p in self.preflight or [] if p not in out]
+        return out
+
+    def _show_blockers(self) -> None:
+        blockers = self.blockers()
+        # Each problem shows next to its field; those of fields the wizard does not show stay in the problem bar
+        # and the Launch step's list.
         by_field: dict[str, list[Problem]] = {p: [] for p in ALL_FIELDS}
-        for problem in self.problems:
-            f = problem.field and field_of(problem.field, ALL_FIELDS)
+        for problem in blockers:
+            f = field_of(problem.field, ALL_FIELDS) if problem.field else None
             if f:
                 by_field[f].append(problem)
         for field in self.query(SpecField):
             field.set_problems(by_field.get(field.path, []))
-        bad_per_step = {s: sum(len(by_field[p]) for p, _, _ in FIELDS.get(s, [])) for s in STEP_IDS}
+        bad_per_step = dict.fromkeys(STEP_IDS, 0)
+        for problem in blockers:
+            f = field_of(problem.field, ALL_FIELDS) if problem.field else None
+            section = (problem.field or "").split(".")[0]
+            # A field the wizard does not show counts on the step of its section (dataset.format on Dataset).
+            bad_per_step[STEP_OF_FIELD[f] if f else STEP_OF_SECTION.get(section, "plan")] += 1
         steps = self.query_one("#steps", OptionList)
         for i, (s, label) in enumerate(STEPS):
             steps.replace_option_prompt_at_index(i, self._step_prompt(i, s, label, bad_per_step[s]))
         bar = self.query_one("#problems", Static)
-        if not self.problems:
-            bar.update(Content("✓ spec is valid").stylize("$text-success"))
+        if not blockers:
+            checking = self.step in ("plan", "launch") and not self.plan_complete
+            bar.update(Content("checking the plan…").stylize("$text-muted") if checking else
+                       Content("✓ spec is valid").stylize("$text-success"))
         else:
-            first = self.problems[0]
-            n = len(self.problems)
-            text = f"✗ {n} problem{'s' if n != 1 else ''}: {first}"
-            bar.update(Content(text).stylize("$text-error"))
+            n = len(blockers)
+            bar.update(Content(f"✗ {n} problem{'s' if n != 1 else ''}: {blockers[0]}").stylize("$text-error"))
         if self.ready:
             self._update_launch()
 
@@ -408,8 +487,12 @@ class WizardScreen(Screen):
             key = spec_key(self.data, DATA_INPUTS)
             if self._keys.get("data") != key:
                 self._keys["data"] = key
+                self.data_problems = []
                 self.query_one("#data-detect", Static).update(
                     Content("loading the tokenizer and a sample…").stylize("$text-muted"))
+                # What was shown belongs to the previous tokenizer or file: never leave it under the new choice.
+                self.query_one("#data-preview", Static).update("")
+                self.query_one("#data-packing", Static).update("")
                 self.load_preview(copy.deepcopy(self.data), key)
         elif what == "plan":
             key = spec_key(self.data)
@@ -418,6 +501,7 @@ class WizardScreen(Screen):
                 self.sweep = None
                 self.preflight = None
                 self.plan_complete = False
+                self._show_blockers()
                 self.query_one("#plan-preflight", Static).update(Content("preflight: checking…").stylize(
                     "$text-muted"))
                 self.query_one("#plan-verdict", Static).update(Content("computing the plan…").stylize("$text-muted"))
@@ -455,15 +539,36 @@ class WizardScreen(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data")
     def load_preview(self, data: dict[str, Any], key: str) -> None:
+        from runner.hub import hub_problems
         from tui.preview import tokenizer_preview
 
+        spec = None
         try:
             spec = validate(data)
-            self.post_message(self.DataReady(key, tokenizer_preview(spec), None))
+            unreachable = hub_problems(spec)
+            if unreachable:  # said in seconds, not after the hub client's retries
+                self.post_message(self.DataReady(key, None, "; ".join(map(str, unreachable)), unreachable))
+                return
+            preview = tokenizer_preview(spec)
+            found: list[Problem] = []
+            if (preview.get("detect") or {}).get("messages_ok") is False:  # shown with ✗: it blocks Launch too
+                found = self._data_preflight(spec) or [Problem("dataset", "no conversation in the rows' format")]
+            self.post_message(self.DataReady(key, preview, None, found))
         except UserError as e:
-            self.post_message(self.DataReady(key, None, str(e)))
+            self.post_message(self.DataReady(key, None, str(e), e.problems or [Problem("dataset", str(e))]))
         except Exception as e:  # noqa: BLE001 - a bad file or tokenizer is shown, not raised
-            self.post_message(self.DataReady(key, None, f"{type(e).__name__}: {e}"))
+            problems = self._data_preflight(spec) if spec is not None else []
+            text = "; ".join(map(str, problems)) or f"{type(e).__name__}: {e}"
+            self.post_message(self.DataReady(key, None, text, problems or [Problem("dataset", text)]))
+
+    def _data_preflight(self, spec: RunSpec) -> list[Problem]:
+        """Preflight's model and dataset findings: what `runner run` would say about the same input."""
+        try:
+            resolved, _ = plan_resolve(spec, len(self.app.detected_gpus()))
+            problems = self.app.backends.preflight(resolved)
+        except Exception:  # noqa: BLE001 - then the preview's own error is shown
+            return []
+        return [p for p in problems if p.field.startswith(("dataset", "model"))]
 
     def on_wizard_screen_data_ready(self, message: DataReady) -> None:
         if message.key != self._keys.get("data"):
@@ -471,6 +576,8 @@ class WizardScreen(Screen):
         detect_w = self.query_one("#data-detect", Static)
         preview_w = self.query_one("#data-preview", Static)
         packing_w = self.query_one("#data-packing", Static)
+        self.data_problems = list(message.problems or [])
+        self._show_blockers()
         if message.error:
             detect_w.update(Content(f"✗ {message.error}").stylize("$text-error"))
             preview_w.update("")
@@ -535,6 +642,8 @@ class WizardScreen(Screen):
             return
         self.preflight = message.problems
         self.plan_complete = True
+        self._show_blockers()
+        self._queued_launch()
         widget = self.query_one("#plan-preflight", Static)
         if message.problems is None:
             widget.update(Content(f"preflight: {message.note}").stylize("$text-muted"))
@@ -573,10 +682,11 @@ class WizardScreen(Screen):
         if message.key != self._keys.get("plan"):
             return
         self.plan = message.plan
+        render_plan(self, message.plan)
         if message.plan.get("error"):
             self.plan_complete = True
-        render_plan(self, message.plan)
-        self._update_launch()
+            self._queued_launch()
+        self._show_blockers()
 
     def on_wizard_screen_sweep_ready(self, message: SweepReady) -> None:
         if message.key != self._keys.get("plan"):
@@ -619,12 +729,14 @@ class WizardScreen(Screen):
         summary = self.query_one("#launch-summary", Static)
         app = self.app
         planned = bool(self.plan and self.plan.get("planned"))
+        blockers = self.blockers()
         lines = []
-        if self.problems:
-            lines.append(Content(f"✗ {len(self.problems)} problem(s) to fix before launch:").stylize("$text-error"))
-            lines += [Content(f"  {p}") for p in self.problems[:6]]
-        elif self.plan and self.plan.get("error"):
-            lines.append(Content(f"✗ {self.plan['error']}").stylize("$text-error"))
+        if blockers:
+            lines.append(Content(f"✗ {len(blockers)} problem(s) to fix before launch:").stylize("$text-error"))
+            lines += [Content(f"  {p}") for p in blockers[:6]]
+        elif not self.plan_complete:
+            lines.append(Content("checking the plan and preflight (data, template, packing, kernels)…")
+                         .stylize("$text-muted"))
         elif planned:
             lines.append(Content("planned target: this machine has no GPU for it. Save the recipe (^s) and run "
                                  "`runner run <file>` or `sft-tui --headless --recipe <file>` there.")
@@ -640,8 +752,7 @@ class WizardScreen(Screen):
         lines.append(Content(f"runs → {fmt.show_path(app.runs_dir)}   records → {fmt.show_path(app.records_dir)}")
                      .stylize("$text-muted"))
         summary.update(Content("\n").join(lines))
-        button.disabled = bool(self.problems) or planned or self.launching or bool(self.plan and
-                                                                                   self.plan.get("error"))
+        button.disabled = bool(blockers) or planned or self.launching
 
     # -- actions -----------------------------------------------------------------------------------
 
@@ -658,12 +769,19 @@ class WizardScreen(Screen):
         self.action_load_recipe()
 
     def action_launch(self) -> None:
-        if self.problems:
-            first = field_of(self.problems[0].field, ALL_FIELDS) if self.problems[0].field else None
-            self.notify(f"fix {len(self.problems)} problem(s) first: {self.problems[0]}", title="Cannot launch",
+        blockers = self.blockers()
+        if blockers:
+            first = field_of(blockers[0].field, ALL_FIELDS) if blockers[0].field else None
+            self.notify(f"fix {len(blockers)} problem(s) first: {blockers[0]}", title="Cannot launch",
                         severity="error")
-            if first:
-                self.go(STEP_OF_FIELD.get(first, self.step))
+            if first and blockers[0] in self.problems:
+                self.go(STEP_OF_FIELD.get(first, self.step), focus=True)
+            return
+        if self._keys.get("plan") != spec_key(self.data) or not self.plan_complete:
+            # Launch only what preflight has passed: check first, then launch if nothing is found.
+            self.launch_queued = True
+            self._schedule("plan", 0)
+            self.notify("checking the plan and preflight first; the run starts when they pass", timeout=4)
             return
         if self.plan and self.plan.get("planned"):
             self.notify("this spec plans GPUs this machine does not have: save it and launch it there",
@@ -679,29 +797,56 @@ class WizardScreen(Screen):
         self.launching = False
         self._update_launch()
 
+    def _queued_launch(self) -> None:
+        if self.launch_queued and self.plan_complete:
+            self.launch_queued = False
+            self.action_launch()
+
     def action_save_recipe(self) -> None:
-        from tui.screens.modals import PathPrompt
+        from tui.screens.modals import SaveRecipePrompt
 
         if self.problems:
             self.notify(f"the spec has {len(self.problems)} problem(s): fix them before saving", severity="error",
                         title="Not saved")
             return
-        name = self.data.get("name") or "run"
+        name, description = self.proposed_name()
 
-        def done(path: str | None) -> None:
-            if not path:
+        def done(answer: dict[str, str] | None) -> None:
+            if not answer:
                 return
             from tui.specform import save_recipe
 
+            for path, value in (("name", answer["name"] or name), ("description", answer["description"])):
+                set_path(self.data, path, value)
+                for field in self.query(SpecField):
+                    if field.path == path:
+                        field.set_value(value)
             try:
-                saved = save_recipe(self.data, Path(path).expanduser())
+                saved = save_recipe(self.data, Path(answer["path"]).expanduser())
             except (UserError, OSError) as e:
                 self.notify(str(e), title="Not saved", severity="error")
                 return
-            self.notify(f"saved {fmt.show_path(saved)}: run it with `sft-tui --headless --recipe {saved}`",
+            self.revalidate()
+            self.notify(f"saved {fmt.show_path(saved)}: run it with `runner run {fmt.show_path(saved)}`",
                         title="Recipe saved")
 
-        self.app.push_screen(PathPrompt("Save the recipe as (YAML path):", f"{name}.yaml", action="Save"), done)
+        self.app.push_screen(SaveRecipePrompt(name, description, proposed_path(name)), done)
+
+    def proposed_name(self) -> tuple[str, str]:
+        """The run name and description to save under: the recipe's own while its model, data and method are the
+        ones it came with; otherwise a name and a line that say what the choices now are."""
+        name, description = self.data.get("name") or "run", self.data.get("description") or ""
+        changed = any(spec_key(self.data, (p,)) != spec_key(self.origin, (p,))
+                      for p in ("model.", "dataset.", "method.", "engine"))
+        if not changed or name != (self.origin.get("name") or "run"):
+            return name, description
+        model = str(get_path(self.data, "model.id") or get_path(self.data, "model.path") or "model")
+        kind = get_path(self.data, "method.kind") or "full"
+        slug = re.sub(r"[^a-z0-9.]+", "-", model.rsplit("/", 1)[-1].lower()).strip("-") or "model"
+        data_name = get_path(self.data, "dataset.id") or Path(str(get_path(self.data, "dataset.path") or "")).name
+        if description == (self.origin.get("description") or ""):
+            description = f"{kind} fine-tune of {model} on {data_name or 'the dataset'}"
+        return f"{slug}-{kind}", description
 
     def action_load_recipe(self) -> None:
         from runner.spec import recipe_names
@@ -717,14 +862,18 @@ class WizardScreen(Screen):
             except UserError as e:
                 self.notify(str(e), title="Not loaded", severity="error")
                 return
-            self.load_data(data)
+            self.load_data(data, recipe=ref)
             self.notify(f"loaded {ref}", title="Recipe loaded")
 
         self.app.push_screen(PathPrompt("Load a recipe (name or YAML path):", "", choices=recipe_names(),
                                         action="Load"), done)
 
-    def load_data(self, data: dict[str, Any]) -> None:
+    def load_data(self, data: dict[str, Any], recipe: str | None = None) -> None:
         self.data = data
+        self.origin = copy.deepcopy(data)
+        if recipe:
+            self.recipe = recipe
+            self.sub_title = f"recipe {recipe}"
         for field in self.query(SpecField):
             field.set_value(get_path(data, field.path))
         self._keys.clear()
@@ -732,6 +881,16 @@ class WizardScreen(Screen):
         self.revalidate()
         self._show_lora()
         self._on_step_shown()
+
+
+def proposed_path(name: str) -> str:
+    """Where Ctrl+S proposes to save: recipes/ when it is here (then `runner run <name>` finds it), never over an
+    existing file."""
+    folder = Path("recipes") if Path("recipes").is_dir() else Path(".")
+    path, n = folder / f"{name}.yaml", 2
+    while path.exists():
+        path, n = folder / f"{name}-{n}.yaml", n + 1
+    return str(path)
 
 
 # -- renderers (pure: dict in, Content out) ----------------------------------------------------------
@@ -843,8 +1002,8 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
         device_word = "host RAM" if spec.hardware.device == "cpu" else (est.get("gpu") or "GPU")
         line = Content("").join([
             Content(f" {verdict.upper()} ").stylize(f"bold $text-{token} on ${token}-muted"),
-            Content(f"  {fmt.gib(est.get('per_gpu_gib'))} GiB per {'rank' if spec.hardware.device == 'cpu' else 'GPU'}"
-                    f" of {fmt.gib(capacity)} GiB {device_word}, headroom {fmt.gib(est.get('headroom_gib'))} GiB"),
+            Content(f"  {fmt.memory_estimate(est)} of {fmt.gib(capacity)} GiB {device_word}, "
+                    f"headroom {fmt.gib(est.get('headroom_gib'))} GiB"),
             Content(" (approximate)").stylize("$text-warning") if est.get("approximate") else Content(""),
         ])
         lines = [Content(where).stylize("$text-muted"), line]
@@ -853,8 +1012,9 @@ def render_plan(screen: WizardScreen, plan: dict[str, Any]) -> None:
         advice = precision_advice(spec)
         if advice:
             lines.append(Content(f"note: {advice}").stylize("$text-warning"))
+        lines += [Content(f"warning: {w}").stylize("$text-warning") for w in spec_warnings(spec)]
         verdict_w.update(Content("\n").join(lines))
-        bar.set_estimate(est.get("breakdown"), est.get("per_gpu_gib"), capacity, device_word)
+        bar.set_estimate(fmt.breakdown_parts(est), est.get("per_gpu_gib"), capacity, device_word)
         time_w.update(Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
                               f"≈ {fmt.duration(est.get('total_s'))}"))
         suggestion = est.get("suggestion")
@@ -879,7 +1039,7 @@ def render_sweep(screen: WizardScreen, sweep: dict[str, Any], plan: dict[str, An
         return
     grid_w.display = True
     (_, seq_lens), (_, gpu_types) = sweep["axes"]
-    title.update(f"what-if: peak GiB per GPU, {sweep.get('ranks')} GPU(s) per node, by tokens per block × GPU type")
+    title.update(f"what-if: GiB needed per GPU, {sweep.get('ranks')} GPU(s) per node, by tokens per block × GPU type")
     spec: RunSpec | None = plan.get("spec")
     first_w = max(len("GPU"), *(len(g) for g in gpu_types)) + 2
     cell_w = 11

@@ -67,6 +67,7 @@ class LossChart(Widget):
         self.smoothed = False
         self.alpha = alpha
         self.title = "loss"
+        self.empty_text = "waiting for the first logged step…"  # shown until a point arrives
         self.eval_points: list[tuple[int, float]] = []
 
     def set_eval(self, points: list[tuple[int, float]]) -> None:
@@ -96,8 +97,7 @@ class LossChart(Widget):
             return legend
         plot_w, plot_h = width - LABEL_W, height - 2
         if not points:
-            lines = [legend] + [Content("")] * (plot_h // 2) + [Content("waiting for the first logged step…",
-                                                                         ).stylize("$text-muted")]
+            lines = [legend] + [Content("")] * (plot_h // 2) + [Content(self.empty_text).stylize("$text-muted")]
             return Content("\n").join(lines)
         s_min = min(s for s, _ in points)
         s_max = max(s for s, _ in points)

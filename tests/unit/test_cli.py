@@ -1,0 +1,156 @@
+"""The `runner` command as a new user meets it: exit codes, piped output, ids, empty and mistaken inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.cli import EXIT_BAD_INPUT, EXIT_NOT_VERIFIED, EXIT_OK, main
+from tests.tui.conftest import RUN_ID, RUN_ID_B, write_synthetic_records
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def recs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    write_synthetic_records(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "records"
+
+
+def runner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The real console entry with stdout a pipe, as `runner ... | cat` runs it."""
+    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=cwd, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, timeout=120)
+
+
+def test_piped_list_and_diff_are_never_cut(recs: Path) -> None:
+    out = runner("list", cwd=recs.parent)
+    assert out.returncode == 0, out.stderr
+    assert RUN_ID in out.stdout and RUN_ID_B in out.stdout
+    assert "sft-tui/tiny-chat" in out.stdout  # the dataset column
+    diff = runner("diff", RUN_ID, RUN_ID_B, cwd=recs.parent)
+    assert diff.returncode == 0, diff.stderr
+    # Every differing field is there in full, on one line with both values.
+    lines = diff.stdout.splitlines()
+    assert any("metrics.per_rank" not in ln and "spec.train.lr" in ln and "0.003" in ln and "0.01" in ln
+               for ln in lines), diff.stdout
+    assert "…" not in diff.stdout.split("metrics.loss_curve")[0]
+
+
+def test_list_keeps_the_id_whole_at_80_columns(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from runner.compare import print_list
+    from runner.records import list_records
+
+    console = Console(width=80, force_terminal=True, color_system=None)
+    with console.capture() as cap:
+        print_list(list_records(recs), console)
+    assert RUN_ID in cap.get() and RUN_ID_B in cap.get()
+
+
+def test_list_json_has_the_dataset(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--json"]) == EXIT_OK
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == [RUN_ID, RUN_ID_B] and rows[0]["dataset"] == "sft-tui/tiny-chat"
+
+
+def test_verify_takes_a_bare_id_and_a_tampered_record_exits_4(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", RUN_ID]) == EXIT_OK
+    assert "ok" in capsys.readouterr().out
+    path = recs / f"{RUN_ID}.json"
+    rec = json.loads(path.read_text())
+    rec["metrics"]["final_loss"] = 0.1
+    path.write_text(json.dumps(rec))
+    assert main(["verify", RUN_ID[:12]]) == EXIT_NOT_VERIFIED == 4
+    assert "lock mismatch" in capsys.readouterr().err
+    assert main(["verify", "nope"]) == EXIT_BAD_INPUT
+
+
+def test_an_empty_spec_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for text in ("", "# only a comment\n", "{}\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        assert main(["run", str(empty), "--runs-dir", str(tmp_path / "runs")]) == EXIT_BAD_INPUT
+        assert "is empty" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_replay_of_a_recipe_says_use_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "recipes/tiny-cpu.yaml"]) == EXIT_BAD_INPUT
+    assert "runner run recipes/tiny-cpu.yaml" in capsys.readouterr().err
+    assert main(["replay", "tiny-cpu"]) == EXIT_BAD_INPUT
+    assert "is a recipe" in capsys.readouterr().err
+
+
+def test_a_union_field_gets_one_error_with_its_own_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "tiny-cpu", "--set", "hardware.nproc_per_node=abc"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("hardware.nproc_per_node") == 1 and "nproc_per_node.int" not in err
+    assert "hardware.nproc_per_node: should be a valid integer or 'auto', got \"abc\"" in err
+
+
+def test_fields_lists_enum_values_and_indents_descriptions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fields"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert 'One of: "constant", "cosine", "linear".' in " ".join(out.split())
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("train.schedule "))
+    assert lines[at + 1].startswith("    ")
+    # Every line is a field's head (at column 0) or its description (indented): nothing wraps back to column 0.
+    from runner.spec import field_docs
+
+    heads = {p for p, _, _ in field_docs()}
+    assert all(ln.startswith("    ") or ln.split(" ")[0] in heads for ln in lines if ln)
+
+
+def test_max_steps_below_warmup_warns(tmp_path: Path) -> None:
+    from runner.spec import load_spec, spec_warnings
+
+    spec = load_spec("tiny-cpu", ["train.max_steps=5", "train.warmup_steps=20"])
+    (warning,) = spec_warnings(spec)
+    assert "train.warmup_steps" in warning and "never reaches" in warning
+    assert spec_warnings(load_spec("tiny-cpu", ["train.max_steps=50", "train.warmup_steps=20"])) == []
+
+
+def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
+    out = runner("estimate", "tiny-cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    time_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("time: "))
+    assert time_line.rstrip().endswith("assumed)")  # one line, not wrapped at 80 columns
+
+
+def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import runner.hub
+
+    monkeypatch.setattr(runner.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(runner.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
+    code = main(["run", "tiny-cpu", "--set", "model.path=null", "--set", "model.id=org/not-cached",
+                 "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")])
+    assert code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "model.id: org/not-cached is not in the local cache and the hub" in err and "model.path" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "records").exists()
+    # local model and data: nothing to reach, no probe
+    from runner.spec import load_spec
+
+    assert runner.hub.hub_problems(load_spec("tiny-cpu")) == []
+
+
+def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None:
+    import tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    # An SPDX string (a TOML table is deprecated and warned about on every install), which needs setuptools 77.
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert any(r.replace(" ", "").startswith("setuptools>=77") for r in meta["build-system"]["requires"])
+    make = subprocess.run(["make", "-n", "demo", "runner", "ARGS=list", "-W", "pyproject.toml"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "setting up .venv/" in make and "source .venv/bin/activate" in make
+    assert ".venv/bin/runner list" in make
