@@ -149,58 +149,82 @@ def _has(rows: list[dict[str, Any]], column: str) -> bool:
     return any(isinstance(r, dict) and column in r for r in rows)
 
 
+def _detect_conversation(rows: list[dict[str, Any]], cols: dict[str, str], asked: str,
+                         found: list[str]) -> Detected | None:
+    conv_col = cols.get("messages") or next((c for c in CONVERSATION_COLUMNS if _present(rows, c)), None)
+    if conv_col and _present(rows, conv_col):
+        keys = next((k for r in rows if (k := _conversation_keys(r.get(conv_col))) is not None), None)
+        if "role" in cols or "content" in cols:
+            role, content = keys or ("role", "content")
+            keys = (cols.get("role", role), cols.get("content", content))
+        if keys is not None:
+            kind = asked if asked != "auto" else ("sharegpt" if keys == ("from", "value") else "messages")
+            used = {"messages": conv_col, "role": keys[0], "content": keys[1]}
+            used.update({k: cols.get(k, k) for k in ("system", "tools") if _has(rows, cols.get(k, k))})
+            return Detected(kind, tuple(sorted(used.items())), detected=asked == "auto")
+        if asked != "auto":
+            raise FormatError(f"dataset.format={asked}: column '{conv_col}' does not hold lists of messages "
+                              f"with role/content or from/value keys", field="dataset.columns",
+                              fix="set dataset.columns.role and dataset.columns.content to the message keys")
+    elif asked != "auto":
+        want = cols.get("messages", "messages" if asked == "messages" else "conversations")
+        raise FormatError(f"dataset.format={asked}: no column '{want}'; columns found: {', '.join(found)}",
+                          field="dataset.columns", fix="set dataset.columns.messages to the conversation column")
+    return None
+
+
+def _detect_prompt_completion(rows: list[dict[str, Any]], cols: dict[str, str], asked: str,
+                              found: list[str]) -> Detected | None:
+    p, c = cols.get("prompt", "prompt"), cols.get("completion", "completion")
+    if _present(rows, p) and _present(rows, c):
+        row = next(r for r in rows if r.get(p) is not None)
+        variant = "conversational" if isinstance(row.get(p), list) else "standard"
+        return Detected("prompt_completion", (("completion", c), ("prompt", p)), variant, asked == "auto")
+    if asked != "auto":
+        raise FormatError(f"dataset.format=prompt_completion: needs columns '{p}' and '{c}'; columns found: "
+                          f"{', '.join(found)}", field="dataset.columns",
+                          fix="set dataset.columns.prompt and dataset.columns.completion")
+    return None
+
+
+def _detect_alpaca(rows: list[dict[str, Any]], cols: dict[str, str], asked: str,
+                   found: list[str]) -> Detected | None:
+    i, o = cols.get("instruction", "instruction"), cols.get("output", "output")
+    if _present(rows, i) and _present(rows, o):
+        used = {"instruction": i, "output": o}
+        used.update({k: cols.get(k, k) for k in ("input", "system", "history") if _has(rows, cols.get(k, k))})
+        return Detected("alpaca", tuple(sorted(used.items())), detected=asked == "auto")
+    if asked != "auto":
+        raise FormatError(f"dataset.format=alpaca: needs columns '{i}' and '{o}'; columns found: "
+                          f"{', '.join(found)}", field="dataset.columns",
+                          fix="set dataset.columns.instruction and dataset.columns.output")
+    return None
+
+
+def _detect_text(rows: list[dict[str, Any]], cols: dict[str, str], asked: str, found: list[str]) -> Detected | None:
+    t = cols.get("text", "text")
+    if _present(rows, t):
+        return Detected("text", (("text", t),), detected=asked == "auto")
+    if asked != "auto":
+        raise FormatError(f"dataset.format=text: no column '{t}'; columns found: {', '.join(found)}",
+                          field="dataset.columns", fix="set dataset.columns.text to the text column")
+    return None
+
+
+# Tried in this order when the format is auto: a conversation column wins over prompt/completion, and so on.
+_DETECTORS = ((("messages", "sharegpt"), _detect_conversation), (("prompt_completion",), _detect_prompt_completion),
+              (("alpaca",), _detect_alpaca), (("text",), _detect_text))
+
+
 def detect(rows: list[dict[str, Any]], fmt: RowFormat) -> Detected:
     """The format of these rows (a sample of the dataset), or a FormatError naming the columns found."""
-    cols = fmt.column_map
     asked = fmt.format
     found = sorted({k for r in rows if isinstance(r, dict) for k in r})
-    if asked in ("auto", "messages", "sharegpt"):
-        conv_col = cols.get("messages") or next((c for c in CONVERSATION_COLUMNS if _present(rows, c)), None)
-        if conv_col and _present(rows, conv_col):
-            keys = next((k for r in rows if (k := _conversation_keys(r.get(conv_col))) is not None), None)
-            if "role" in cols or "content" in cols:
-                role, content = keys or ("role", "content")
-                keys = (cols.get("role", role), cols.get("content", content))
-            if keys is not None:
-                kind = asked if asked != "auto" else ("sharegpt" if keys == ("from", "value") else "messages")
-                used = {"messages": conv_col, "role": keys[0], "content": keys[1]}
-                used.update({k: cols.get(k, k) for k in ("system", "tools") if _has(rows, cols.get(k, k))})
-                return Detected(kind, tuple(sorted(used.items())), detected=asked == "auto")
-            if asked != "auto":
-                raise FormatError(f"dataset.format={asked}: column '{conv_col}' does not hold lists of messages "
-                                  f"with role/content or from/value keys", field="dataset.columns",
-                                  fix="set dataset.columns.role and dataset.columns.content to the message keys")
-        elif asked != "auto":
-            want = cols.get("messages", "messages" if asked == "messages" else "conversations")
-            raise FormatError(f"dataset.format={asked}: no column '{want}'; columns found: {', '.join(found)}",
-                              field="dataset.columns", fix="set dataset.columns.messages to the conversation column")
-    if asked in ("auto", "prompt_completion"):
-        p, c = cols.get("prompt", "prompt"), cols.get("completion", "completion")
-        if _present(rows, p) and _present(rows, c):
-            row = next(r for r in rows if r.get(p) is not None)
-            variant = "conversational" if isinstance(row.get(p), list) else "standard"
-            return Detected("prompt_completion", (("completion", c), ("prompt", p)), variant, asked == "auto")
-        if asked != "auto":
-            raise FormatError(f"dataset.format=prompt_completion: needs columns '{p}' and '{c}'; columns found: "
-                              f"{', '.join(found)}", field="dataset.columns",
-                              fix="set dataset.columns.prompt and dataset.columns.completion")
-    if asked in ("auto", "alpaca"):
-        i, o = cols.get("instruction", "instruction"), cols.get("output", "output")
-        if _present(rows, i) and _present(rows, o):
-            used = {"instruction": i, "output": o}
-            used.update({k: cols.get(k, k) for k in ("input", "system", "history") if _has(rows, cols.get(k, k))})
-            return Detected("alpaca", tuple(sorted(used.items())), detected=asked == "auto")
-        if asked != "auto":
-            raise FormatError(f"dataset.format=alpaca: needs columns '{i}' and '{o}'; columns found: "
-                              f"{', '.join(found)}", field="dataset.columns",
-                              fix="set dataset.columns.instruction and dataset.columns.output")
-    if asked in ("auto", "text"):
-        t = cols.get("text", "text")
-        if _present(rows, t):
-            return Detected("text", (("text", t),), detected=asked == "auto")
-        if asked != "auto":
-            raise FormatError(f"dataset.format=text: no column '{t}'; columns found: {', '.join(found)}",
-                              field="dataset.columns", fix="set dataset.columns.text to the text column")
+    for formats, detector in _DETECTORS:
+        if asked == "auto" or asked in formats:
+            hit = detector(rows, fmt.column_map, asked, found)
+            if hit is not None:
+                return hit
     raise FormatError(
         f"cannot tell the dataset's format from its columns ({', '.join(found) or 'none'}): expected a messages/"
         "conversations column, prompt+completion, instruction+output, or text",
