@@ -17,6 +17,7 @@ the estimator read rows through this module too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -391,7 +392,7 @@ def samples(rows: Iterable[dict[str, Any]], fmt: RowFormat, detected: Detected) 
 def dataset_format(dataset: Any, sample_rows: int = 16) -> Detected | None:
     """The format of a DatasetSpec's local file, from its first rows (for the wizard, `runner estimate` and the
     record). None for a hub dataset (the ranks detect it on their first row) or a file that does not read."""
-    from runner.preflight import data_file, read_rows
+    from runner.datafiles import data_file, read_rows
     from runner.spec import resolve_embedded
 
     fmt = RowFormat.from_spec(dataset)
@@ -404,3 +405,12 @@ def dataset_format(dataset: Any, sample_rows: int = 16) -> Detected | None:
         return detect(read_rows(f, sample_rows), fmt)
     except (FormatError, ValueError, OSError):
         return None
+
+
+def is_heldout(row: dict[str, Any], seed: int, fraction: float) -> bool:
+    """Whether a dataset row belongs to the eval share: a hash of its content and the seed, under `fraction`."""
+    if fraction <= 0:
+        return False
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    digest = hashlib.sha256(f"{seed}\0{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction

@@ -14,28 +14,19 @@ over every rank, and early stopping. Both engines call `Evaluator`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from runner.formats import is_heldout  # noqa: F401 - the held-out rule, kept with the row formats
+
 if TYPE_CHECKING:
     from runner.events import EventWriter
     from runner.spec import RunSpec
 
 EVAL_METHOD = "sft_eval_sums"
-
-
-def is_heldout(row: dict[str, Any], seed: int, fraction: float) -> bool:
-    """Whether a dataset row belongs to the eval share: a hash of its content and the seed, under `fraction`."""
-    if fraction <= 0:
-        return False
-    text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
-    digest = hashlib.sha256(f"{seed}\0{text}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def has_eval(spec: RunSpec) -> bool:

@@ -71,7 +71,7 @@ def bfd_layout(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, in
 def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: Any = None,
              buffer_blocks: int = BFD_BUFFER_BLOCKS) -> Iterator[Any]:
     """data.pack's contract with the bfd strategy: PackedBlocks carrying what the stream consumed for them."""
-    from runner.train.data import make_block
+    from runner.train.blocks import make_block
 
     docs: list[tuple[list[int], list[bool]]] = []
     buffered = 0

@@ -133,7 +133,7 @@ def test_eval_metrics_in_the_record(tmp_path):
 
 def _rec(rid, eval_curve):
     return {"id": rid, "status": "succeeded", "spec": {}, "pins": {},
-            "metrics": {"loss_curve": {"0": [[1, 2.0], [2, 1.5]]}, "eval_curve": eval_curve}}
+            "metrics": {"steps": 2, "loss_curve": {"0": [[1, 2.0], [2, 1.5]]}, "eval_curve": eval_curve}}
 
 
 def test_replay_holds_the_eval_curve_to_the_tolerance():

@@ -1,0 +1,73 @@
+"""Packed blocks: exactly seq_len tokens holding whole or split documents, with the signals that keep them apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE = -100
+
+
+
+@dataclass
+class PackedBlock:
+    """One block of exactly seq_len tokens holding whole or split documents, kept apart by these signals."""
+
+    input_ids: torch.Tensor  # [seq_len] long
+    labels: torch.Tensor  # [seq_len] long; -100 on prompts, padding and each segment's first token
+    position_ids: torch.Tensor  # [seq_len] long; restarts at 0 in every segment
+    seq_idx: torch.Tensor  # [seq_len] int32; segment index per token (gated-delta / linear-attention layers)
+    cu_seqlens: torch.Tensor  # [segments + 1] int32; segment boundaries (varlen attention)
+    max_len: int
+    real_tokens: int  # tokens that are not padding
+    # What the stream consumed to produce this block, so statistics add up wherever the block was built
+    # (a DataLoader worker's counters never reach the training process otherwise).
+    examples: int = 0
+    skipped_no_assistant: int = 0
+    split_documents: int = 0
+
+    @property
+    def target_tokens(self) -> int:
+        # A label at t is the target of the prediction made at t-1: count labels after the first position.
+        return int((self.labels[1:] != IGNORE).sum())
+
+    def pin_memory(self) -> PackedBlock:
+        for name in ("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens"):
+            setattr(self, name, getattr(self, name).pin_memory())
+        return self
+
+
+def make_block(ids: list[int], mask: list[bool], starts: list[int], seq_len: int, pad_id: int) -> PackedBlock:
+    """Build one block from ids (≤ seq_len, padded here), their loss mask and the offsets where documents begin."""
+    real = len(ids)
+    if real > seq_len or len(mask) != real:
+        raise ValueError(f"a block takes at most {seq_len} ids with one mask flag each, got {real} ids and "
+                         f"{len(mask)} flags")
+    pad = seq_len - real
+    ids_t = torch.tensor(ids + [pad_id] * pad, dtype=torch.long)
+    labels = ids_t.clone()
+    labels[~torch.tensor(mask + [False] * pad, dtype=torch.bool)] = IGNORE
+    bounds = [0, *sorted({s for s in starts if 0 < s < real}), real] if real else [0]
+    if pad:
+        bounds.append(seq_len)  # padding is its own segment, so it attends only to itself
+    position_ids = torch.empty(seq_len, dtype=torch.long)
+    seq_idx = torch.empty(seq_len, dtype=torch.int32)
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        position_ids[a:b] = torch.arange(b - a)
+        seq_idx[a:b] = i
+        labels[a] = IGNORE  # its causal target would come from the previous segment
+    return PackedBlock(
+        input_ids=ids_t,
+        labels=labels,
+        position_ids=position_ids,
+        seq_idx=seq_idx,
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+        max_len=max(b - a for a, b in zip(bounds[:-1], bounds[1:])),
+        real_tokens=real,
+    )
+
+
+def empty_block(seq_len: int, pad_id: int) -> PackedBlock:
+    """An all-masked block: a rank that ran out feeds it so collectives stay matched; it adds no loss."""
+    return make_block([], [], [], seq_len, pad_id)
