@@ -263,6 +263,15 @@ def _print_estimate(spec: Any, est: Any) -> None:
                   f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
                   f"{est.flops_per_step:.3g} FLOP/step, "
                   + (f"HFU {est.hfu_assumed:.2f} assumed)" if est.device == "cuda" else f"{est.hfu_source})"))
+    if est.dataset_format:
+        from rich.markup import escape
+
+        console.print(f"data: {escape(est.dataset_format['summary'])}")
+    if est.packing:
+        p = est.packing
+        console.print(f"packing ({p['strategy']}, {p['sampled_rows']:,} sampled rows): "
+                      f"{p['packing_efficiency']:.1%} of each block is real tokens, {p['split_documents']:,} of "
+                      f"{p['documents']:,} conversations split across blocks")
     if est.suggestion:
         console.print(f"suggestion: {est.suggestion}")
     if est.approximate_reason:

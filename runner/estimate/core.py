@@ -86,7 +86,13 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     tokens = tokens_per_step(spec, plan.world, doc_len)
     flops, attn_flops = flops_per_step(plan, doc_len, tokens)
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
-    steps = planned_steps(spec, data, tokens, plan.world)
+    packing = None
+    if t.packing and data.lengths:
+        from runner.train.packing import packing_preview
+
+        packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),
+                   "sampled_rows": len(data.lengths)}
+    steps = planned_steps(spec, data, tokens, plan.world, packing and packing.get("packing_efficiency"))
     if steps is None:
         reasons.append("dataset size unknown offline: set train.max_steps for a total time")
     if data.source and t.max_steps is None:
@@ -119,4 +125,5 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,
+        dataset_format=data.row_format, packing=packing,
     )

@@ -19,6 +19,10 @@ class DataSize:
     tokens: int | None
     avg_tokens: float | None
     source: str
+    lengths: tuple[int, ...] = ()
+    """Tokens of each sampled row, in file order (what the packing preview packs)."""
+    row_format: dict[str, Any] | None = None
+    """The rows' format as runner.formats detects it (format, variant, columns, detected)."""
 
 
 def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
@@ -26,15 +30,17 @@ def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
     if d.path:
         from runner.spec import resolve_embedded
 
-        return _local_size(str(resolve_embedded(d.path)), d.messages_field, str(loaded.config_dir or ""))
+        from runner.formats import RowFormat
+
+        return _local_size(str(resolve_embedded(d.path)), RowFormat.from_spec(d), str(loaded.config_dir or ""))
     known = KNOWN_DATASETS.get((d.id or "", d.split))
     if known:
         return DataSize(known["rows"], known["tokens"], known["tokens"] / known["rows"], known["source"])
     return DataSize(None, None, None, "")
 
 
-@functools.lru_cache(maxsize=16)
-def _local_size(path: str, field_name: str, model_dir: str) -> DataSize:
+def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
+    """The first rows of each local data file (a sample) and the number of rows in all of them."""
     p = Path(path)
     files = sorted(x for x in p.rglob("*") if x.suffix in (".jsonl", ".json", ".parquet")) if p.is_dir() else [p]
     rows: list[dict[str, Any]] = []
@@ -64,33 +70,49 @@ def _local_size(path: str, field_name: str, model_dir: str) -> DataSize:
                 rows += meta.read_row_group(0).slice(0, DATASET_SAMPLE_ROWS).to_pylist()
         except Exception:
             continue
+    return rows, n_rows
+
+
+@functools.lru_cache(maxsize=16)
+def _local_size(path: str, row_format: Any, model_dir: str) -> DataSize:
+    rows, n_rows = _sample_rows(path)
     if not rows or not n_rows:
         return DataSize(None, None, None, "")
+    from runner.formats import FormatError, detect, row_texts
+
+    try:
+        found = detect(rows[:16], row_format)
+        detected: dict[str, Any] | None = {**found.to_dict(), "summary": found.describe()}
+    except FormatError:
+        detected = None
     texts: list[str] = []
-    messages = 0
-    for r in rows:
-        conv = r.get(field_name) if isinstance(r, dict) else None
-        if isinstance(conv, list):
-            for m in conv:
-                if isinstance(m, dict):
-                    texts.append(str(m.get("content") or ""))
-                    messages += 1
+    owner: list[int] = []  # the row of each text piece
+    turns = [0] * len(rows)
+    for i, r in enumerate(rows):
+        pieces, turns[i] = row_texts(r, row_format) if isinstance(r, dict) else ([], 0)
+        texts += pieces
+        owner += [i] * len(pieces)
     if not texts:
-        return DataSize(n_rows, None, None, "")
-    tokens, how = _count_tokens(texts, model_dir)
-    per_row = (tokens + TEMPLATE_TOKENS_PER_MESSAGE * messages) / len(rows)
-    return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows")
+        return DataSize(n_rows, None, None, "", row_format=detected)
+    counts, how = _count_tokens(texts, model_dir)
+    lengths = [TEMPLATE_TOKENS_PER_MESSAGE * n for n in turns]
+    for i, n in zip(owner, counts):
+        lengths[i] += n
+    per_row = sum(lengths) / len(rows)
+    return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows",
+                    tuple(n for n in lengths if n), detected)
 
 
-def _count_tokens(texts: list[str], model_dir: str) -> tuple[int, str]:
+def _count_tokens(texts: list[str], model_dir: str) -> tuple[list[int], str]:
+    """Tokens of each text: with the model's tokenizer when its folder has one, else 4 characters a token."""
     tok_file = Path(model_dir) / "tokenizer.json" if model_dir else None
     if tok_file and tok_file.is_file():
         try:
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(str(tok_file))
-            return sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)), "model tokenizer"
+            return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)], "model tokenizer"
         except Exception:
             pass
-    return int(sum(len(x) for x in texts) / CHARS_PER_TOKEN), "chars/4"
+    return [int(len(x) / CHARS_PER_TOKEN) for x in texts], "chars/4"
 

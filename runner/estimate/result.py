@@ -69,6 +69,12 @@ class Estimate:
     approximate_scope: str = ""
     """Why the estimate is outside what was measured (model family, GPU type or number of ranks), or "" inside."""
 
+    dataset_format: dict[str, Any] | None = None
+    """The rows' format as detected (or set by dataset.format) on a sample of a local file; None for hub data."""
+    packing: dict[str, Any] | None = None
+    """Packing the sampled rows by train.packing_strategy: blocks, packing_efficiency (real tokens per block
+    token), split_documents, sampled_rows; None when not packing or without a local sample."""
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -73,13 +73,18 @@ def tokens_per_step(spec: RunSpec, world: int, doc_len: int) -> int:
     return min(doc_len, t.seq_len) * per_rank_seqs * world
 
 
-def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int) -> int | None:
-    """train.max_steps, else the steps of train.epochs over the dataset; None when its size is unknown."""
+def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
+                  packing_efficiency: float | None = None) -> int | None:
+    """train.max_steps, else the steps of train.epochs over the dataset; None when its size is unknown.
+
+    Packed, the blocks hold `packing_efficiency` real tokens per block token (bfd leaves room at block ends) and
+    the eval share of the rows (dataset.eval_fraction) never trains."""
     t = spec.train
     if t.max_steps is not None:
         return t.max_steps
     if (spec.engine == "native" or t.packing) and data.tokens:
-        return max(1, math.ceil(data.tokens * t.epochs / tokens))
+        trained = data.tokens * (1.0 - spec.dataset.eval_fraction) * t.epochs
+        return max(1, math.ceil(trained / (tokens * (packing_efficiency or 1.0))))
     if not (spec.engine == "native" or t.packing) and data.rows:
         return max(1, math.ceil(data.rows * t.epochs / (t.micro_batch * t.grad_accum * world)))
     return None
