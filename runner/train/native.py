@@ -192,12 +192,115 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "pass_boundaries": pass_boundaries, "info": info}
 
 
+def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rt: Runtime,
+            blocks: Iterator[PackedBlock], stats: PackStats, evaluator: Any,
+            events: EventWriter) -> tuple[int, int, str]:
+    """Load the latest checkpoint and replay the blocks it had consumed: (step, blocks consumed, checkpoint)."""
+    from runner.train import checkpoint as ckpt
+
+    path = ckpt.latest_checkpoint(run_dir)
+    if path is None:
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {ckpt.checkpoints_root(run_dir)}")
+    saved = ckpt.load(path, model, opt, rt.rank, rt.world_size, rt.device)
+    step = saved["step"]
+    blocks_consumed = 0
+    # The stream is deterministic: replaying the consumed blocks also rebuilds the data statistics.
+    for block in itertools.islice(blocks, saved["blocks_consumed"]):
+        stats.add(block)
+        blocks_consumed += 1
+    if evaluator is not None:
+        from runner.events import read_events
+
+        evaluator.restore(read_events(Path(events._f.name)), step)
+    events.resume(step=step, checkpoint=str(path), blocks_consumed=blocks_consumed)
+    return step, blocks_consumed, str(path)
+
+
+def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int, pad_id: int,
+          stats: PackStats) -> tuple[list[list[PackedBlock]], int, int]:
+    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, blocks drawn). A rank that
+    ran out feeds empty blocks, so its collectives still match its peers'."""
+    micro: list[list[PackedBlock]] = []
+    ran_out = drawn = 0
+    for _ in range(grad_accum):
+        group = []
+        for _ in range(micro_batch):
+            block = next(blocks, None)
+            if block is None:
+                ran_out = 1
+                block = empty_block(seq_len, pad_id)
+            else:
+                drawn += 1
+                stats.add(block)
+            group.append(block)
+        micro.append(group)
+    return micro, ran_out, drawn
+
+
+def _batches(micro: list[list[PackedBlock]], pass_boundaries: bool,
+             device: str) -> tuple[list[dict[str, Any]], float]:
+    """Each micro-batch collated and on the device, without the boundary tensors where the model takes none; and
+    the seconds that took (part of the step's data time)."""
+    start = time.perf_counter()
+    batches = []
+    for group in micro:
+        batch = collate(group)
+        if not pass_boundaries:
+            batch.pop("cu_seqlens")
+            batch.pop("seq_idx")
+        batches.append(to_device(batch, device))
+    return batches, time.perf_counter() - start
+
+
+def _set_lr(opt: torch.optim.Optimizer, lr: float) -> float:
+    for group in opt.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def _checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rt: Runtime,
+                blocks_consumed: int, control: Any, events: EventWriter) -> int:
+    """Save a checkpoint of this step (every rank takes part) and say so; returns the step saved."""
+    from runner.train import checkpoint as ckpt
+
+    ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device, {"blocks_consumed": blocks_consumed},
+              group=control)
+    events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
+    return step
+
+
+def _freeze_gc_after_compiling(steps_done: int) -> None:
+    if steps_done == GC_FREEZE_AFTER_STEPS:
+        # Compiled by now (the first step compiles, the second recompiles for a new number of documents): what
+        # lives now lives to the end, and the collector need not walk it again.
+        gc.collect()
+        gc.freeze()
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[PackedBlock]], loss_sum: torch.Tensor,
+              n_targets: int, rank_targets: int, lr: float, grad_norm: Any, step_tokens: int, step_s: float,
+              data_s: float) -> float:
+    """The step's event line: this rank's loss (null without targets) and the global loss; returns the latter."""
+    global_loss = loss_sum.detach().double()
+    local = float(global_loss.item())
+    dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
+    loss = float(global_loss.item()) / n_targets
+    events.step(step=step, loss=local / rank_targets if rank_targets else None, lr=lr, grad_norm=float(grad_norm),
+                tokens=step_tokens, step_s=round(step_s, 6), mem_gib=rt.mem_gib(), global_loss=loss,
+                target_tokens=rank_targets, data_s=round(data_s, 6),
+                doc_len_sq=sum(segment_len_sq(b) for g in micro for b in g))
+    return loss
+
+
 def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
           resume: bool = False) -> dict[str, Any]:
     """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from runner.train import checkpoint as ckpt
     from runner.train.evaluation import Evaluator
     from runner.train.export import export
 
@@ -211,59 +314,21 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     stats = PackStats()
     blocks = block_iterator(spec, tokenizer, rt.rank, rt.world_size, rt.device)
     evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, parts["pass_boundaries"])
-    evaluated_at, stopped_early = None, None
-    pad_id = tokenizer.pad_token_id
-    total_steps = t.max_steps
-    step = 0
-    blocks_consumed = 0
-    resumed_from = None
-    if resume:
-        path = ckpt.latest_checkpoint(run_dir)
-        if path is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {ckpt.checkpoints_root(run_dir)}")
-        saved = ckpt.load(path, model, opt, rt.rank, rt.world_size, rt.device)
-        step = saved["step"]
-        # The stream is deterministic: replaying the consumed blocks also rebuilds the data statistics.
-        for block in itertools.islice(blocks, saved["blocks_consumed"]):
-            stats.add(block)
-            blocks_consumed += 1
-        resumed_from = str(path)
-        if evaluator is not None:
-            from runner.events import read_events
-
-            evaluator.restore(read_events(Path(events._f.name)), step)
-        events.resume(step=step, checkpoint=resumed_from, blocks_consumed=blocks_consumed)
+    evaluated_at, stopped_early, pad_id, total_steps = None, None, tokenizer.pad_token_id, t.max_steps
+    step, blocks_consumed, resumed_from = \
+        _resume(run_dir, model, opt, rt, blocks, stats, evaluator, events) if resume else (0, 0, None)
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
-                 resumed_from=resumed_from)
+                       resumed_from=resumed_from)
 
-    def save_checkpoint(at_blocks: int) -> None:
-        ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device,
-                  {"blocks_consumed": at_blocks}, group=control)
-        events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
-
-    tokens_total = 0
-    last_loss = None
+    tokens_total, last_loss, cancelled = 0, None, False
     last_saved = step if resumed_from else None
-    cancelled = False
     first_step = step  # where this process started (a resumed run starts past 0)
     loop_start = time.perf_counter()
     while total_steps is None or step < total_steps:
         step_start = time.perf_counter()
         consumed_before = blocks_consumed
-        micro: list[list[PackedBlock]] = []
-        ran_out = 0
-        for _ in range(t.grad_accum):
-            group = []
-            for _ in range(t.micro_batch):
-                block = next(blocks, None)
-                if block is None:
-                    ran_out = 1
-                    block = empty_block(t.seq_len, pad_id)
-                else:
-                    blocks_consumed += 1
-                    stats.add(block)
-                group.append(block)
-            micro.append(group)
+        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id, stats)
+        blocks_consumed += drawn
         data_s = time.perf_counter() - step_start
         rank_targets = sum(b.target_tokens for g in micro for b in g)
         (ran_out_any, cancel_any), n_targets = _agree([ran_out, int(rt.stop_requested)], rank_targets, control)
@@ -274,63 +339,39 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
             continue
 
-        lr = lr_at(spec, step + 1, total_steps)
-        for group_ in opt.param_groups:
-            group_["lr"] = lr
-        batches = []
-        collate_start = time.perf_counter()
-        for group in micro:
-            batch = collate(group)
-            if not parts["pass_boundaries"]:
-                batch.pop("cu_seqlens")
-                batch.pop("seq_idx")
-            batches.append(to_device(batch, rt.device))
-        data_s += time.perf_counter() - collate_start
+        lr = _set_lr(opt, lr_at(spec, step + 1, total_steps))
+        batches, collate_s = _batches(micro, parts["pass_boundaries"], rt.device)
+        data_s += collate_s
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm)
         step += 1
-        # Compiled by now: the first step compiles, the second recompiles for a new number of documents.
-        if step - first_step == GC_FREEZE_AFTER_STEPS:
-            gc.collect()
-            gc.freeze()
+        _freeze_gc_after_compiling(step - first_step)
         step_tokens = sum(b.real_tokens for g in micro for b in g)
         tokens_total += step_tokens
 
         last_step = ran_out_any or (total_steps is not None and step >= total_steps)
         if step % t.log_every == 0 or last_step:
-            global_loss = loss_sum_t.detach().double()
-            local = float(global_loss.item())
-            dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
-            last_loss = float(global_loss.item()) / n_targets
-            events.step(step=step, loss=local / rank_targets if rank_targets else None, lr=lr,
-                        grad_norm=float(grad_norm), tokens=step_tokens,
-                        step_s=round(time.perf_counter() - step_start, 6), mem_gib=rt.mem_gib(),
-                        global_loss=last_loss, target_tokens=rank_targets, data_s=round(data_s, 6),
-                        doc_len_sq=sum(segment_len_sq(b) for g in micro for b in g))
+            last_loss = _log_step(events, rt, step, micro, loss_sum_t, n_targets, rank_targets, lr, grad_norm,
+                                  step_tokens, time.perf_counter() - step_start, data_s)
         if evaluator is not None and evaluator.due(step):
             evaluated_at = step
             if evaluator.run(model, step, events)["stop"]:
                 stopped_early = step  # every rank has the same eval loss: all stop here
                 last_step = True
         if t.checkpoint_every and step % t.checkpoint_every == 0 and not last_step:
-            save_checkpoint(blocks_consumed)
-            last_saved = step
+            last_saved = _checkpoint(run_dir, step, model, opt, rt, blocks_consumed, control, events)
         if ran_out_any or stopped_early:
             break
 
     if t.checkpoint_every and last_saved != step and step > 0:
-        save_checkpoint(blocks_consumed)
+        _checkpoint(run_dir, step, model, opt, rt, blocks_consumed, control, events)
     rt.synchronize()
     elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)
     if evaluator is not None and not cancelled and step > 0 and evaluated_at != step:
         evaluator.run(model, step, events)
-    exported = None
-    if not cancelled and spec.output.save != "none":
-        exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank)
-    summary: dict[str, Any] = {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3),
-                               "final_loss": last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
-                               "reason": "cancelled" if cancelled else "done",
-                               "fsdp_sharded": isinstance(model, FSDPModule), "stopped_early": stopped_early}
-    if exported is not None:
-        summary["export"] = exported
-    return summary
+    exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank) \
+        if not cancelled and spec.output.save != "none" else None
+    return {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3), "final_loss": last_loss,
+            "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(), "reason": "cancelled" if cancelled else "done",
+            "fsdp_sharded": _is_fsdp(model), "stopped_early": stopped_early,
+            **({"export": exported} if exported is not None else {})}

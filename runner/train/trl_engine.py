@@ -38,14 +38,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.errors import Problem, SpecError, UserError
+from runner.errors import Problem, SpecError
 from runner.events import EventWriter, read_events
-from runner.spec import RunSpec, resolve_embedded
+from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
-from runner.train.data import PackedBlock, PackStats, empty_block, has_generation_markers
+from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
+from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
+    CountingCollator,
+    EpochOrder,
+    RankLoader,
+    block_row,
+    collator_passes_boundaries,
+    equalise_rows,
+    rank_dataset,
+    rank_rows,
+)
 
 MXFP4 = "mxfp4"
 
@@ -146,113 +156,6 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.M
         model_mod.disable_cache(model)
         return model
     return model_mod.load_model(spec, attn, seed=spec.train.seed, device=device)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: this rank's blocks, the same tokens and targets as the native engine
-
-
-def block_row(block: PackedBlock) -> dict[str, Any]:
-    """A block as TRL's padding-free collator takes it: ids, labels (-100 off target) and segment lengths."""
-    return {"input_ids": block.input_ids.tolist(), "labels": block.labels.tolist(),
-            "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens}
-
-
-def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> list[dict[str, Any]]:
-    """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps."""
-    from runner.formats import RowFormat
-    from runner.train.data import BlockStream, DataSource
-
-    d, t = spec.dataset, spec.train
-    source = DataSource(path=resolve_embedded(d.path) if d.path else None, dataset_id=d.id, revision=d.revision,
-                        split=d.split, messages_field=d.messages_field, seq_len=t.seq_len,
-                        pad_id=tokenizer.pad_token_id, packing=t.packing, seed=t.seed,
-                        epochs=1.0 if t.max_steps is not None else t.epochs, packing_strategy=t.packing_strategy,
-                        eval_fraction=d.eval_fraction, row_format=RowFormat.from_spec(d))
-    rows = []
-    for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
-        stats.add(block)
-        rows.append(block_row(block))
-    return rows
-
-
-def equalise_rows(rows: list[dict[str, Any]], seq_len: int, pad_id: int, device: str) -> int:
-    """Pad every rank to the same number of rows with all-masked blocks, so every rank runs the same steps."""
-    count = torch.tensor([len(rows)], dtype=torch.int64, device=device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    target = int(count.item())
-    while len(rows) < target:
-        rows.append(block_row(empty_block(seq_len, pad_id)))
-    return target
-
-
-class EpochOrder(torch.utils.data.Sampler):
-    """The shard's stream order in the first pass; a seeded permutation of it in each later one."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        if self.epoch == 0:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
-
-
-class RankLoader(torch.utils.data.DataLoader):
-    """This rank's rows in order. The trainer uses it as is: accelerate must not shard it a second time.
-
-    `wait_s` accumulates the time the trainer spent waiting for batches (collation included): the step events'
-    data_s, as the native engine reports it."""
-
-    wait_s = 0.0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Any:
-        batches = super().__iter__()
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            self.wait_s += time.perf_counter() - start
-            yield batch
-
-
-class CountingCollator:
-    """TRL's padding-free collator plus the batch's real-token count (popped again before the forward)."""
-
-    def __init__(self, pad_token_id: int):
-        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
-        self.inner = DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)
-
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        keep = ("input_ids", "labels", "seq_lengths")
-        batch = self.inner([{k: ex[k] for k in keep} for ex in examples])
-        batch["real_tokens"] = sum(int(ex["real_tokens"]) for ex in examples)
-        # Σ document length² of the batch: the attention FLOPs of MFU, as the native engine reports them.
-        batch["doc_len_sq"] = sum(int(n) ** 2 for ex in examples for n in ex["seq_lengths"])
-        return batch
-
-
-def collator_passes_boundaries() -> bool:
-    """Whether this TRL's padding-free collator gives the model the document boundaries (cu_seq_lens_q, seq_idx)
-    that gated-delta layers need to restart per document, not only position_ids."""
-    from runner.train.data import make_block
-
-    block = make_block([5, 6, 7, 8], [False, True, False, True], [0, 2], 4, 0)
-    batch = CountingCollator(0)([block_row(block)])
-    return "cu_seq_lens_q" in batch and "seq_idx" in batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,8 +464,6 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     resume: continue from the latest trainer checkpoint under run_dir/checkpoints (model, optimizer, scheduler,
     RNG and data position).
     """
-    from datasets import Dataset
-
     from runner.train.model import DTYPES, load_config, load_tokenizer
 
     t = spec.train
@@ -585,16 +486,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                                              torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
 
     stats = PackStats()
-    rows = rank_rows(spec, tokenizer, rt, stats)
-    own_rows = len(rows)
-    n_rows = equalise_rows(rows, t.seq_len, tokenizer.pad_token_id, rt.device)
-    if n_rows == 0:
-        raise UserError(f"dataset {spec.dataset.path or spec.dataset.id}: no example with an assistant turn on any "
-                        f"rank (split {spec.dataset.split!r}, field {spec.dataset.messages_field!r})")
-    dataset = Dataset.from_list(rows)
-    loader = RankLoader(dataset, batch_size=t.micro_batch, sampler=EpochOrder(n_rows, t.seed),
-                        collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
-                        pin_memory=rt.device == "cuda")
+    dataset, loader, own_rows, n_rows = rank_dataset(spec, tokenizer, rt, stats)
 
     fsdp = fsdp_settings(model, spec) if wrapped else None
     if fsdp is None and bf16:
@@ -614,15 +506,13 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     trainer_ref.append(trainer)
 
     n_trainable = trainable_params(model)
-    data_mode = ("packed: exact seq_len blocks" if t.packing else "one document per block") + \
-        " (runner.train.data), TRL padding-free collator"
     begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
                  model_type=getattr(config, "model_type", None), init=spec.model.init,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  attn=attn, attn_reason=attn_reason, packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
-                 packing_mechanism=packing_mechanism,
-                 liger_kernels=liger, loss_impl="trl fused lm head",
-                 packing=data_mode,
+                 packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
+                 packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
+                 + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
@@ -630,7 +520,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     events.train_begin(**begin)
     if rt.rank == 0:
         print(f"[trl] params {n_params:,}, trainable params {n_trainable:,} "
-              f"({100 * n_trainable / max(1, n_params):.4f}%); attn {attn}; {data_mode}; fsdp {begin['fsdp']}",
+              f"({100 * n_trainable / max(1, n_params):.4f}%); attn {attn}; {begin['packing']}; fsdp {begin['fsdp']}",
               flush=True)
 
     start = time.perf_counter()
@@ -640,15 +530,21 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     step = int(trainer.state.global_step)
     if evaluator is not None and not callback.cancelled and step > 0 and callback.evaluated_at != step:
         callback.evaluate(step)
-    from torch.distributed.tensor import DTensor
-
-    sharded = any(isinstance(p, DTensor) for p in trainer.model.parameters())
     exported = None if callback.cancelled else export(trainer, spec, rt, run_dir, tokenizer)
-    summary: dict[str, Any] = {
-        "steps": int(trainer.state.global_step), "tokens": callback.tokens_total, "train_s": round(elapsed, 3),
-        "final_loss": callback.last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
-        "reason": "cancelled" if callback.cancelled else "done", "params": n_params, "trainable_params": n_trainable,
-        "fsdp_sharded": sharded, "stopped_early": callback.stopped_early}
+    summary = _summary(trainer, callback, rt, stats, elapsed, n_params, n_trainable)
     if exported is not None:
         summary["export"] = exported
     return summary
+
+
+def _summary(trainer: Any, callback: Any, rt: Runtime, stats: PackStats, elapsed: float, n_params: int,
+             n_trainable: int) -> dict[str, Any]:
+    """The rank's end-event summary, as the native engine reports it."""
+    from torch.distributed.tensor import DTensor
+
+    return {"steps": int(trainer.state.global_step), "tokens": callback.tokens_total, "train_s": round(elapsed, 3),
+            "final_loss": callback.last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
+            "reason": "cancelled" if callback.cancelled else "done", "params": n_params,
+            "trainable_params": n_trainable,
+            "fsdp_sharded": any(isinstance(p, DTensor) for p in trainer.model.parameters()),
+            "stopped_early": callback.stopped_early}
