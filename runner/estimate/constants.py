@@ -155,14 +155,15 @@ recompute and in backward, where FSDP2 copied each layer once per pass): its H20
 on the 32k rows of the same commands plain: 0.919 s at 1.72B (bench-1p7b-32k-plain; 0.821-0.852 wrapped) and
 2.074 s at 4.02B (bench-4b-32k-plain; 1.939 wrapped)."""
 CPU_RANK_GFLOPS = 25.0
-CPU_STEP_OVERHEAD_S = 0.04
+CPU_STEP_OVERHEAD_S = 0.06
 """A CPU rank runs one thread (runner/launch.py sets OMP_NUM_THREADS=1): hardware FLOPs at this rate per rank, up to
-one rank per core, plus this per-step overhead (gloo collectives, Python). Fitted on the embedded demo
-(`runner run tiny-cpu`, 3.0e9 hardware FLOPs a step): ~0.10 s a step on a quiet 2-core machine (15 s for 150
-steps, README), and on this 2-core machine shared with other work (load 7.7) 0.36-0.38 s at 512 tokens and
-2.3-2.6 s at 2,048 (31.4e9 FLOPs), whose slope and intercept, scaled by the same 3.7× slowdown, give these two.
-Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a run by as much as it takes."""
-SETUP_BASE_S = {"cuda": 90.0, "cpu": 10.0}
+one rank per core, plus this per-step overhead (gloo collectives, Python). The slope was fitted on a 2-core machine
+shared with other work (load 7.7: 0.36-0.38 s a step at 512 tokens and 2.3-2.6 s at 2,048, 31.4e9 FLOPs, scaled by
+the 3.7× slowdown of the 512-token point); the overhead on the embedded demo (`runner run tiny-cpu`, 3.0e9 hardware
+FLOPs a step, whole conversations packed by bfd) on a quiet 2-core machine: median 0.121 s a step, 20.6 s for 150
+steps, 34 s for the whole command. Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a
+run by as much as it takes."""
+SETUP_BASE_S = {"cuda": 90.0, "cpu": 13.0}
 """Launch, imports, process group, tokenizer and first data before step 1."""
 LOAD_GB_PER_S = 1.5
 """Reading a checkpoint from local disk / page cache into every rank of a node (each rank loads it all)."""
