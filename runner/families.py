@@ -88,6 +88,11 @@ class Family:
     """RMSNorm multiplies by its weight in fp32 before casting back (`(x * w).to(bf16)`)."""
     liger: bool = False
     """liger-kernel has layer kernels (RMSNorm, RoPE, SwiGLU) for it that TRL applies."""
+    expert_intermediates: int = 4
+    """Expert-intermediate-sized tensors an MoE layer keeps per routed token for backward, in units of the expert
+    width. SwiGLU experts (qwen3_moe, mixtral): the gate/up output (2), silu's output and the product. gpt-oss's
+    clamped SwiGLU with bias: the gate/up output (2), the clamped gate, its sigmoid, up + 1, their product and the
+    down projection's input (7). The estimator's activation count reads it."""
     counted_exactly: bool = False
     """runner.catalog counts its parameters and layers exactly (checked against transformers' modules)."""
     known: bool = True
@@ -152,7 +157,7 @@ _REGISTRY: tuple[Family, ...] = (
     _f("glm4", "Glm4DecoderLayer"),
     _f("gpt_oss", "GptOssDecoderLayer", moe=True, sliding_window=True, attention_sinks=True,
        attention_paths=(FLEX, EAGER), mlp_proj=(), expert_tensors=FUSED_EXPERTS, expert_bias=True,
-       fp32_norm_product=True, counted_exactly=True),
+       fp32_norm_product=True, expert_intermediates=7, counted_exactly=True),
     _f("deepseek_v3", "DeepseekV3DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     _f("deepseek_v2", "DeepseekV2DecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS, **_MLA),
     *(_f(t, "", recurrent=STATE_SPACE, attention_paths=())

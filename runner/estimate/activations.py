@@ -8,7 +8,6 @@ from runner.estimate.constants import (
     ACTIVATION_CALIBRATION,
     GDN_CHUNK,
     GDN_TORCH_PATH_BYTES,
-    MOE_ROUTE_INTERMEDIATES,
     NORM_UPCAST_BYTES,
 )
 
@@ -73,7 +72,8 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
         n += b * arch.num_experts  # router logits
         # Per route: the gathered input, the expert intermediates and the expert output the routing weight
         # multiplies (transformers' grouped_mm experts path).
-        n += k * b * (MOE_ROUTE_INTERMEDIATES.get(arch.model_type, 4) * e_im + 2 * h)
+        fam = family(arch.model_type)
+        n += k * b * ((fam.expert_intermediates if fam is not None else 4) * e_im + 2 * h)
         if arch.shared_expert_intermediate:
             n += 4 * b * arch.shared_expert_intermediate + 2 * b
     else:

@@ -52,11 +52,6 @@ The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) 
 engine, and its extra has not been traced."""
 NORM_UPCAST_BYTES = 4
 """HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
-MOE_ROUTE_INTERMEDIATES: dict[str, int] = {"gpt_oss": 7}
-"""Expert-intermediate-sized tensors kept per routed token, in units of the expert width (bytes = units × b ×
-width). SwiGLU experts (qwen3_moe, mixtral, the default 4): the gate/up projection output (2), silu's output and
-the product. gpt-oss's clamped SwiGLU with bias: the gate/up output (2), the clamped gate, its sigmoid,
-up + 1, their product and the down projection's input (7)."""
 GDN_TORCH_PATH_BYTES = 80.0
 """Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
 value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule
