@@ -71,3 +71,12 @@ def make_block(ids: list[int], mask: list[bool], starts: list[int], seq_len: int
 def empty_block(seq_len: int, pad_id: int) -> PackedBlock:
     """An all-masked block: a rank that ran out feeds it so collectives stay matched; it adds no loss."""
     return make_block([], [], [], seq_len, pad_id)
+
+
+def carry_counts(block: PackedBlock, pending: dict[str, int]) -> PackedBlock:
+    """Move what the stream consumed since the last block (examples, skipped, split documents) onto this block and
+    zero the counts, so statistics add up wherever the block is built or consumed."""
+    block.examples, block.skipped_no_assistant, block.split_documents = (
+        pending["examples"], pending["skipped_no_assistant"], pending["split_documents"])
+    pending.update(examples=0, skipped_no_assistant=0, split_documents=0)
+    return block

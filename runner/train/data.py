@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from runner.formats import RowFormat, RowReader, Sample
-from runner.train.blocks import IGNORE, PackedBlock, empty_block, make_block  # noqa: F401 - re-exported
+from runner.train.blocks import IGNORE, PackedBlock, carry_counts, empty_block, make_block  # noqa: F401 - re-exported
 Example = tuple[list[int], list[bool]]
 
 
@@ -252,10 +252,7 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
     pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
 
     def emit(ids: list[int], mask: list[bool], st: list[int]) -> PackedBlock:
-        block = make_block(ids, mask, st, seq_len, pad_id)
-        block.examples, block.skipped_no_assistant, block.split_documents = (
-            pending["examples"], pending["skipped_no_assistant"], pending["split_documents"])
-        pending.update(examples=0, skipped_no_assistant=0, split_documents=0)
+        block = carry_counts(make_block(ids, mask, st, seq_len, pad_id), pending)
         if stats is not None:
             stats.add(block)
         return block

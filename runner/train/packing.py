@@ -71,7 +71,7 @@ def bfd_layout(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, in
 def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: Any = None,
              buffer_blocks: int = BFD_BUFFER_BLOCKS) -> Iterator[Any]:
     """data.pack's contract with the bfd strategy: PackedBlocks carrying what the stream consumed for them."""
-    from runner.train.blocks import make_block
+    from runner.train.blocks import carry_counts, make_block
 
     docs: list[tuple[list[int], list[bool]]] = []
     buffered = 0
@@ -88,11 +88,8 @@ def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad
                 starts.append(len(ids))
                 ids.extend(docs[i][0][a:b])
                 mask.extend(docs[i][1][a:b])
-            block = make_block(ids, mask, starts, seq_len, pad_id)
             # The consumed counts ride on the first block of the buffer, so they add up wherever blocks go.
-            block.examples, block.skipped_no_assistant, block.split_documents = (
-                pending["examples"], pending["skipped_no_assistant"], pending["split_documents"])
-            pending.update(examples=0, skipped_no_assistant=0, split_documents=0)
+            block = carry_counts(make_block(ids, mask, starts, seq_len, pad_id), pending)
             if stats is not None:
                 stats.add(block)
             yield block
