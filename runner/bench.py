@@ -30,7 +30,8 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
     return [parse_sweep(s) for s in sweeps]
 
 
-NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false"}
+NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false",
+               "train.recompute_attention": "true"}
 """Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
 the row says so), so one spec can hold the native engine's best settings and still be compared with TRL."""
 
@@ -60,7 +61,8 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     dropped: list[str] = []
     if combo[0] != "engine=native":
         base = load_spec(spec_ref, overrides).to_dict()
-        dropped = [f for f in NATIVE_ONLY if base[f.split(".")[0]][f.split(".")[1]] not in (None, False)]
+        dropped = [f for f in NATIVE_ONLY
+                   if str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
     spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
                                 f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])

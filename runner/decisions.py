@@ -8,6 +8,7 @@ No torch here: what depends on the installed kernels is probed by the engines (r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class Kernels:
     """torch.nn.attention.flex_attention."""
     varlen_window: bool = True
     """torch's varlen_attn takes window_size (sliding-window layers need it)."""
+    fa4: bool = False
+    """flash-attn-4 (its CuTe kernels) on an SM 9.x/10.x GPU: runner.train.fa4."""
 
     @classmethod
     def assumed(cls, device: str) -> Kernels:
@@ -50,9 +53,20 @@ class AttentionChoice:
 
     impl: str
     reason: str
+    kernel: str = ""
+    """The kernel behind varlen attention (`varlen_kernel`); empty for other paths."""
 
     def to_dict(self) -> dict[str, str]:
-        return {"attn": self.impl, "attn_reason": self.reason}
+        out = {"attn": self.impl, "attn_reason": self.reason}
+        if self.kernel:
+            out["attn_kernel"] = self.kernel
+        return out
+
+    def with_kernel(self, requested: str, kernels: Kernels, config: Any) -> AttentionChoice:
+        """This choice with its varlen kernel filled in (model.varlen_kernel `requested`)."""
+        if self.impl != VARLEN:
+            return self
+        return dataclasses.replace(self, kernel=varlen_kernel(requested, kernels, head_dim(config)))
 
 
 def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | None = None,
@@ -113,14 +127,54 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
                                  "block-diagonal mask (slow)")
 
 
+FA4_MAX_HEAD_DIM = 128
+"""flash-attn-4 takes head sizes that are multiples of 8 up to this on every GPU it supports (SM90 goes to 256)."""
+
+TORCH_KERNEL, FA4_KERNEL = "torch", "flash-attn-4"
+
+
+def head_dim(config: Any) -> int | None:
+    """The attention head size of a config (object or config.json dict); None when it cannot be read."""
+    if config is None:
+        return None
+    text = text_config(config)
+    get = text.get if isinstance(text, dict) else (lambda k, d=None: getattr(text, k, d))
+    size = get("head_dim")
+    if not size and get("hidden_size") and get("num_attention_heads"):
+        size = get("hidden_size") // get("num_attention_heads")
+    return int(size) if size else None
+
+
+def varlen_kernel(requested: str, kernels: Kernels, head_dim: int | None) -> str:
+    """The kernel behind varlen attention: flash-attn-4 where it is installed for this GPU and takes the model's
+    head size, else PyTorch's varlen_attn (FlashAttention-2). `requested`: model.varlen_kernel; a request for
+    flash-attn-4 that cannot be met falls back to torch's (preflight says why: `varlen_kernel_refusal`)."""
+    fits = bool(head_dim) and head_dim % 8 == 0 and head_dim <= FA4_MAX_HEAD_DIM
+    if requested != TORCH_KERNEL and kernels.fa4 and fits:
+        return FA4_KERNEL
+    return TORCH_KERNEL
+
+
+def varlen_kernel_refusal(requested: str, kernels: Kernels, head_dim: int | None) -> str | None:
+    """Why model.varlen_kernel=flash-attn-4 cannot be honoured here (None when it can, or was not asked for)."""
+    if requested != FA4_KERNEL or varlen_kernel(requested, kernels, head_dim) == FA4_KERNEL:
+        return None
+    if not kernels.fa4:
+        return ("model.varlen_kernel=flash-attn-4 needs the flash-attn-4 package and an SM 9.x/10.x GPU (H100, "
+                "H200, B200...): install it (pip install flash-attn-4) or set model.varlen_kernel=auto")
+    return (f"model.varlen_kernel=flash-attn-4 takes head sizes that are multiples of 8 up to {FA4_MAX_HEAD_DIM}; "
+            f"this model's is {head_dim}: set model.varlen_kernel=auto")
+
+
 def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None = None) -> AttentionChoice:
     """The attention path a run of `spec` takes on `device`, from the model's config (object or config.json dict)
     alone: what the estimator plans. The engines make the same call with the model class's declared support, which
     the registry's paths already reflect for the families it lists (tests check both agree); `kernels` defaults to
     `Kernels.assumed(device)` (a machine with flash-attn installed picks flash_attention_2 at run time)."""
     t = spec.train
+    kernels = kernels or Kernels.assumed(device)
     return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config,
-                            kernels or Kernels.assumed(device), t.packing)
+                            kernels, t.packing).with_kernel(spec.model.varlen_kernel, kernels, config)
 
 
 def attention_refusal(impl: str, device: str, config: Any = None, supported: Iterable[str] | None = None,

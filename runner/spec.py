@@ -38,6 +38,9 @@ class ModelSpec(_Section):
     """Weight dtype: auto = bfloat16 on GPU, float32 on CPU (CPU runs are exact and reproducible)."""
     attn_implementation: Literal["auto", "varlen", "flex_attention", "sdpa", "eager", "flash_attention_2"] = "auto"
     """Attention backend; auto picks one that keeps packed documents apart (recorded in the run)."""
+    varlen_kernel: Literal["auto", "torch", "flash-attn-4"] = "auto"
+    """Kernel behind varlen attention: auto = flash-attn-4 where it is installed for the GPU (SM 9.x/10.x) and takes
+    the model's head size, else PyTorch's varlen_attn (FlashAttention-2); recorded in the run."""
     loader: Literal["auto", "causal_lm", "image_text_to_text"] = "auto"
     """auto = AutoModelForCausalLM, or the language tower of a VLM-style checkpoint."""
     init: Literal["pretrained", "random"] = "pretrained"
@@ -145,6 +148,10 @@ class TrainSpec(_Section):
     recompute_layers: int | None = Field(None, ge=0)
     """With activation_checkpointing, how many decoder layers (the first ones) recompute in backward; the others
     keep their activations: faster, more memory (`runner estimate` shows how much). None = all (native engine)."""
+    recompute_attention: bool = True
+    """With activation_checkpointing, recomputed layers run attention again in backward; false keeps each recomputed
+    layer's attention output (tokens × heads × head_dim × 2 bytes, and its log-sum-exp) from forward instead (native
+    engine, varlen attention): faster where attention is a large part of the step (long documents), for memory."""
     offload_activations: bool = False
     """With activation_checkpointing, the input each recomputing layer keeps from forward to backward waits in
     pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
@@ -395,7 +402,8 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     for field, is_set, off, trl_says in (
             ("recompute_layers", t.recompute_layers is not None, "null",
              "the trl engine checkpoints every layer or none"),
-            ("offload_activations", t.offload_activations, "false", "the trl engine does not offload activations")):
+            ("offload_activations", t.offload_activations, "false", "the trl engine does not offload activations"),
+            ("recompute_attention", not t.recompute_attention, "true", "the trl engine recomputes whole layers")):
         if not is_set:
             continue
         if not t.activation_checkpointing:

@@ -48,7 +48,9 @@ def varlen_available() -> bool:
 
 
 def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    # The flash-attn package's compiled FA2 extension: flash-attn-4 installs `flash_attn.cute` alone, which
+    # transformers' flash_attention_2 cannot use.
+    return importlib.util.find_spec("flash_attn_2_cuda") is not None
 
 
 def flex_available() -> bool:
@@ -63,8 +65,11 @@ def available_kernels(device: str) -> Kernels:
     """The attention kernels this process can use on `device` (what runner.decisions.choose_attention is given)."""
     cuda = device == "cuda"
     varlen = cuda and varlen_available()
+    from runner.train import fa4
+
     return Kernels(varlen=varlen, flash_attn=cuda and flash_attn_available(), flex=flex_available(),
-                   varlen_window=not varlen or "window_size" in _kernel_params(_torch_varlen_kernel()))
+                   varlen_window=not varlen or "window_size" in _kernel_params(_torch_varlen_kernel()),
+                   fa4=cuda and fa4.available())
 
 
 def supported_attention(model_cls: Any, packed: bool = True) -> set[str] | None:
@@ -102,7 +107,7 @@ def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice,
     supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)
     kernels = available_kernels(device)
     choice = choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, supported, config,
-                              kernels, t.packing)
+                              kernels, t.packing).with_kernel(spec.model.varlen_kernel, kernels, config)
     return choice, attention_refusal(choice.impl, device, config, supported, kernels, t.packing)
 
 
@@ -240,10 +245,19 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     return out[..., :v_dim].reshape(batch, length, heads_q, v_dim), None
 
 
-def register_varlen() -> None:
-    """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now."""
+def register_varlen(kernel: str | None = None) -> None:
+    """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now: "torch"
+    (varlen_attn), "flash-attn-4" (runner.decisions `varlen_kernel` chooses), None = keep the current one."""
     from transformers import AttentionInterface
 
+    from runner.decisions import FA4_KERNEL, TORCH_KERNEL
+
+    if kernel == FA4_KERNEL:
+        from runner.train import fa4
+
+        set_varlen_kernel(fa4.varlen_attn)
+    elif kernel == TORCH_KERNEL:
+        set_varlen_kernel(None)
     if varlen_available():
         _varlen_choice()
     AttentionInterface.register(VARLEN, varlen_attention_forward)

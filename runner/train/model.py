@@ -53,7 +53,7 @@ def load_config(spec: RunSpec) -> Any:
     return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
 
 
-def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu") -> nn.Module:
+def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu", varlen_kernel: str = "") -> nn.Module:
     """The HF model in spec.model.dtype: the checkpoint's weights on CPU, or random ones drawn with `seed`.
 
     Every rank loads the whole model and FSDP keeps its shard (the notebook's way: simple, and fine up to the
@@ -63,7 +63,7 @@ def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu"
     from runner.train.attention import VARLEN, register_varlen
 
     if attn_impl == VARLEN:
-        register_varlen()
+        register_varlen(varlen_kernel or None)
     src, rev = model_source(spec)
     dtype = DTYPES.get(spec.model.dtype, torch.float32)
     config = load_config(spec)
@@ -111,8 +111,31 @@ def text_decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(getattr(base, "language_model", base).layers)
 
 
-def checkpoint_in_compile(layer: nn.Module) -> None:
+def _attention_ops() -> set[Any]:
+    ops = set()
+    for ns, name in (("sft_tui", "fa4_varlen_fwd"), ("torch_attn", "_varlen_attn")):
+        packet = getattr(getattr(torch.ops, ns, None), name, None)
+        if packet is not None:
+            ops.add(packet.default)
+    return ops
+
+
+def keep_attention_context() -> Any:
+    """Selective recompute: the attention kernel's outputs are kept from forward; everything else recomputes."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = _attention_ops()
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) -> None:
     """Make the layer's own forward a checkpoint region, so a later `layer.compile()` sees it.
+
+    `recompute_attention=False` keeps the attention kernel's output from forward (`keep_attention_context`).
 
     Recomputing around a compiled layer (what transformers 5.17's GradientCheckpointingLayer does: checkpoint calls
     the compiled `__call__`) reruns the whole compiled forward in backward, down_proj and the residual adds included,
@@ -123,16 +146,17 @@ def checkpoint_in_compile(layer: nn.Module) -> None:
     which comes to the same; this makes it so on every version.
     """
     forward = layer.forward
+    extra: dict[str, Any] = {} if recompute_attention else {"context_fn": keep_attention_context}
 
     def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
     layer.gradient_checkpointing = False  # transformers' wrapper (outside the compiled region) stays out
     layer.forward = recomputed_forward
 
 
 def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False,
-                     inside_compile: bool = False) -> int:
+                     inside_compile: bool = False, recompute_attention: bool = True) -> int:
     """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
 
     The layers left out keep their activations from forward to backward. With `offload` the recomputed layers'
@@ -152,7 +176,11 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
         layer.gradient_checkpointing = False
     if inside_compile:
         for layer in layers[:keep]:
-            checkpoint_in_compile(layer)
+            checkpoint_in_compile(layer, recompute_attention)
+    elif not recompute_attention and not offload:
+        for layer in layers[:keep]:
+            layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False,
+                                                                   context_fn=keep_attention_context)
     elif offload:
         from runner.train.offload import offloaded_checkpoint
 
@@ -169,7 +197,8 @@ def weights_bf16(model: nn.Module) -> bool:
 
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 compile_layers: bool = False, recompute_layers: int | None = None,
-                offload_activations: bool = False, fsdp_one_rank: bool = False) -> nn.Module:
+                offload_activations: bool = False, fsdp_one_rank: bool = False,
+                recompute_attention: bool = True) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
 
     One rank trains the plain module unless runner.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
@@ -182,7 +211,8 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     offload = offload_activations and device == "cuda"
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
-        enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload)
+        enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,
+                         recompute_attention=recompute_attention)
     world = torch.distributed.get_world_size()
     layers = decoder_layers(model)
     if compile_layers:

@@ -160,7 +160,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     if refusal:
         raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
     loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
-    model = load_model(spec, attn.impl, seed=t.seed, device=rt.device)
+    model = load_model(spec, attn.impl, seed=t.seed, device=rt.device, varlen_kernel=attn.kernel)
     chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
@@ -174,7 +174,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
-                        t.offload_activations, t.fsdp_one_rank)
+                        t.offload_activations, t.fsdp_one_rank, t.recompute_attention)
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):

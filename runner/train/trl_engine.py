@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runner.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events import EventWriter, read_events
 from runner.spec import RunSpec
@@ -85,13 +86,13 @@ def mxfp4_dequantize_available() -> tuple[bool, str]:
     return True, ""
 
 
-def pick_attention(spec: RunSpec, device: str, config: Any) -> tuple[str, str]:
-    """(implementation, why) for this model on this device, as the native engine picks it
+def pick_attention(spec: RunSpec, device: str, config: Any) -> AttentionChoice:
+    """The attention path (and varlen kernel) for this model on this device, as the native engine picks it
     (runner.train.attention.attention_for: attention sinks get eager on CPU, flex on CUDA)."""
     from runner.train.attention import attention_for
 
     choice, _ = attention_for(spec, config, device)
-    return choice.impl, choice.reason
+    return choice
 
 
 def attention_problems(spec: RunSpec, device: str, config: Any) -> list[Problem]:
@@ -138,7 +139,7 @@ def check(spec: RunSpec, config: Any = None, device: str | None = None) -> None:
 # Model
 
 
-def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.Module:
+def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel: str = "") -> torch.nn.Module:
     """The model through runner.train.model.load_model; MXFP4 checkpoints dequantized to bf16 at load.
 
     A random-init model is created on the GPU it runs on (runner.train.model.load_model).
@@ -155,7 +156,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str) -> torch.nn.M
                                     trust_remote_code=spec.model.trust_remote_code)
         model_mod.disable_cache(model)
         return model
-    return model_mod.load_model(spec, attn, seed=spec.train.seed, device=device)
+    return model_mod.load_model(spec, attn, seed=spec.train.seed, device=device, varlen_kernel=varlen_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,8 +440,7 @@ def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path) -> None:
     if rt.rank != 0:
         return
     config = load_config(spec)
-    attn, _ = pick_attention(spec, "cpu", config)
-    peft_model = apply_lora(load_model(spec, "cpu", config, attn), spec)
+    peft_model = apply_lora(load_model(spec, "cpu", config, pick_attention(spec, "cpu", config).impl), spec)
     _, unexpected = peft_model.load_state_dict(state, strict=False)
     if unexpected:
         raise RuntimeError(f"merged export: {len(unexpected)} gathered tensors have no place in the model, "
@@ -470,10 +470,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(events)
     config = load_config(spec)
     check(spec, config, rt.device)
-    attn, attn_reason = pick_attention(spec, rt.device, config)
+    choice = pick_attention(spec, rt.device, config)
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
-    model = load_model(spec, rt.device, config, attn)
+    model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
     if spec.method.kind == "lora":
         model = apply_lora(model, spec)
     n_params = sum(p.numel() for p in model.parameters())
@@ -509,7 +509,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
                  model_type=getattr(config, "model_type", None), init=spec.model.init,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
-                 attn=attn, attn_reason=attn_reason, packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
+                 **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
                  packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
@@ -520,7 +520,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     events.train_begin(**begin)
     if rt.rank == 0:
         print(f"[trl] params {n_params:,}, trainable params {n_trainable:,} "
-              f"({100 * n_trainable / max(1, n_params):.4f}%); attn {attn}; {begin['packing']}; fsdp {begin['fsdp']}",
+              f"({100 * n_trainable / max(1, n_params):.4f}%); attn {choice.impl}; {begin['packing']}; fsdp {begin['fsdp']}",
               flush=True)
 
     start = time.perf_counter()

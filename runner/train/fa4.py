@@ -1,0 +1,109 @@
+"""Varlen attention through flash-attn-4's Hopper/Blackwell kernels, with `varlen_attn`'s signature.
+
+PyTorch's own `varlen_attn` runs the FlashAttention-2 kernels, which on an H200 reach about 225 TFLOP/s forward and
+200 backward on packed conversations of one to two thousand tokens (benchmarks/attention-h200.md); flash-attn-4
+(the `flash-attn-4` package, CuTe DSL kernels compiled at first use) uses Hopper's warpgroup matrix instructions.
+On real SFT data attention is the larger part of a 32k step, so this is the kernel that matters most there.
+
+The kernels are wrapped as two custom ops (forward, backward) with fake implementations, so a compiled decoder
+layer sees one opaque call, as it sees `varlen_attn`, and never traces into the kernel compiler. PyTorch's own
+"FA4" switch (`torch.nn.attention.activate_flash_attention_impl`) is not used: it replaces every flash kernel of
+the process and is tied to one flash-attn-4 interface (PyTorch 2.11's breaks on 4.0.0b40's five return values).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Any
+
+import torch
+
+MODULE = "flash_attn.cute.interface"
+
+
+@functools.cache
+def available() -> bool:
+    """flash-attn-4 is installed and this process's GPU is one its kernels are built for (SM 9.x or 10.x)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        if importlib.util.find_spec("flash_attn.cute") is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    return torch.cuda.get_device_capability()[0] in (9, 10)
+
+
+def supports(head_dim: int, head_dim_v: int) -> bool:
+    """Head sizes these kernels take on every supported GPU (multiples of 8 up to 128; SM90 goes to 256)."""
+    return head_dim == head_dim_v and head_dim % 8 == 0 and 8 <= head_dim <= 128
+
+
+def _interface() -> Any:
+    return importlib.import_module(MODULE)
+
+
+def _window(left: int) -> tuple[bool, int | None, int | None]:
+    """(causal, left, right) as flash-attn-4 takes them: causal alone, or a causal sliding window."""
+    return (True, None, None) if left < 0 else (False, left, 0)
+
+
+@torch.library.custom_op("sft_tui::fa4_varlen_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
+         max_k: int, scale: float, left: int) -> tuple[torch.Tensor, torch.Tensor]:
+    causal, wl, wr = _window(left)
+    out, lse, *_ = _interface()._flash_attn_fwd(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale,
+        causal=causal, window_size_left=wl, window_size_right=wr, return_lse=True)
+    return out, lse
+
+
+@_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, left):
+    return q.new_empty(*q.shape[:2], v.shape[-1]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("sft_tui::fa4_varlen_bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, scale: float,
+         left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    causal, wl, wr = _window(left)
+    dq, dk, dv = _interface()._flash_attn_bwd(
+        q, k, v, out, dout.contiguous(), lse, softmax_scale=scale, causal=causal, window_size_left=wl,
+        window_size_right=wr, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)[:3]
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, left = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, left)
+
+
+def _backward(ctx: Any, dout: torch.Tensor, _dlse: Any) -> tuple[Any, ...]:
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                max_q: int, max_k: int, *, scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                enable_gqa: bool = False) -> torch.Tensor:
+    """torch.nn.attention.varlen.varlen_attn's contract ([tokens, heads, head_dim] q/k/v, cumulative document
+    bounds; keys may have fewer heads than queries) on flash-attn-4. window_size (left, right) counts as
+    flash-attn does; right must be 0 (causal)."""
+    left, right = (int(x) for x in window_size)
+    if right != 0:
+        raise ValueError(f"flash-attn-4 varlen here is causal: window_size right must be 0, got {right}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return _fwd(q, k, v, cu_q, cu_k, max_q, max_k, float(scale), left)[0]
