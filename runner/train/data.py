@@ -375,9 +375,14 @@ LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".cs
 
 
 def local_builder(path: Path) -> str:
-    builder = LOCAL_BUILDERS.get(path.suffix.lower())
+    """The `datasets` builder of a local file; a .jsonl.gz / .json.gz / .csv.gz takes its inner format's (the
+    builder decompresses it)."""
+    from runner.datafiles import data_suffix
+
+    builder = LOCAL_BUILDERS.get(data_suffix(path))
     if builder is None:
-        raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)})")
+        raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)},"
+                         f" or .gz of a text one)")
     return builder
 
 
