@@ -439,10 +439,10 @@ def _as_measured(row: dict) -> list[str]:
 
 
 def _data_as_measured(row: dict) -> list[str]:
-    """The data a bench row ran on when its command did not name one: rows without document statistics (`docs`)
-    were measured when the bench recipes trained on the embedded chat data with the packing their spec says (wrapped
-    before the field existed)."""
-    if "docs" in row:
+    """The data a bench row ran on when its command did not name one: rows without document statistics
+    (`doc_tokens`) were measured when the bench recipes trained on the embedded chat data with the packing their
+    spec says (wrapped before the field existed)."""
+    if "doc_tokens" in row:
         return []
     return ["dataset.path=embedded:data/chat.jsonl", "dataset.id=sft-tui/tiny-chat",
             f"train.packing_strategy={row.get('spec', {}).get('packing_strategy', 'wrapped')}"]
