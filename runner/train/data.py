@@ -21,6 +21,9 @@ Rules, in the order the data meets them:
   with its own padding segment and no targets.
 * No packing (`train.packing=false`): one document per block, padded to seq_len; a longer document is split into
   seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
+* Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the whole
+  length of every document that begins in it (`doc_lengths`, `doc_splits`), so PackStats, fed the blocks a rank
+  trains on, reports the lengths of the documents trained on (runner.doclengths; the record merges the ranks').
 """
 
 from __future__ import annotations
