@@ -135,6 +135,16 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
     return row
 
 
+def doc_tokens(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The lengths of the documents the run trained on (every rank, warm-up steps included), from its record:
+    count, mean, p50, p90, max tokens, and `split`, how many of them were split across blocks."""
+    packing = (record.get("metrics") or {}).get("packing") or {}
+    docs = packing.get("doc_tokens")
+    if not docs:
+        return None
+    return {k: docs.get(k) for k in ("count", "mean", "p50", "p90", "max", "split")}
+
+
 def versions() -> dict[str, str | None]:
     out = package_versions(VERSIONS)
     try:
@@ -204,6 +214,9 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
             row["native_only_left_out"] = dropped
         if rec.get("status") == "succeeded":
             row.update(summarize(spec, active.paths.events, warmup, peak))
+            docs = doc_tokens(rec)
+            if docs:
+                row["doc_tokens"] = docs
         elif rec.get("failure"):
             row["failure"] = {k: rec["failure"].get(k) for k in ("rank", "cause", "message")}
         rows.append(row)
@@ -235,7 +248,7 @@ def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
 
 
 COLUMNS = ("engine", "seq_len", "tokens_per_s", "mfu", "step_s_median", "step_s_spread", "data_wait_share",
-           "peak_alloc_gib", "peak_reserved_gib", "status")
+           "peak_alloc_gib", "peak_reserved_gib", "docs", "split", "status")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -249,7 +262,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU",
                   "", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
+        lines.append(f"| {r['model']} | " + " | ".join(_value(r, c) for c in COLUMNS) + " |")
+    if any(r.get("doc_tokens") for r in result["rows"]):
+        lines += ["", "docs: tokens per document trained on (mean / p50 / p90 / max, before any split) and their "
+                      "count; split: documents split across blocks"]
     if result.get("repeats"):
         lines += ["", "## Repeats", "", "| configuration | tokens/s per run | spread (max − min) / median |",
                   "| --- | --- | --- |"]
@@ -263,6 +279,17 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _value(row: dict[str, Any], column: str) -> str:
+    docs = row.get("doc_tokens") or {}
+    if column == "docs":
+        if not docs.get("count"):
+            return "-"
+        return f"{docs['mean']:,.0f} / {docs['p50']:,} / {docs['p90']:,} / {docs['max']:,} ({docs['count']:,})"
+    if column == "split":
+        return _cell(docs.get("split"))
+    return _cell(row.get(column))
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
@@ -272,7 +299,7 @@ def _cell(v: Any) -> str:
 
 
 TITLES = {"tokens_per_s": "tok/s/GPU", "step_s_median": "step s", "step_s_spread": "spread", "data_wait_share": "data",
-          "peak_alloc_gib": "alloc GiB", "peak_reserved_gib": "res GiB"}
+          "peak_alloc_gib": "alloc GiB", "peak_reserved_gib": "res GiB", "docs": "doc tokens mean/p50/p90/max (n)"}
 
 
 def print_table(result: dict[str, Any], console: Console) -> None:
@@ -280,5 +307,5 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     for c in COLUMNS:
         table.add_column(TITLES.get(c, c), no_wrap=True)
     for r in result["rows"]:
-        table.add_row(*[_cell(r.get(c)) for c in COLUMNS])
+        table.add_row(*[_value(r, c) for c in COLUMNS])
     console.print(table)

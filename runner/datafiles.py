@@ -1,27 +1,73 @@
 """Local dataset files: which file to sample, and its rows read with errors that name the file and the line.
 
+A JSONL, JSON or CSV file may be gzip-compressed (`rows.jsonl.gz`): it is read as the plain file would be, here and
+in the ranks' stream (the `datasets` builders decompress it too).
+
 No torch: preflight, the row formats and the wizard read data files before any rank starts.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+GZIP_SUFFIXES = (".jsonl", ".json", ".csv")  # the text formats that may come as <name><suffix>.gz
+
+
+def data_suffix(path: Path) -> str:
+    """The file's data format as a suffix, a trailing .gz looked through: `.jsonl` for `rows.jsonl.gz`."""
+    suffixes = [x.lower() for x in path.suffixes]
+    if len(suffixes) >= 2 and suffixes[-1] == ".gz" and suffixes[-2] in GZIP_SUFFIXES:
+        return suffixes[-2]
+    return path.suffix.lower()
+
+
+def is_gzip(path: Path) -> bool:
+    return path.suffix.lower() == ".gz"
+
+
+def data_stem(path: Path) -> str:
+    """The file name without its data suffix (and .gz): what a split name is matched against."""
+    name = path.name[:-3] if is_gzip(path) else path.name
+    return name[: len(name) - len(data_suffix(path))] if data_suffix(path) else name
 
 
 def data_file(path: Path, split: str) -> Path | None:
     """The file to sample for a local dataset: the file itself, or the split's (else the first) data file."""
     if path.is_file():
         return path
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in DATA_SUFFIXES)
-    return next((p for p in files if split in p.stem), files[0] if files else None)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and data_suffix(p) in DATA_SUFFIXES)
+    return next((p for p in files if split in data_stem(p)), files[0] if files else None)
 
 
 class DataFileError(ValueError):
     """A data file that does not parse: the message names the file and the 1-based line."""
+
+
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+"""What reading a damaged .gz raises (a bad header, a truncated stream, corrupt data)."""
+
+
+def gzip_error(path: Path, e: BaseException) -> DataFileError:
+    return DataFileError(f"{path}: not a readable gzip file ({e or type(e).__name__}); check it with `gzip -t`, "
+                         f"then recompress it or give the uncompressed file")
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed on the fly when it ends in .gz."""
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def open_text(path: Path, errors: str = "strict", newline: str | None = None) -> IO[str]:
+    """The file as UTF-8 text, decompressed on the fly when it ends in .gz."""
+    if is_gzip(path):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors, newline=newline)
+    return open(path, encoding="utf-8", errors=errors, newline=newline)
 
 
 def _jsonl_row(line: str, path: Path, n: int) -> Any:
@@ -32,10 +78,18 @@ def _jsonl_row(line: str, path: Path, n: int) -> Any:
 
 
 def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
-    suffix = path.suffix.lower()
+    """The first `limit` rows of a data file; a damaged .gz is a DataFileError naming the file."""
+    try:
+        return _read_rows(path, limit)
+    except GZIP_ERRORS as e:
+        raise gzip_error(path, e) from None
+
+
+def _read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
+    suffix = data_suffix(path)
     if suffix == ".jsonl":
         rows = []
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     rows.append(_jsonl_row(line, path, n))
@@ -44,7 +98,8 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
         return rows
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with open_text(path) as f:
+                data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise DataFileError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
         if isinstance(data, dict):
@@ -57,7 +112,7 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     if suffix == ".csv":
         import csv
 
-        with open(path, encoding="utf-8", newline="") as f:
+        with open_text(path, newline="") as f:
             return [row for _, row in zip(range(limit), csv.DictReader(f))]
     raise ValueError(f"unsupported dataset file type {suffix!r}")
 
@@ -65,8 +120,16 @@ def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
 def bad_jsonl_line(path: Path) -> str | None:
     """The first line of a JSONL file that is not a JSON object, as a sentence; None when every line is one.
 
-    The whole file is read: the ranks stream all of it, and a bad line anywhere kills them mid-run."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    The whole file is read: the ranks stream all of it, and a bad line anywhere kills them mid-run. A damaged .gz
+    is reported the same way."""
+    try:
+        return _bad_jsonl_line(path)
+    except GZIP_ERRORS as e:
+        return str(gzip_error(path, e))
+
+
+def _bad_jsonl_line(path: Path) -> str | None:
+    with open_text(path, errors="replace") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -12,7 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.datafiles import DATA_SUFFIXES, DataFileError, bad_jsonl_line, data_file, read_rows  # noqa: F401
+from runner.datafiles import (  # noqa: F401 - re-exported
+    DATA_SUFFIXES,
+    DataFileError,
+    bad_jsonl_line,
+    data_file,
+    data_suffix,
+    read_rows,
+)
 from runner.errors import Problem, SpecError
 from runner.formats import FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
@@ -105,7 +112,7 @@ def _seq_len_problems(spec: RunSpec) -> list[Problem]:
 def _data_files(path: Path, chosen: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    return sorted({chosen, *(p for p in path.rglob("*.jsonl"))})
+    return sorted({chosen, *(p for p in path.rglob("*") if p.is_file() and data_suffix(p) == ".jsonl")})
 
 
 def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
@@ -118,10 +125,11 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
         return [], [Problem("dataset.path", f"no such file or directory: {path}", "give an existing local path")]
     f = data_file(path, d.split)
     if f is None:
-        return [], [Problem("dataset.path", f"no {'/'.join(DATA_SUFFIXES)} file under {path}",
+        return [], [Problem("dataset.path", f"no {'/'.join(DATA_SUFFIXES)} file (or .jsonl.gz/.json.gz/.csv.gz) "
+                                             f"under {path}",
                             "point dataset.path at a JSONL/JSON/parquet/CSV file or a folder of them")]
     for file in _data_files(path, f):
-        bad = bad_jsonl_line(file) if file.suffix.lower() == ".jsonl" else None
+        bad = bad_jsonl_line(file) if data_suffix(file) == ".jsonl" else None
         if bad:
             return [], [Problem("dataset.path", bad, "fix or remove that line")]
     try:

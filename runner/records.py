@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
+from runner import doclengths
 from runner.errors import UserError
 from runner.events import END, START, events_of, first_event, read_events, step_lines
 from runner.flops import utilisation
@@ -255,6 +256,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     tokens_total = 0
     doc_len_sq: int | None = 0  # Σ doc_len² over every rank's steps, for the attention FLOPs (None: not reported)
     fingerprint = hashlib.sha256()
+    doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
         # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
@@ -274,7 +276,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
             # Each launch (the first, then every resume) reports its own tokens and time.
             info["train_s"] = round(sum(e.get("train_s") or 0.0 for e in ends), 3)
             info["tokens"] = sum(e.get("tokens") or 0 for e in ends)
-            info["data"] = end.get("data")
+            info["data"] = _without_histogram(end.get("data"), doc_hists, str(r))
             info["peak_mem"] = end.get("peak_mem_gib")
             for key in ("export", "trainable_params", "params", "attn", "fsdp_sharded"):
                 if end.get(key) is not None:
@@ -316,7 +318,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
         out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
         out["first_loss"] = global_losses[0][1]
     out.update(eval_metrics(rank0_events, per_rank))
-    packing = packing_metrics(per_rank)
+    packing = packing_metrics(per_rank, doc_hists)
     if packing:
         out["packing"] = packing
     if device == "cuda" and flops is not None and train_s and tokens_total:
@@ -349,11 +351,25 @@ def eval_metrics(rank0_events: list[dict[str, Any]], per_rank: dict[str, Any]) -
     return out
 
 
-def packing_metrics(per_rank: dict[str, Any]) -> dict[str, Any]:
-    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data)."""
+def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
+    """A rank's end-event data without its documents' length histogram, which goes to `hists` for the merge (the
+    record keeps each rank's summary, `doc_tokens`, and the merged one in metrics.packing)."""
+    if not isinstance(data, dict) or "doc_lengths" not in data:
+        return data
+    data = dict(data)
+    hists[rank] = data.pop("doc_lengths")
+    return data
+
+
+def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
+    lengths of the documents trained on (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank)."""
     data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
     if not data:
         return {}
+    hists = doc_hists or {}
+    docs = doclengths.merged_summary([{**i["data"], "doc_lengths": hists.get(r)} for r, i in per_rank.items()
+                                      if isinstance(i.get("data"), dict)])
     blocks = sum(d.get("blocks") or 0 for d in data)
     real = sum(d.get("real_tokens") or 0 for d in data)
     out = {"blocks": blocks, "examples": sum(d.get("examples") or 0 for d in data),
@@ -361,6 +377,8 @@ def packing_metrics(per_rank: dict[str, Any]) -> dict[str, Any]:
     effs = [(d.get("packing_efficiency"), d.get("blocks") or 0) for d in data if d.get("packing_efficiency")]
     if effs and blocks:
         out["packing_efficiency"] = round(sum(e * b for e, b in effs) / blocks, 4)
+    if docs is not None:
+        out["doc_tokens"] = docs
     return out
 
 

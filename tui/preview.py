@@ -23,6 +23,7 @@ def detect(spec: RunSpec) -> dict[str, Any]:
     there is no local path."""
     from runner.formats import FormatError, RowFormat, samples
     from runner.formats import detect as detect_format
+    from runner.datafiles import data_suffix, is_gzip
     from runner.preflight import data_file, read_rows
 
     d = spec.dataset
@@ -33,7 +34,9 @@ def detect(spec: RunSpec) -> dict[str, Any]:
         raise ValueError(f"no data file under dataset.path {d.path}")
     rows = read_rows(path, DETECT_ROWS)
     columns = list(rows[0]) if rows else []
-    info = {"file": str(path), "format": path.suffix.lstrip(".").lower(), "columns": columns}
+    # A compressed file shows as what it holds: "jsonl.gz".
+    kind = data_suffix(path).lstrip(".") + (".gz" if is_gzip(path) else "")
+    info = {"file": str(path), "format": kind, "columns": columns}
     fmt = RowFormat.from_spec(d)
     try:
         found = detect_format(rows, fmt)

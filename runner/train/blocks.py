@@ -26,6 +26,10 @@ class PackedBlock:
     examples: int = 0
     skipped_no_assistant: int = 0
     split_documents: int = 0
+    # Tokens of each document that begins in this block, before any split: the statistics of what was trained on
+    # follow the blocks drawn (a block built but never drawn adds none).
+    doc_lengths: tuple[int, ...] = ()
+    doc_splits: int = 0  # of those documents, the ones that continue in a later block
 
     @property
     def target_tokens(self) -> int:

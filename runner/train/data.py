@@ -21,6 +21,9 @@ Rules, in the order the data meets them:
   with its own padding segment and no targets.
 * No packing (`train.packing=false`): one document per block, padded to seq_len; a longer document is split into
   seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
+* Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the whole
+  length of every document that begins in it (`doc_lengths`, `doc_splits`), so PackStats, fed the blocks a rank
+  trains on, reports the lengths of the documents trained on (runner.doclengths; the record merges the ranks').
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import itertools
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +40,7 @@ from typing import Any
 
 import torch
 
+from runner import doclengths
 from runner.formats import RowFormat, RowReader, Sample
 from runner.train.blocks import IGNORE, PackedBlock, carry_counts, empty_block, make_block  # noqa: F401 - re-exported
 Example = tuple[list[int], list[bool]]
@@ -202,11 +207,17 @@ class PackStats:
     padded_tokens: int = 0
     fingerprint: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
     fingerprint_blocks: int = 0
+    doc_lengths: Counter = field(default_factory=Counter, repr=False)  # length → documents, of the blocks added
+    doc_splits: int = 0  # of those documents, the ones split across blocks
 
-    def add(self, block: PackedBlock) -> None:
+    def add(self, block: PackedBlock, documents: bool = True) -> None:
+        """Count a block; `documents=False` leaves its documents out of the length statistics (a block that was
+        built but will not be trained on)."""
         self.examples += block.examples
         self.skipped_no_assistant += block.skipped_no_assistant
         self.split_documents += block.split_documents
+        if documents:
+            self.add_documents(block)
         self.blocks += 1
         self.real_tokens += block.real_tokens
         self.padded_tokens += block.input_ids.numel() - block.real_tokens
@@ -214,6 +225,12 @@ class PackStats:
         if self.fingerprint_blocks < FINGERPRINT_BLOCKS:
             self.fingerprint.update(block.input_ids.numpy().tobytes())
             self.fingerprint_blocks += 1
+
+    def add_documents(self, block: PackedBlock, times: int = 1) -> None:
+        """The documents that begin in this block, trained on `times` times."""
+        for n in block.doc_lengths:
+            self.doc_lengths[n] += times
+        self.doc_splits += block.doc_splits * times
 
     def to_dict(self) -> dict[str, Any]:
         total = self.real_tokens + self.padded_tokens
@@ -227,6 +244,9 @@ class PackStats:
             "packing_efficiency": round(self.real_tokens / total, 4) if total else None,
             "target_share": round(self.target_tokens / total, 4) if total else None,
             "fingerprint": self.fingerprint.hexdigest(),
+            # Documents trained on (tokens before any split): a summary, and the histogram the record merges.
+            "doc_tokens": {**doclengths.summary(self.doc_lengths), "split": self.doc_splits},
+            "doc_lengths": doclengths.histogram(self.doc_lengths),
         }
 
 
@@ -249,10 +269,12 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
     buf: list[int] = []
     loss: list[bool] = []
     starts: list[int] = []  # offsets in buf where documents begin; 0 may mean "a new document starts the block"
+    lengths: list[int] = []  # the whole length of the document beginning at each of `starts`
     pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
 
-    def emit(ids: list[int], mask: list[bool], st: list[int]) -> PackedBlock:
+    def emit(ids: list[int], mask: list[bool], st: list[int], docs: list[int], splits: int = 0) -> PackedBlock:
         block = carry_counts(make_block(ids, mask, st, seq_len, pad_id), pending)
+        block.doc_lengths, block.doc_splits = tuple(docs), splits
         if stats is not None:
             stats.add(block)
         return block
@@ -266,9 +288,11 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
             if len(ids) > seq_len:
                 pending["split_documents"] += 1
             for a in range(0, len(ids), seq_len):
-                yield emit(ids[a:a + seq_len], mask[a:a + seq_len], [0])
+                yield emit(ids[a:a + seq_len], mask[a:a + seq_len], [0], [len(ids)] if a == 0 else [],
+                           int(a == 0 and len(ids) > seq_len))
             continue
         starts.append(len(buf))
+        lengths.append(len(ids))
         buf.extend(ids)
         loss.extend(mask)
         while len(buf) >= seq_len:
@@ -276,11 +300,14 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
             # when it started in this block (a document spanning several blocks is one split document).
             if len(buf) > seq_len and seq_len not in starts and any(s < seq_len for s in starts):
                 pending["split_documents"] += 1
-            yield emit(buf[:seq_len], loss[:seq_len], starts)
+            here = [(s, n) for s, n in zip(starts, lengths) if s < seq_len]
+            yield emit(buf[:seq_len], loss[:seq_len], starts, [n for _, n in here],
+                       sum(s + n > seq_len for s, n in here))
             buf, loss = buf[seq_len:], loss[seq_len:]
+            lengths = [n for s, n in zip(starts, lengths) if s >= seq_len]
             starts = [s - seq_len for s in starts if s >= seq_len]
     if buf:
-        yield emit(buf, loss, starts)
+        yield emit(buf, loss, starts, lengths)
 
 
 def collate(blocks: list[PackedBlock]) -> dict[str, Any]:
@@ -375,9 +402,14 @@ LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".cs
 
 
 def local_builder(path: Path) -> str:
-    builder = LOCAL_BUILDERS.get(path.suffix.lower())
+    """The `datasets` builder of a local file; a .jsonl.gz / .json.gz / .csv.gz takes its inner format's (the
+    builder decompresses it)."""
+    from runner.datafiles import data_suffix
+
+    builder = LOCAL_BUILDERS.get(data_suffix(path))
     if builder is None:
-        raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)})")
+        raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)},"
+                         f" or .gz of a text one)")
     return builder
 
 

@@ -3,7 +3,9 @@ trainer uses as is. The same tokens and targets as the native engine (runner.tra
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -21,8 +23,11 @@ def block_row(block: PackedBlock) -> dict[str, Any]:
             "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens}
 
 
-def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> list[dict[str, Any]]:
-    """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps."""
+def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,
+              documents: list[PackedBlock] | None = None) -> list[dict[str, Any]]:
+    """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps.
+    Each block's documents are not added to `stats` but kept in `documents` (one block a row, its tensors
+    dropped): which rows the trainer draws is known once every rank's row count is (rank_dataset)."""
     from runner.formats import RowFormat
     from runner.train.data import BlockStream, DataSource
 
@@ -34,9 +39,34 @@ def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> l
                         eval_fraction=d.eval_fraction, row_format=RowFormat.from_spec(d))
     rows = []
     for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
-        stats.add(block)
+        stats.add(block, documents=False)
         rows.append(block_row(block))
+        if documents is not None:
+            documents.append(documents_only(block))
     return rows
+
+
+def documents_only(block: PackedBlock) -> PackedBlock:
+    """The block's document statistics without its tensors (kept for every row until the trainer's draws are
+    known)."""
+    empty = torch.empty(0, dtype=torch.long)
+    return PackedBlock(empty, empty, empty, empty, empty, 0, 0, doc_lengths=block.doc_lengths,
+                       doc_splits=block.doc_splits)
+
+
+def draws(n_rows: int, drawn: int | None, seed: int) -> Counter:
+    """How many times the trainer draws each row: every row once when the run is counted in epochs (`drawn` None:
+    the rows hold every epoch), else the first `drawn` rows of EpochOrder's sequence (stream order, then a seeded
+    permutation per further pass)."""
+    if drawn is None:
+        return Counter(range(n_rows))
+    out: Counter = Counter()
+    order, epoch = EpochOrder(n_rows, seed), 0
+    while drawn > 0 and n_rows:
+        order.set_epoch(epoch)
+        out.update(itertools.islice(iter(order), drawn))
+        drawn, epoch = drawn - n_rows, epoch + 1
+    return out
 
 
 def equalise_rows(rows: list[dict[str, Any]], seq_len: int, pad_id: int, device: str) -> int:
@@ -126,9 +156,15 @@ def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -
     from runner.errors import UserError
 
     t = spec.train
-    rows = rank_rows(spec, tokenizer, rt, stats)
+    documents: list[PackedBlock] = []
+    rows = rank_rows(spec, tokenizer, rt, stats, documents)
     own_rows = len(rows)
     n_rows = equalise_rows(rows, t.seq_len, tokenizer.pad_token_id, rt.device)
+    # The documents' statistics cover the rows the trainer draws: max_steps × grad_accum × micro_batch of them.
+    drawn = t.max_steps * t.grad_accum * t.micro_batch if t.max_steps is not None else None
+    for i, times in draws(n_rows, drawn, t.seed).items():
+        if i < own_rows:
+            stats.add_documents(documents[i], times)
     if n_rows == 0:
         raise UserError(f"dataset {spec.dataset.path or spec.dataset.id}: no example with an assistant turn on any "
                         f"rank (split {spec.dataset.split!r}, field {spec.dataset.messages_field!r})")

@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.conftest import dir_args, run_cli
+
+
+def _first_blocks(rank: int, n: int) -> list:
+    """The first blocks of a rank's one-pass stream of tiny-cpu at 128 tokens, as the TRL engine builds them."""
+    import itertools
+
+    from runner.spec import load_spec, resolve_embedded
+    from runner.train.data import BlockStream, DataSource
+    from runner.train.model import load_tokenizer
+
+    spec = load_spec("tiny-cpu", ["train.seq_len=128"])
+    tok = load_tokenizer(spec)
+    source = DataSource(path=resolve_embedded(spec.dataset.path), dataset_id=None, revision=None, split="train",
+                        messages_field="messages", seq_len=128, pad_id=tok.pad_token_id, packing=True, seed=0,
+                        epochs=1.0, packing_strategy=spec.train.packing_strategy)
+    return list(itertools.islice(BlockStream(source, tok, rank, 2), n))
 
 
 def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
@@ -24,8 +41,18 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
     assert native["spec"]["recompute_layers"] == 1 and native["choices"]["loss_impl"] == "fused"
     assert trl["choices"]["loss_impl"] == "trl fused lm head"
     assert trl["native_only_left_out"] == ["train.recompute_layers"] and trl["spec"]["recompute_layers"] is None
+    for row in (native, trl):  # the documents trained on, as the run's record merged them over both ranks
+        packing = json.loads(Path(row["record"]).read_text())["metrics"]["packing"]
+        docs = row["doc_tokens"]
+        assert docs == {k: packing["doc_tokens"][k] for k in ("count", "mean", "p50", "p90", "max", "split")}
+        assert docs["count"] > 0 and docs["p50"] <= docs["p90"] <= docs["max"]
+    # TRL builds a whole pass of blocks, then trains on its first 4 per rank (1 warm-up and 3 measured steps of one
+    # block): those blocks' documents, and no others, are the row's.
+    assert trl["doc_tokens"]["count"] == sum(len(b.doc_lengths) for r in (0, 1) for b in _first_blocks(r, 4))
     md = (out / "t.md").read_text()
     assert "| sft-tui/tiny-qwen3 | native | 128 |" in md and "torch 2." in md
+    d = native["doc_tokens"]
+    assert f"| {d['mean']:,.0f} / {d['p50']:,} / {d['p90']:,} / {d['max']:,} ({d['count']:,}) |" in md
     assert result["command"].startswith("runner bench tiny-cpu --engines native,trl")
     assert not list(out.glob(".*.tmp"))
 

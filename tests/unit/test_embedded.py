@@ -105,4 +105,5 @@ def test_dataset_shape(rows):
 
 def test_assets_are_small():
     total = sum(p.stat().st_size for p in EMBEDDED.rglob("*") if p.is_file())
-    assert total < 5 * 1024 * 1024, f"recipes/embedded is {total} bytes"
+    # About 2.7 MB of it is the bench data (data/long-chat.jsonl.gz).
+    assert total < 8 * 1024 * 1024, f"recipes/embedded is {total} bytes"

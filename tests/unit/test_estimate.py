@@ -438,6 +438,16 @@ def _as_measured(row: dict) -> list[str]:
     return [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
 
 
+def _data_as_measured(row: dict) -> list[str]:
+    """The data a bench row ran on when its command did not name one: rows without document statistics
+    (`doc_tokens`) were measured when the bench recipes trained on the embedded chat data with the packing their
+    spec says (wrapped before the field existed)."""
+    if "doc_tokens" in row:
+        return []
+    return ["dataset.path=embedded:data/chat.jsonl", "dataset.id=sft-tui/tiny-chat",
+            f"train.packing_strategy={row.get('spec', {}).get('packing_strategy', 'wrapped')}"]
+
+
 def _calibration_script():
     import importlib.util
 
@@ -470,7 +480,7 @@ def generated_data(tmp_path_factory):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             out = tmp_path_factory.mktemp("data") / Path(original).name
-            module.make(out, rows=GENERATED_DATA[original], min_tokens=400, max_tokens=3000)
+            module.make_uniform(out, rows=GENERATED_DATA[original], min_tokens=400, max_tokens=3000)
             made[original] = str(out)
         return made[original]
 
@@ -524,7 +534,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
         # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
-        return load_spec(spec_ref, [*sets, *row["overrides"], *left_out, *_as_measured(row)])
+        return load_spec(spec_ref, [*_data_as_measured(row), *sets, *row["overrides"], *left_out, *_as_measured(row)])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
         # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be

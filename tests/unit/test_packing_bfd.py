@@ -3,6 +3,7 @@ the estimator and the wizard read agrees with the packer."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -127,3 +128,67 @@ def test_preview_rejects_an_unknown_strategy():
 def test_make_block_keeps_bfd_documents_apart():
     block = make_block([1, 2, 3, 4, 5], [True] * 5, [0, 2], 8, 0)
     assert block.position_ids.tolist()[:5] == [0, 1, 0, 1, 2]
+
+
+@pytest.mark.parametrize(("strategy", "packing"), [("bfd", True), ("wrapped", True), ("wrapped", False)])
+def test_each_document_length_rides_on_the_block_holding_its_first_token(strategy, packing):
+    """Whole lengths (before any split), once each, on the block where the document begins: the statistics of the
+    documents trained on follow the blocks drawn. Examples without a target are not documents."""
+    from collections import Counter
+
+    rng = random.Random(5)
+    lengths = [rng.randint(5, 300) for _ in range(400)]  # some longer than the block: split
+    docs = _docs(lengths)
+    docs[7] = (docs[7][0], [False] * len(docs[7][0]))  # skipped: no target
+    kept = lengths[:7] + lengths[8:]
+    stats = PackStats()
+    blocks = list(pack(docs, 128, 0, stats, packing=packing, strategy=strategy))
+    assert Counter(n for b in blocks for n in b.doc_lengths) == Counter(kept) == stats.doc_lengths
+    starts = {tuple(d[0][:5]): n for d, n in zip(docs, lengths)}  # a document's first tokens → its length
+    for b in blocks:
+        segs = _segments(b)
+        firsts = Counter(n for s in segs if (n := starts.get(tuple(s[:5]))) is not None)
+        extra = Counter(b.doc_lengths) - firsts
+        assert not firsts - Counter(b.doc_lengths)
+        # A document whose first piece is the block's last few tokens cannot be told by its first five here.
+        assert not extra or (sum(extra.values()) == 1 and len(segs[-1]) < 5)
+    s = sorted(kept)  # nearest rank: the smallest length that share of the documents does not exceed
+    assert stats.to_dict()["doc_tokens"] == {"count": len(s), "tokens": sum(s), "mean": round(sum(s) / len(s), 1),
+                                             "p50": s[math.ceil(0.5 * len(s)) - 1],
+                                             "p90": s[math.ceil(0.9 * len(s)) - 1], "max": s[-1],
+                                             "split": stats.split_documents}
+    assert stats.split_documents > 0  # every block was added: the split documents trained on are all the split ones
+    if strategy == "bfd" or not packing:
+        assert stats.split_documents == sum(n > 128 for n in kept)
+
+
+def test_document_statistics_merge_over_ranks_exactly():
+    from collections import Counter
+
+    from runner import doclengths
+
+    rng = random.Random(2)
+    ranks = [[rng.randint(1, 40_000) for _ in range(n)] for n in (300, 1, 57)]
+    data = [{"doc_tokens": doclengths.summary(Counter(r)), "doc_lengths": doclengths.histogram(Counter(r))}
+            for r in ranks]
+    assert doclengths.merged_summary(data) == doclengths.summary(Counter(n for r in ranks for n in r))
+    # Past EXACT_BINS distinct lengths a rank's histogram is rounded (under 0.1%); count, tokens and max stay exact.
+    many = Counter(range(1, 3 * doclengths.EXACT_BINS))
+    merged = doclengths.merged_summary([{"doc_tokens": doclengths.summary(many),
+                                         "doc_lengths": doclengths.histogram(many)}])
+    exact = doclengths.summary(many)
+    assert len(doclengths.histogram(many)) < len(many) / 2
+    assert {k: merged[k] for k in ("count", "tokens", "mean", "max")} == {k: exact[k] for k in ("count", "tokens",
+                                                                                                   "mean", "max")}
+    assert abs(merged["p90"] - exact["p90"]) / exact["p90"] < 1e-3
+
+
+def test_trl_rows_drawn_follow_the_trainers_order():
+    from runner.train.trl_data import EpochOrder, draws
+
+    assert draws(5, None, 0) == {i: 1 for i in range(5)}  # counted in epochs: the rows hold every epoch
+    assert draws(5, 3, 0) == {0: 1, 1: 1, 2: 1}  # the first pass is stream order
+    order = EpochOrder(5, 0)
+    order.set_epoch(1)
+    second = list(order)
+    assert draws(5, 7, 0) == {**{i: 1 for i in range(5)}, **{i: 2 for i in second[:2]}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -182,11 +183,11 @@ def test_precision_advice_when_bf16_states_would_round_updates_away():
     assert precision_advice(load_spec("tiny-cpu")) is None  # CPU runs compute in float32
 
 
-@pytest.mark.parametrize("case", ["bad_line", "seq_len", "format"])
+@pytest.mark.parametrize("case", ["bad_line", "seq_len", "format", "bad_gzip", "bad_line_in_gzip"])
 def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsys, case):
     chat = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
             for i in range(120)]
-    data = tmp_path / "data.jsonl"
+    data = tmp_path / ("data.jsonl.gz" if "gzip" in case else "data.jsonl")
     dataset: dict = {"path": str(data)}
     train: dict = {}
     if case == "bad_line":
@@ -195,10 +196,21 @@ def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsy
     elif case == "seq_len":
         train["seq_len"] = 7
         needle = "no target token survives"
-    else:
+    elif case == "format":
         chat = [json.dumps({"question": "q", "answer": "a"})]
         needle = "columns (answer, question)"
-    data.write_text("\n".join(chat) + "\n")
+    elif case == "bad_line_in_gzip":
+        chat[99] = "{not json"
+        needle = f"{data}: line 100 is not valid JSON"
+    else:  # a compressed file cut short, as an interrupted download leaves it
+        needle = f"{data}: not a readable gzip file"
+    text = "\n".join(chat) + "\n"
+    if case == "bad_gzip":
+        data.write_bytes(gzip.compress(text.encode())[:-40])
+    elif case == "bad_line_in_gzip":
+        data.write_bytes(gzip.compress(text.encode()))
+    else:
+        data.write_text(text)
     spec = _spec(tmp_path, dataset=dataset, train={"max_steps": 1, **train})
     runs, records = tmp_path / "runs", tmp_path / "records"
     code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
