@@ -20,7 +20,8 @@ from runner.gpus import ceiling_tflops_here
 from runner.spec import RunSpec, load_spec, resolve
 from runner.versions import package_versions
 
-VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel", "flash-attn", "datasets")
+VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel", "flash-attn", "flash-attn-4",
+            "nvidia-cutlass-dsl", "datasets")
 
 
 def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
@@ -118,7 +119,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         "mfu": None,
         "final_loss": final_loss,
         # What the engine chose, as its train_begin event says.
-        "choices": {k: begin[k] for k in ("attn", "loss_impl", "liger_kernels", "fsdp") if k in begin},
+        "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp") if k in begin},
     }
     arch = model_arch(spec)
     if arch is not None and ceiling_tflops:
@@ -127,6 +128,8 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         attn = [e.get("doc_len_sq") for e in rank0]
         counted = all(attn)
         attn_flops = attention_flops_per_doc_len_sq(arch) * statistics.mean(attn) if counted else 0.0
+        if counted:  # the measured blocks' attention work: Σ doc_len² per step (the estimator's input too)
+            row["doc_len_sq_per_step"] = round(statistics.mean(attn))
         flops = model_flops_per_token(arch) * row["tokens_per_step"] + attn_flops
         row["mfu"] = round(utilisation(flops, row["step_s_median"], ceiling_tflops), 4)
         # An engine that does not report its documents' lengths gets the model FLOPs only: say so beside the figure.

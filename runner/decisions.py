@@ -41,10 +41,21 @@ class Kernels:
     """flash-attn-4 (its CuTe kernels) on an SM 9.x/10.x GPU: runner.train.fa4."""
 
     @classmethod
-    def assumed(cls, device: str) -> Kernels:
-        """What a plan assumes without probing: on CUDA torch's varlen and flex, no flash-attn; on CPU none of the
-        CUDA kernels."""
-        return cls(varlen=device == "cuda", flash_attn=False, flex=True)
+    def assumed(cls, device: str, fa4: bool = False) -> Kernels:
+        """What a plan assumes without probing: on CUDA torch's varlen and flex, no flash-attn, and flash-attn-4
+        when `fa4` (installed here, or asked for by the spec); on CPU none of the CUDA kernels."""
+        return cls(varlen=device == "cuda", flash_attn=False, flex=True, fa4=fa4 and device == "cuda")
+
+
+def fa4_installed() -> bool:
+    """Whether the flash-attn-4 package is importable here (no import of it: a plan made on the GPU node assumes it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("flash_attn") is not None and \
+            importlib.util.find_spec("flash_attn.cute") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -91,13 +102,15 @@ def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | 
 
 
 def choose_attention(requested: str, device: str, tokens_per_forward: int, supported: Iterable[str] | None = None,
-                     config: Any = None, kernels: Kernels | None = None, packed: bool = True) -> AttentionChoice:
+                     config: Any = None, kernels: Kernels | None = None, packed: bool = True,
+                     varlen_request: str = "auto") -> AttentionChoice:
     """Pick the attention path that keeps packed documents apart, fastest first, for this model on this device.
 
     `requested` other than "auto" is kept as given (`attention_refusal` says when it cannot work). `supported`:
     what the model class declares (None = everything); `config`: the model's config, for its family's exact paths
     (None = any attention-only model); `kernels`: what is installed (None = `Kernels.assumed(device)`). With no
-    path left the choice is eager, which `attention_refusal` then refuses. `packed`: train.packing.
+    path left the choice is eager, which `attention_refusal` then refuses. `packed`: train.packing;
+    `varlen_request`: model.varlen_kernel (varlen through flash-attn-4 is picked at any block length).
     """
     if requested != "auto":
         return AttentionChoice(requested, "set by model.attn_implementation")
@@ -113,6 +126,10 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
                                      "restarting position_ids (varlen and flash kernels are CUDA-only)")
     if kernels.flash_attn and FLASH in paths:
         return AttentionChoice(FLASH, "flash-attn is installed: varlen kernel fed cu_seqlens")
+    fa4 = varlen_kernel(varlen_request, kernels, head_dim(config)) == FA4_KERNEL
+    if kernels.varlen and VARLEN in paths and fa4:
+        return AttentionChoice(VARLEN, "flash-attn-4 is installed for this GPU: its varlen kernel fed cu_seqlens, "
+                                       "no mask materialised")
     if kernels.varlen and VARLEN in paths and tokens_per_forward >= VARLEN_MIN_TOKENS:
         return AttentionChoice(VARLEN, f"{tokens_per_forward} tokens per forward >= {VARLEN_MIN_TOKENS}: "
                                        "torch varlen_attn fed cu_seqlens, no mask materialised")
@@ -172,9 +189,11 @@ def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None 
     the registry's paths already reflect for the families it lists (tests check both agree); `kernels` defaults to
     `Kernels.assumed(device)` (a machine with flash-attn installed picks flash_attention_2 at run time)."""
     t = spec.train
-    kernels = kernels or Kernels.assumed(device)
+    kernels = kernels or Kernels.assumed(device, spec.model.varlen_kernel == FA4_KERNEL or (
+        spec.model.varlen_kernel == "auto" and fa4_installed()))
     return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config,
-                            kernels, t.packing).with_kernel(spec.model.varlen_kernel, kernels, config)
+                            kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
+                                                                                      kernels, config)
 
 
 def attention_refusal(impl: str, device: str, config: Any = None, supported: Iterable[str] | None = None,

@@ -178,3 +178,10 @@ BREAKDOWN_KEYS = ("params", "grads", "optimizer", "fsdp_buffers", "activations",
 """The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`."""
 
 
+ATTENTION_RATE_FACTOR = {"flash-attn-4": 1.2}
+"""Attention FLOPs through flash-attn-4's varlen kernel run at this multiple of the engine's fitted rate (the rest
+of the step runs at the rate itself). Fitted on the long-conversation rows (benchmarks/bench-h200/longchat-*.json:
+1.72B and Llama-3.2-3B layouts, 8k and 32k, both engines, where attention is 15-30% of the hardware FLOPs); with
+1.0 the 8k rows came out 10-13% slow. The kernel itself runs below the matmul rate (301 TFLOP/s forward, 350
+backward on 2k-token documents, benchmarks/attention-h200.txt): the factor also absorbs that the rate, fitted on
+short documents, understates these steps' dense part. torch's kernel keeps 1.0 (no long-document rows with it)."""

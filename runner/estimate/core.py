@@ -81,10 +81,12 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     headroom = dev.capacity - per_gpu
 
     data = dataset_size(spec, plan.loaded)
+    attn_len = doc_len
     if doc_len is None:
         doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
+        attn_len = (data.attention_len(t.seq_len) if t.packing and data.lengths else None) or doc_len
     tokens = tokens_per_step(spec, plan.world, doc_len)
-    flops, attn_flops = flops_per_step(plan, doc_len, tokens)
+    flops, attn_flops = flops_per_step(plan, attn_len, tokens)
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
     if t.packing and data.lengths:

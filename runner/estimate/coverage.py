@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from runner.estimate.plan import Plan
 
-MEASURED_MODEL_TYPES = frozenset({"gpt_oss", "qwen3", "qwen3_5"})
+MEASURED_MODEL_TYPES = frozenset({"gpt_oss", "llama", "qwen3", "qwen3_5"})
 MEASURED_GPUS = frozenset({"H200"})
 MEASURED_WORLD_SIZES = frozenset({1})
 

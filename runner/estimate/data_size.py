@@ -24,6 +24,14 @@ class DataSize:
     row_format: dict[str, Any] | None = None
     """The rows' format as runner.formats detects it (format, variant, columns, detected)."""
 
+    def attention_len(self, seq_len: int) -> int | None:
+        """Σ piece² / Σ piece over the sampled rows cut into pieces of at most seq_len (what packing makes of them):
+        the document length that gives a packed block's attention work (Σ doc_len² = tokens × this). A long tail
+        weighs in far more than in the mean length: attention grows with the square."""
+        pieces = [min(seq_len, n - start) for n in self.lengths for start in range(0, n, seq_len)]
+        total = sum(pieces)
+        return round(sum(p * p for p in pieces) / total) if total else None
+
 
 def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
     d = spec.dataset

@@ -40,6 +40,8 @@ class Plan:
     """Gated-delta layers run transformers' PyTorch path (flash-linear-attention is not installed here)."""
     attn_reason: str = ""
     loss_reason: str = ""
+    attn_kernel: str = ""
+    """The kernel behind varlen attention (runner.decisions.varlen_kernel); empty for other paths."""
 
     @property
     def arch(self) -> Arch:
@@ -120,7 +122,8 @@ def make_plan(spec: RunSpec) -> Plan:
     import runner.estimate as package
 
     return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, attn.impl, loss, loaded, tuple(reasons),
-                gdn_torch=not package.gdn_kernels_installed(), attn_reason=attn.reason, loss_reason=loss_reason)
+                gdn_torch=not package.gdn_kernels_installed(), attn_reason=attn.reason, loss_reason=loss_reason,
+                attn_kernel=attn.kernel)
 
 
 @functools.lru_cache(maxsize=64)

@@ -6,6 +6,7 @@ import math
 import os
 
 from runner.estimate.constants import (
+    ATTENTION_RATE_FACTOR,
     CALIBRATION,
     CPU_RANK_GFLOPS,
     CPU_STEP_OVERHEAD_S,
@@ -114,6 +115,10 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
     rate = plan.world * gpu.ceiling_tflops * 1e12 * hfu
     if plan.attn == "eager":
         step_s = (flops - attn_flops) / rate + attn_flops / (rate * EAGER_ATTENTION_EFFICIENCY)
+    elif plan.attn_kernel in ATTENTION_RATE_FACTOR:
+        factor = ATTENTION_RATE_FACTOR[plan.attn_kernel]
+        step_s = (flops - attn_flops) / rate + attn_flops / (rate * factor)
+        source += f"; attention through {plan.attn_kernel} at × {factor:g} that rate"
     else:
         step_s = flops / rate
     if spec.method.kind == "lora" and mem.expert_stack:

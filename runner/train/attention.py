@@ -107,7 +107,8 @@ def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice,
     supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)
     kernels = available_kernels(device)
     choice = choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, supported, config,
-                              kernels, t.packing).with_kernel(spec.model.varlen_kernel, kernels, config)
+                              kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
+                                                                                        kernels, config)
     return choice, attention_refusal(choice.impl, device, config, supported, kernels, t.packing)
 
 
