@@ -254,9 +254,10 @@ FINGERPRINT_BLOCKS = 4  # token ids of the first blocks of each rank are hashed 
 
 
 def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStats | None = None,
-         packing: bool = True, strategy: str = "wrapped") -> Iterator[PackedBlock]:
+         packing: bool = True, strategy: str = "wrapped", seed: int = 0) -> Iterator[PackedBlock]:
     """Concatenate tokenised examples and cut exact seq_len blocks (the rules are in the module docstring);
-    `strategy="bfd"` packs whole conversations by best-fit decreasing instead (runner.train.packing).
+    `strategy="bfd"` packs whole conversations by best-fit decreasing instead (runner.train.packing), its blocks
+    in an order drawn from `seed`.
 
     Each block carries what was consumed to build it (examples, skipped, split documents); `stats`, when
     given, is updated as blocks are yielded.
@@ -264,7 +265,7 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
     if packing and strategy == "bfd":
         from runner.train.packing import pack_bfd
 
-        yield from pack_bfd(examples, seq_len, pad_id, stats)
+        yield from pack_bfd(examples, seq_len, pad_id, stats, seed=seed)
         return
     buf: list[int] = []
     loss: list[bool] = []
@@ -494,4 +495,5 @@ class BlockStream(torch.utils.data.IterableDataset):
                     yield tokenize_sample(self.tokenizer, read(row), markers)
                 shard_rows = n if epoch < whole else shard_rows
 
-        yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing, strategy=s.packing_strategy)
+        yield from pack(examples(), s.seq_len, s.pad_id, packing=s.packing, strategy=s.packing_strategy,
+                        seed=s.seed)

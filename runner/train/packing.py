@@ -7,23 +7,28 @@ Two strategies fill the exact `train.seq_len` blocks of runner.train.data (`trai
 * `bfd`: best-fit decreasing within a bounded buffer, as TRL's `packing_strategy="bfd"`. Documents are read in
   stream order into a buffer of BFD_BUFFER_BLOCKS blocks' worth of tokens; the buffer is sorted by length (longest
   first, ties in stream order) and each document goes into the open block with the least room that still holds
-  it, or opens a new one. Blocks leave in the order they were opened, the last ones of a buffer padded. A
-  document never crosses a block boundary, so every conversation keeps its prompt in context.
+  it, or opens a new one. A document never crosses a block boundary, so every conversation keeps its prompt in
+  context. The buffer's blocks then leave in a seeded random order (`shuffle_blocks`): in opening order the
+  first blocks of every buffer would hold its longest conversations and the last its shortest, so training (and
+  a benchmark that times the first steps) would see the length tail first, every buffer.
   Rule for a conversation longer than seq_len: it is split into seq_len-token pieces from its start (each piece a
   segment of its own, whose first token is not a target, as in `wrapped`); the pieces are packed like documents
   and the conversation is counted once in `split_documents`. Nothing is truncated away.
 
-The buffer is filled in stream order and sorted stably, so the blocks are a pure function of the stream: resume
-and replay skip and see the same blocks.
+The buffer is filled in stream order, sorted stably and its blocks shuffled by a generator seeded with the run's
+seed and the buffer's number, so the blocks are a pure function of the stream and the seed: resume and replay
+skip and see the same blocks.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 STRATEGIES = ("bfd", "wrapped")
+Layout = list[list[tuple[int, int, int]]]  # blocks, each a list of (document index, start, end)
 BFD_BUFFER_BLOCKS = 64
 """Blocks' worth of tokens that one bfd buffer holds before it is packed: large enough that the sort finds fits,
 small enough that a block waits on few documents. The embedded data (2,500 conversations) in 512-token blocks:
@@ -38,14 +43,14 @@ def pieces(length: int, seq_len: int) -> list[tuple[int, int]]:
     return [(a, min(a + seq_len, length)) for a in range(0, length, seq_len)]
 
 
-def bfd_layout(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, int]]]:
+def bfd_layout(lengths: list[int], seq_len: int) -> Layout:
     """Blocks as lists of (document index, start, end), by best-fit decreasing over these documents.
 
     Pure and deterministic: the sort is stable (ties keep input order) and blocks are returned in opening order.
     """
     items = [(i, a, b) for i, n in enumerate(lengths) for a, b in pieces(n, seq_len)]
     items.sort(key=lambda it: -(it[2] - it[1]))  # stable: equal lengths keep stream order
-    blocks: list[list[tuple[int, int, int]]] = []
+    blocks: Layout = []
     room: list[int] = []
     # Blocks grouped by room left: the best fit for a piece of n tokens is the open block with the smallest
     # room >= n. A list of rooms scanned linearly is fast enough for buffers of tens of blocks.
@@ -68,18 +73,28 @@ def bfd_layout(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, in
     return blocks
 
 
+def shuffle_blocks(layout: Layout, seed: int, buffer: int) -> Layout:
+    """The layout's blocks in a random order drawn from (seed, buffer number): the same for the same run and
+    buffer, different from one buffer to the next."""
+    order = list(layout)
+    random.Random(f"bfd:{seed}:{buffer}").shuffle(order)
+    return order
+
+
 def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: Any = None,
-             buffer_blocks: int = BFD_BUFFER_BLOCKS) -> Iterator[Any]:
+             buffer_blocks: int = BFD_BUFFER_BLOCKS, seed: int = 0) -> Iterator[Any]:
     """data.pack's contract with the bfd strategy: PackedBlocks carrying what the stream consumed for them."""
     from runner.train.blocks import carry_counts, make_block
 
     docs: list[tuple[list[int], list[bool]]] = []
     buffered = 0
+    buffers = 0
     pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
 
     def flush() -> Iterator[Any]:
-        nonlocal docs, buffered
-        layout = bfd_layout([len(ids) for ids, _ in docs], seq_len)
+        nonlocal docs, buffered, buffers
+        layout = shuffle_blocks(bfd_layout([len(ids) for ids, _ in docs], seq_len), seed, buffers)
+        buffers += 1
         for block_items in layout:
             ids: list[int] = []
             mask: list[bool] = []

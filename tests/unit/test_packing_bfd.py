@@ -192,3 +192,32 @@ def test_trl_rows_drawn_follow_the_trainers_order():
     order.set_epoch(1)
     second = list(order)
     assert draws(5, 7, 0) == {**{i: 1 for i in range(5)}, **{i: 2 for i in second[:2]}}
+
+
+def test_bfd_blocks_leave_each_buffer_in_a_seeded_order_not_longest_first():
+    # Opening order puts a buffer's longest conversations in its first blocks; a run (and a benchmark timing its
+    # first steps) would see the length tail first, every buffer. The order is drawn from the seed.
+    rng = random.Random(7)
+    docs = _docs([rng.randint(5, 128) for _ in range(600)])
+    opening = [max(len(docs[i][0]) for i, _, _ in b) for b in bfd_layout([len(d[0]) for d in docs], 128)]
+    assert opening == sorted(opening, reverse=True)
+
+    def buffers(blocks):
+        """The longest document of each block, buffer by buffer (the consumed counts ride on a buffer's first)."""
+        out = []
+        for b in blocks:
+            if b.examples:
+                out.append([])
+            out[-1].append(max(b.doc_lengths, default=0))
+        return out
+
+    a = list(pack(docs, 128, 0, strategy="bfd", seed=0))
+    c = list(pack(docs, 128, 0, strategy="bfd", seed=1))
+    assert [x.input_ids.tolist() for x in a] == [x.input_ids.tolist() for x in pack(docs, 128, 0, strategy="bfd")]
+    assert [x.input_ids.tolist() for x in a] != [x.input_ids.tolist() for x in c]
+    assert sorted(x.input_ids.tolist() for x in a) == sorted(x.input_ids.tolist() for x in c)
+    for longest in buffers(a)[:-1] + buffers(c)[:-1]:
+        assert len(longest) > 20 and longest != sorted(longest, reverse=True)
+        # The first half of a buffer holds no more of its long conversations than the second (within chance).
+        half = len(longest) // 2
+        assert sum(longest[:half]) < 1.25 * sum(longest[half:2 * half])
