@@ -24,7 +24,7 @@ from runner.estimate.constants import (
     gib,
 )
 from runner.estimate.lora import lora_params
-from runner.estimate.plan import Plan, offloads_activations, recomputed_layers
+from runner.estimate.plan import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.spec import RunSpec
 
 
@@ -229,14 +229,20 @@ def activation_memory(s: Step) -> ActivationMemory:
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
     offload = offloads_activations(s.spec, plan.device)
     on_gpu_input = 0.0 if offload else layer_input
-    kept = k * on_gpu_input + sum(per_layer[k:])
+    # A recomputed layer keeps its input; with train.recompute_attention=false a full-attention one also keeps its
+    # kernel's output and log-sum-exp (fp32) from forward.
+    attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens \
+        if keeps_attention_outputs(s.spec, plan.attn, plan.device) else 0.0
+    recomputed_kept = [on_gpu_input + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0)
+                       for i in range(k)]
+    kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
     # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).
     kept_at = 0.0
     worst = 0.0
     for i in range(arch.layers):
-        kept_at += on_gpu_input if i < k else per_layer[i]
-        worst = max(worst, kept_at + (per_layer[i] + layer_input - on_gpu_input if i < k else 0.0))
+        kept_at += recomputed_kept[i] if i < k else per_layer[i]
+        worst = max(worst, kept_at + (per_layer[i] + layer_input - recomputed_kept[i] if i < k else 0.0))
     host_offload = k * layer_input if offload else 0.0
     if offload:
         notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")
@@ -404,16 +410,19 @@ def setup_phase(s: Step, states: ModelStates) -> Phase | None:
 
 def state_holes(s: Step, p: Parts) -> float:
     """One unwrapped TRL process: its fp32 AdamW states are created at the first optimizer step, in the blocks the
-    first step freed (layer inputs, autocast's weight copies, the loss's and the recompute's buffers) wherever a
-    state tensor fits in one; the second step then reserves that working set again. Measured on the H200
-    (trl_reserved_steps.py): 1.72B at 32k reserved 25.9 GiB after step 1 and 38.7 from step 2 on, 31.0 allocated;
-    at 8k, where a layer input (32 MiB) is smaller than an MLP weight's state (48 MiB), 28.1 with 27.0 allocated."""
+    first step freed wherever a state tensor fits in one; the second step then reserves that working set again.
+    The blocks that take states are the layer inputs the recomputed layers kept (when a state tensor fits in one)
+    and the backward's transients. Measured on the H200 with TRL's liger kernels on conversations of realistic
+    lengths (benchmarks/bench-h200/longchat-*): reserved beyond allocated and fragmentation 5.0 GiB for the 1.72B
+    and 5.0 for the Llama-3.2-3B layout at 32k (counted 4.5 and 6.6); at 8k, where a layer input is smaller than
+    an MLP weight's state, about 0.3. Without liger the loss's and autocast's buffers were taken too (1.72B at 32k:
+    25.9 GiB reserved after step 1, 38.7 from step 2 on, trl_reserved_steps.py), which TRL's best settings no
+    longer leave."""
     if not (s.trl and not p.sharded and s.cuda and p.states.optimizer):
         return 0.0
     a = p.act
     state_tensor = s.tb * s.plan.arch.hidden * s.plan.arch.intermediate
-    freed = a.transient + (a.kept + p.cast_cache + p.loss.final_norm + p.loss.forward
-                           if a.layer_input >= state_tensor else 0.0)
+    freed = a.transient + (a.kept if a.layer_input >= state_tensor else 0.0)
     return min(p.states.optimizer, freed)
 
 

@@ -144,6 +144,14 @@ def offloads_activations(spec: RunSpec, device: str) -> bool:
     return t.offload_activations and t.activation_checkpointing and spec.engine == "native" and device == "cuda"
 
 
+def keeps_attention_outputs(spec: RunSpec, attn: str, device: str) -> bool:
+    """Recomputed layers keep their varlen attention outputs instead of running the kernel again
+    (train.recompute_attention=false; the native engine's selective checkpoint policy, runner.train.model)."""
+    t = spec.train
+    return (not t.recompute_attention and spec.engine == "native" and attn == "varlen" and device == "cuda"
+            and t.activation_checkpointing and not offloads_activations(spec, device))
+
+
 def recomputed_layers(spec: RunSpec, layers: int) -> int:
     """Decoder layers that recompute their forward in backward (train.recompute_layers, the first ones)."""
     t = spec.train

@@ -25,7 +25,7 @@ from runner.estimate.constants import (
 )
 from runner.estimate.data_size import DataSize
 from runner.estimate.memory import Memory
-from runner.estimate.plan import Plan, offloads_activations, recomputed_layers
+from runner.estimate.plan import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.flops import hardware_flops
 from runner.spec import RunSpec
 
@@ -50,7 +50,8 @@ def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[floa
     return hardware_flops(plan.arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
                           lora=spec.method.kind == "lora", recomputed=recomputed_layers(spec, plan.arch.layers),
                           not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
-                          packing=spec.train.packing)
+                          packing=spec.train.packing,
+                          attention_recomputed=not keeps_attention_outputs(spec, plan.attn, plan.device))
 
 
 def calibration(plan: Plan) -> tuple[float, str]:

@@ -234,8 +234,9 @@ def test_ragged_end_stops_both_ranks_on_the_same_step(tmp_path):
     assert sum(e["data"]["examples"] for e in ends) == 3
     blocks = [e["data"]["blocks"] for e in ends]
     short_rank = blocks.index(min(blocks))
-    # The long rank had more blocks but stops with the short one: it consumed two full blocks.
-    assert sorted(blocks) == [1, 2] and ends[1 - short_rank]["data"]["real_tokens"] == 2 * spec.train.seq_len
+    # The long rank had more blocks but stops with the short one, after two of its block-sized pieces (which two
+    # depends on the seeded block order): checked below against the conversation's length.
+    assert sorted(blocks) == [1, 2]
     # The short rank runs out at step 2 and feeds an empty block; both ranks train that step and stop together.
     assert ends[0]["steps"] == ends[1]["steps"] == 2
     assert _steps(run_dir, short_rank)[2]["target_tokens"] == 0
@@ -246,6 +247,8 @@ def test_ragged_end_stops_both_ranks_on_the_same_step(tmp_path):
     rendered = [tok.apply_chat_template(m, tokenize=True) for m in (long_turns, short, short)]
     n = sorted(len(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered)
     assert n[-1] > 2 * spec.train.seq_len
+    seq, rest = spec.train.seq_len, n[-1] % spec.train.seq_len
+    assert ends[1 - short_rank]["data"]["real_tokens"] in {2 * seq, seq + rest}
     packing = active.record["metrics"]["packing"]
     assert packing["doc_tokens"] == {"count": 3, "tokens": sum(n), "mean": round(sum(n) / 3, 1), "p50": n[1],
                                      "p90": n[2], "max": n[2], "split": 1}

@@ -419,8 +419,10 @@ RESERVED_EXCEPTIONS = {
     "bench bench-1p7b-8k-unwrapped native 8192": 0.21,
     # The same pattern on the bench data (8 of 28 layers recompute): 22.4 GiB reserved against 26.9 counted
     # (allocated 22.1 against 23.4, within 6%).
+    "bench longchat-tail-1p7b-8k native 8192": 0.21,
+    "bench longchat-tail-1p7b-8k native 8192 run 2": 0.21,
     "bench longchat-1p7b-8k native 8192": 0.21,
-    "bench longchat-1p7b-8k native 8192 run 2": 0.21,
+    "bench longchat-1p7b-8k-native-b native 8192": 0.21,
     "bench bench-1p7b-8k-unwrapped native 8192 run 2": 0.21,
     "bench bench-1p7b-8k-unwrapped-b native 8192": 0.21,
     "bench bench-1p7b-8k-unwrapped-b native 8192 run 2": 0.21,
@@ -440,6 +442,16 @@ def _as_measured(row: dict) -> list[str]:
     if said is not None:
         return [f"train.fsdp_one_rank={'true' if said.startswith('fsdp2') else 'false'}"]
     return [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
+
+
+def _recompute_as_measured(row: dict) -> list[str]:
+    """A native row's recomputation as it ran (the recipe's settings may have moved on since): from the spec the
+    row recorded."""
+    spec = row.get("spec", {})
+    if row["engine"] != "native":
+        return []
+    return [f"train.{f}={str(spec[f]).lower() if isinstance(spec[f], bool) else spec[f]}"
+            for f in ("recompute_layers", "recompute_attention") if f in spec and spec[f] is not None]
 
 
 def _data_as_measured(row: dict) -> list[str]:
@@ -541,8 +553,8 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
         # Rows measured with flash-attn-4 installed ran their varlen attention through it.
         kernel = ["model.varlen_kernel=flash-attn-4"] if row.get("versions", {}).get("flash-attn-4") else []
-        return load_spec(spec_ref, [*_data_as_measured(row), *sets, *row["overrides"], *left_out, *_as_measured(row),
-                                    *kernel])
+        return load_spec(spec_ref, [*_data_as_measured(row), *_recompute_as_measured(row), *sets, *row["overrides"],
+                                    *left_out, *_as_measured(row), *kernel])
     if name.startswith("calibration "):
         ours = configs[row["name"]]
         # The row's overrides, with its temporary model folder swapped for the one made here; the rest must be
@@ -568,9 +580,10 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
 def test_measured_rows_are_all_there():
     names = [n for n, _ in MEASURED]
-    assert len(names) == 111 and len(set(names)) == 111
+    assert len(names) == 131 and len(set(names)) == 131
     assert {n.split()[0] for n in names} == {"calibration", "native", "bench"}
     assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
+    assert LONG_DOCUMENT_EXCEPTIONS <= set(names)
 
 
 @pytest.mark.parametrize("name, row", MEASURED, ids=[n for n, _ in MEASURED])
@@ -625,6 +638,24 @@ def test_partial_recompute_trades_memory_for_time():
     assert step == sorted(step, reverse=True)
     assert est(R17, "train.activation_checkpointing=true").per_gpu_allocated_gib == mem[0]
     assert est(R17, "train.activation_checkpointing=false").per_gpu_allocated_gib == mem[-1]
+
+
+def test_kept_attention_outputs_cost_their_bytes_and_save_the_recomputed_attention():
+    """train.recompute_attention=false: each recomputed layer keeps its attention output (bf16, q width) and fp32
+    log-sum-exp per token, and its attention forward runs once; only the native engine with varlen attention."""
+    n, k = 32768, 20
+    base = [f"train.seq_len={n}", "train.activation_checkpointing=true", f"train.recompute_layers={k}",
+            "model.attn_implementation=varlen"]
+    again = est(R17, *base)
+    kept = est(R17, *base, "train.recompute_attention=false")
+    heads, q_width = 16, 2048  # Qwen3-1.7B: 16 heads of 128
+    per_layer = (2 * q_width + 4 * heads) * n / 2**30
+    # The peak phase holds every recomputed layer's extra bytes (rounded to the estimate's 0.01 GiB).
+    assert kept.per_gpu_allocated_gib - again.per_gpu_allocated_gib == pytest.approx(k * per_layer, abs=0.02)
+    assert kept.step_s < again.step_s
+    # The TRL engine recomputes whole layers; sdpa keeps nothing apart: no difference asked, none counted.
+    sdpa = [f"train.seq_len={n}", "train.activation_checkpointing=true", "model.attn_implementation=sdpa"]
+    assert est(R17, *sdpa).per_gpu_allocated_gib == est(R17, *sdpa, "train.recompute_attention=false").per_gpu_allocated_gib
 
 
 def test_activation_offload_moves_layer_inputs_to_host_memory():
@@ -703,15 +734,34 @@ STEP_TIME_EXCEPTIONS = {
     # compiled layers): the same command now measures 0.819 s (bench-1p7b-longchat-32k), 0.792 estimated.
     "bench bench-1p7b-longchat native 32768",
 }
+# Rows on the bench data whose measured steps are not what the time model describes (benchmarks/throughput-h200.md).
+LONG_DOCUMENT_EXCEPTIONS = {
+    # Compiles after the warm-up: the rank logs show the layers and the fused loss compiling again for blocks with
+    # a new number of documents (a step of 4-5 s among steps of 0.2-0.3 s), and the same command's median step ran
+    # 0.155-0.160 s on the machine of the 32k rows against 0.200-0.215 here.
+    "bench longchat-1p7b-8k native 8192", "bench longchat-1p7b-8k-native-b native 8192",
+    "bench longchat-llama3b-8k native 8192",
+    # TRL through FSDP2 around its one GPU at 8k: 0.46 s a step for the 1.72B against 0.31 plain; the time model
+    # counts no cost for the wrapper.
+    "bench longchat-1p7b-8k-trl-wrapped trl 8192", "bench longchat-llama3b-8k-trl-wrapped trl 8192",
+}
 STEP_TIME_ROWS = [(n, r) for n, r in MEASURED
                   if n.startswith("bench ") and r["seq_len"] == 32768 and n not in STEP_TIME_EXCEPTIONS]
+
+
+def _measured_step_s(row: dict) -> float:
+    """The average step of the measured steps (tokens per step over tokens/s, as the bench sums their time): what
+    the estimate of a run's steps predicts. On conversations of realistic lengths a block's attention work varies
+    with the documents it holds, so the median step is not the average (1.27 s against 1.49 on the Llama layout
+    at 32k)."""
+    return row["tokens_per_step"] / row["tokens_per_s"] if row.get("tokens_per_s") else row["step_s_median"]
 
 
 def _measured_attention_len(row: dict, spec) -> int | None:
     """Σ doc_len² / tokens of the blocks a row measured, for rows with document statistics: back from its MFU
     (model + attention FLOPs over the step and the ceiling, runner/flops.py). Those rows measured the first blocks
-    of the bench data, which bfd fills with its longest conversations: their attention work is not the data's
-    average, which is what the estimate of a whole run assumes."""
+    of the bench data (bfd filled a buffer's first blocks with its longest conversations before it shuffled them):
+    their attention work is not the data's average, which is what the estimate of a whole run assumes."""
     if "doc_tokens" not in row or not row.get("mfu"):
         return None
     from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token
@@ -722,7 +772,8 @@ def _measured_attention_len(row: dict, spec) -> int | None:
     return round(squares / row["tokens_per_step"])
 
 
-LONG_DOCUMENT_ROWS = [(n, r) for n, r in MEASURED if n.startswith("bench ") and "doc_tokens" in r]
+LONG_DOCUMENT_ROWS = [(n, r) for n, r in MEASURED
+                      if n.startswith("bench ") and "doc_tokens" in r and n not in LONG_DOCUMENT_EXCEPTIONS]
 
 
 @pytest.mark.parametrize("name, row", STEP_TIME_ROWS, ids=[n for n, _ in STEP_TIME_ROWS])
@@ -732,17 +783,19 @@ def test_estimated_step_time_matches_the_h200_benches_at_32k(name, row, generate
     are not held to this: the same command's median 8k step varied by up to 48 % between calls (throughput-h200.md)."""
     spec = _measured_spec(name, row, {}, generated_data)
     e = estimate(spec, doc_len=_measured_attention_len(row, spec), suggest=False)
-    assert abs(e.step_s - row["step_s_median"]) / row["step_s_median"] <= 0.10, (name, e.step_s, row["step_s_median"])
+    measured = _measured_step_s(row)
+    assert abs(e.step_s - measured) / measured <= 0.10, (name, e.step_s, measured)
 
 
 @pytest.mark.parametrize("name, row", LONG_DOCUMENT_ROWS, ids=[n for n, _ in LONG_DOCUMENT_ROWS])
 def test_estimated_step_time_on_long_conversations_at_8k_and_32k(name, row, generated_data):
     """Rows on the bench data (conversations of realistic lengths), both families, both engines, 8k and 32k: the
-    estimated step within 10 % of the measured median, given the attention work of the blocks measured."""
+    estimated step within 10 % of the measured average step, given the attention work of the blocks measured."""
     assert row["seq_len"] in (8192, 32768)
     spec = _measured_spec(name, row, {}, generated_data)
     e = estimate(spec, doc_len=_measured_attention_len(row, spec), suggest=False)
-    assert abs(e.step_s - row["step_s_median"]) / row["step_s_median"] <= 0.10, (name, e.step_s, row["step_s_median"])
+    measured = _measured_step_s(row)
+    assert abs(e.step_s - measured) / measured <= 0.10, (name, e.step_s, measured)
 
 
 def test_measured_coverage_is_what_the_measured_rows_cover(calibration_configs, generated_data, monkeypatch):
