@@ -27,8 +27,9 @@ def test_run_writes_events_and_record_and_loss_falls(tiny_run):
     m = rec["metrics"]
     assert m["steps"] == 12 and set(m["loss_curve"]) == {"0", "1"}
     assert m["final_loss"] < m["first_loss"] - 0.5
-    # bfd leaves the room no whole conversation fits as padding: tokens are the blocks' real tokens.
-    assert m["tokens"] == sum(r["data"]["real_tokens"] for r in m["per_rank"].values()) > 0.95 * 2 * 12 * 512
+    # bfd leaves the room no whole conversation fits as padding: tokens are the blocks' real tokens (a buffer's
+    # last, partly filled blocks may come among the first steps: blocks leave a buffer in a seeded order).
+    assert m["tokens"] == sum(r["data"]["real_tokens"] for r in m["per_rank"].values()) > 0.9 * 2 * 12 * 512
     assert m["tokens_per_s"] > 0
     pins = rec["pins"]
     assert pins["packages"]["torch"].startswith("2.") and pins["model"]["content_sha256"]

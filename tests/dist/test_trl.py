@@ -90,8 +90,10 @@ def test_trl_run_trains_with_fsdp2_and_lora_on_experts(trl_run):
         assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
         assert {"loss", "lr", "grad_norm", "tokens", "step_s", "mem_gib", "global_loss", "target_tokens"} <= \
             set(steps[0])
-        # grad_accum 2 × one 512-token block per rank, holding whole conversations (bfd) and some padding
-        assert all(0.9 * 2 * 512 < e["tokens"] <= 2 * 512 for e in steps)
+        # grad_accum 2 × one 512-token block per rank, holding whole conversations (bfd) and some padding; a
+        # buffer's last, partly filled block may come among them (blocks leave a buffer in a seeded order).
+        tokens = [e["tokens"] for e in steps]
+        assert all(0 < n <= 2 * 512 for n in tokens) and sum(tokens) > 0.9 * 2 * 512 * len(tokens)
         begin = next(e for e in evs if e.get("event") == "train_begin")
         assert begin["engine"] == "trl" and begin["attn"] == "eager" and begin["packed_mask_hook"] is True
         assert begin["fsdp"] == "fsdp2 (accelerate) over 2 rank(s)" and begin["tokenisation"] == "generation markers"
