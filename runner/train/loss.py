@@ -93,12 +93,49 @@ def ce_sum_and_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.
 _compiled_ce: Any = None
 
 
+class CompiledChunkCE:
+    """ce_sum_and_grad under torch.compile, one graph for every chunk of a run.
+
+    The chunks of one step have different row counts (the last is a remainder) and their targets are slices at
+    different offsets. Left to dynamo's automatic dynamic shapes, each new kind of chunk recompiles: the first
+    remainder, then the first step whose targets fit in one chunk (its slice starts at offset 0, where dynamo
+    had specialised offsets >= 2). That happens whenever a partly filled block comes, after the warm-up as
+    often as not, and costs a second or more. So the row dimension is marked dynamic from the first call and the
+    targets are passed as their own tensor (offset 0, a copy of at most one chunk of ids). One row would still
+    specialise (dynamo treats sizes 0 and 1 apart): `chunk_bounds` never makes a one-row chunk out of more
+    rows, and a single target row takes the eager twin, which agrees to float32 rounding.
+    """
+
+    def __init__(self, backend: Any = "inductor"):
+        self.compiled = torch.compile(ce_sum_and_grad, backend=backend)
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if logits.size(0) < 2:
+            return ce_sum_and_grad_inplace(logits, targets)
+        targets = targets.clone()
+        torch._dynamo.mark_dynamic(logits, 0)
+        torch._dynamo.mark_dynamic(targets, 0)
+        return self.compiled(logits, targets)
+
+
 def compiled_ce_sum_and_grad() -> Any:
-    """ce_sum_and_grad compiled once per process (chunk rows vary: dynamic after the first different size)."""
+    """The process's CompiledChunkCE (compiled at its first call, then reused by every step)."""
     global _compiled_ce
     if _compiled_ce is None:
-        _compiled_ce = torch.compile(ce_sum_and_grad)
+        _compiled_ce = CompiledChunkCE()
     return _compiled_ce
+
+
+def chunk_bounds(rows: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) of each chunk of `rows` rows, at most `chunk` long; none has one row unless `rows` is 1.
+
+    A remainder of one row borrows a row from the chunk before it (see CompiledChunkCE).
+    """
+    bounds = [(start, min(start + chunk, rows)) for start in range(0, rows, chunk)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1 and chunk > 2:
+        (a, b), (_, c) = bounds[-2], bounds[-1]
+        bounds[-2:] = [(a, b - 1), (b - 1, c)]
+    return bounds
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
@@ -117,11 +154,11 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.size(0), chunk):
-            h = hidden[start:start + chunk]
-            loss, g = ce(h @ weight.t(), targets[start:start + chunk])
+        for start, end in chunk_bounds(hidden.size(0), chunk):
+            h = hidden[start:end]
+            loss, g = ce(h @ weight.t(), targets[start:end])
             total += loss
-            torch.mm(g, weight, out=grad_hidden[start:start + chunk])
+            torch.mm(g, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
                 grad_weight.addmm_(g.t(), h)
             del g

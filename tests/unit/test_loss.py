@@ -12,8 +12,10 @@ from runner.spec import RunSpec
 from runner.train.data import collate, make_block
 from runner.estimate import fused_chunk_tokens
 from runner.train.loss import (
+    CompiledChunkCE,
     ce_sum_and_grad,
     ce_sum_and_grad_inplace,
+    chunk_bounds,
     chunk_tokens_for,
     chunked_loss_sum,
     full_loss_sum,
@@ -139,6 +141,40 @@ def test_fused_loss_with_the_compiled_chunk_matches_the_chunked_loss():
     assert abs(float(loss_f - loss_c)) / float(loss_c) <= LOSS_TOL
     assert grads_f.keys() == grads_c.keys()
     assert max(_rel(grads_f[n], grads_c[n]) for n in grads_c) <= GRAD_TOL
+
+
+@pytest.mark.parametrize("rows,chunk", [(1, 4), (4, 4), (5, 4), (9, 4), (10, 4), (3, 2), (7, 1), (2049, 1024)])
+def test_chunk_bounds_cover_the_rows_in_order_without_one_row_remainders(rows, chunk):
+    bounds = chunk_bounds(rows, chunk)
+    assert bounds[0][0] == 0 and bounds[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(0 < end - start <= chunk for start, end in bounds)
+    if rows > 1 and chunk > 2:
+        assert all(end - start >= 2 for start, end in bounds)
+
+
+def test_the_compiled_chunk_compiles_once_for_every_kind_of_chunk_a_run_makes():
+    """Remainders, single-chunk steps (targets at offset 0) and a lone target row: one graph, no recompile.
+
+    Before, dynamo compiled a static graph, recompiled at the first remainder, and again at the first step whose
+    targets fit in one chunk: a partly filled block after the warm-up cost a second on the GPU.
+    """
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    ce = CompiledChunkCE(backend=counter)
+    g = torch.Generator().manual_seed(3)
+    for rows in (2500, 920, 2049, 3, 1):  # the targets of five steps, chunked as the fused loss chunks them
+        targets = torch.randint(0, 50, (rows,), generator=g)
+        hidden = torch.randn(rows, 50, generator=g)
+        for start, end in chunk_bounds(rows, 1024):
+            # Logits are a fresh matmul output in the loss; the eager twin overwrites them.
+            loss, grad = ce(hidden[start:end].clone(), targets[start:end])
+            ref_loss, ref_grad = ce_sum_and_grad_inplace(hidden[start:end].clone(), targets[start:end])
+            assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
 
 
 def test_auto_loss_is_chunked_unless_logits_are_transformed():
