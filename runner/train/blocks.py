@@ -8,6 +8,11 @@ import torch
 
 IGNORE = -100
 
+PAD_SEGMENT = 128
+"""Padding is cut into segments of at most this many tokens, each attending only to itself. As one segment, the
+padding of a partly filled block (the last of each bfd buffer, the end of the data, a rank's empty block) cost
+attention work in the square of its length: 30k pad tokens of a 32k block took longer than a block of real
+conversations. Cut, it costs in proportion to its length, like the rest of the block; 128 is one attention tile."""
 
 
 @dataclass
@@ -31,6 +36,11 @@ class PackedBlock:
     doc_lengths: tuple[int, ...] = ()
     doc_splits: int = 0  # of those documents, the ones that continue in a later block
 
+    def document_segment_lengths(self) -> list[int]:
+        """Lengths of the segments that hold real tokens (documents or their pieces), padding left out."""
+        cu = self.cu_seqlens.tolist()
+        return [b - a for a, b in zip(cu, cu[1:]) if b <= self.real_tokens]
+
     @property
     def target_tokens(self) -> int:
         # A label at t is the target of the prediction made at t-1: count labels after the first position.
@@ -53,8 +63,8 @@ def make_block(ids: list[int], mask: list[bool], starts: list[int], seq_len: int
     labels = ids_t.clone()
     labels[~torch.tensor(mask + [False] * pad, dtype=torch.bool)] = IGNORE
     bounds = [0, *sorted({s for s in starts if 0 < s < real}), real] if real else [0]
-    if pad:
-        bounds.append(seq_len)  # padding is its own segment, so it attends only to itself
+    if pad:  # padding: segments of its own, so it attends only to itself (PAD_SEGMENT)
+        bounds += [*range(real + PAD_SEGMENT, seq_len, PAD_SEGMENT), seq_len]
     position_ids = torch.empty(seq_len, dtype=torch.long)
     seq_idx = torch.empty(seq_len, dtype=torch.int32)
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):

@@ -18,7 +18,8 @@ Rules, in the order the data meets them:
   boundary. A document longer than the room left in a block is cut at the block end and continues at the start
   of the next block as a new segment (positions restart, its first token there is not a target, the context
   before the cut is not visible): `split_documents` counts such documents. The last partial block is padded
-  with its own padding segment and no targets.
+  with segments of its own (at most PAD_SEGMENT tokens each, so padding costs attention in proportion to its
+  length) and no targets.
 * No packing (`train.packing=false`): one document per block, padded to seq_len; a longer document is split into
   seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
 * Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the whole

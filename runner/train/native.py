@@ -39,10 +39,7 @@ spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)
 
 def segment_len_sq(block: PackedBlock) -> int:
     """Σ L² over the block's document segments (padding left out): the causal attention work, for MFU."""
-    lengths = (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist()
-    if block.real_tokens < block.input_ids.numel():
-        lengths = lengths[:-1]  # the padding segment
-    return sum(n * n for n in lengths)
+    return sum(n * n for n in block.document_segment_lengths())
 
 
 def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:

@@ -18,9 +18,11 @@ from runner.train.runtime import Runtime
 
 
 def block_row(block: PackedBlock) -> dict[str, Any]:
-    """A block as TRL's padding-free collator takes it: ids, labels (-100 off target) and segment lengths."""
+    """A block as TRL's padding-free collator takes it: ids, labels (-100 off target) and segment lengths; with the
+    block's real tokens and Σ L² over its document segments (padding left out), for the step's statistics."""
     return {"input_ids": block.input_ids.tolist(), "labels": block.labels.tolist(),
-            "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens}
+            "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens,
+            "doc_len_sq": sum(n * n for n in block.document_segment_lengths())}
 
 
 def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,
@@ -133,8 +135,9 @@ class CountingCollator:
         keep = ("input_ids", "labels", "seq_lengths")
         batch = self.inner([{k: ex[k] for k in keep} for ex in examples])
         batch["real_tokens"] = sum(int(ex["real_tokens"]) for ex in examples)
-        # Σ document length² of the batch: the attention FLOPs of MFU, as the native engine reports them.
-        batch["doc_len_sq"] = sum(int(n) ** 2 for ex in examples for n in ex["seq_lengths"])
+        # Σ document length² of the batch (padding left out): the attention FLOPs of MFU, as the native engine
+        # reports them.
+        batch["doc_len_sq"] = sum(int(ex["doc_len_sq"]) for ex in examples)
         return batch
 
 

@@ -583,7 +583,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
 def test_measured_rows_are_all_there():
     names = [n for n, _ in MEASURED]
-    assert len(names) == 148 and len(set(names)) == 148
+    assert len(names) == 155 and len(set(names)) == 155
     assert {n.split()[0] for n in names} == {"calibration", "native", "bench"}
     assert set(ALLOC_EXCEPTIONS) <= set(names) and set(RESERVED_EXCEPTIONS) <= set(names)
     assert LONG_DOCUMENT_EXCEPTIONS <= set(names)

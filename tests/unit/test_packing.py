@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, GraniteMoeHybridConfig, Qwen3_5Te
 
 from runner.train import attention
 from runner.train.attention import install_document_reset, packing_support, reference_varlen_attn, set_varlen_kernel
+from runner.train.blocks import PAD_SEGMENT
 from runner.train.data import IGNORE, PackStats, collate, make_block, pack
 from runner.train.loss import LOSS_FUNCTIONS, chunked_loss_sum, full_loss_sum
 
@@ -42,6 +43,21 @@ def test_full_block_has_no_padding_segment():
     block = make_block([1, 2, 3, 4], [True] * 4, [0, 2], seq_len=4, pad_id=0)
     assert block.cu_seqlens.tolist() == [0, 2, 4]
     assert block.labels.tolist() == [IGNORE, 2, IGNORE, 4]
+
+
+def test_long_padding_is_cut_into_segments_of_its_own():
+    """A partly filled block's padding attends in PAD_SEGMENT pieces (linear attention work, not its square)."""
+    real, seq_len = 300, 300 + 3 * PAD_SEGMENT + 5
+    block = make_block(list(range(1, real + 1)), [True] * real, [0, 200], seq_len=seq_len, pad_id=0)
+    pad_bounds = [real + k * PAD_SEGMENT for k in range(4)] + [seq_len]
+    assert block.cu_seqlens.tolist() == [0, 200, *pad_bounds]
+    assert block.document_segment_lengths() == [200, 100]
+    assert block.max_len == 200  # the longest document; no padding segment is longer than PAD_SEGMENT
+    assert block.position_ids[real:].tolist() == [*range(PAD_SEGMENT)] * 3 + [0, 1, 2, 3, 4]
+    assert block.seq_idx[real:].tolist() == [2] * PAD_SEGMENT + [3] * PAD_SEGMENT + [4] * PAD_SEGMENT + [5] * 5
+    assert (block.labels[real:] == IGNORE).all() and block.target_tokens == real - 2
+    empty = make_block([], [], [], seq_len=2 * PAD_SEGMENT, pad_id=0)  # a rank's empty block
+    assert empty.cu_seqlens.tolist() == [0, PAD_SEGMENT, 2 * PAD_SEGMENT] and empty.document_segment_lengths() == []
 
 
 def _examples(lengths, trained=True):
@@ -211,6 +227,19 @@ def test_packed_block_equals_documents_one_by_one_qwen3(attn, loss):
     packed = _loss_and_grads(model, lambda: fn(model, batch))
     reference = _per_document(model, docs)
     _assert_equal(packed, reference, f"qwen3 {attn} {loss}")
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_block_with_padding_in_several_segments_equals_its_documents_one_by_one(attn):
+    model = _qwen3(attn)
+    docs = _documents()
+    ids = [t for d, _ in docs for t in d]
+    mask = [m for _, ms in docs for m in ms]
+    starts = [sum(len(d) for d, _ in docs[:i]) for i in range(len(docs))]
+    block = make_block(ids, mask, starts, len(ids) + 2 * PAD_SEGMENT + 7, 0)
+    assert len(block.cu_seqlens) - 1 == len(docs) + 3
+    packed = _loss_and_grads(model, lambda: full_loss_sum(model, collate([block])))
+    _assert_equal(packed, _per_document(model, docs), f"qwen3 {attn} padding in segments")
 
 
 def test_position_ids_not_reset_leak_across_documents():
