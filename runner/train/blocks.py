@@ -42,6 +42,11 @@ class PackedBlock:
         return [b - a for a, b in zip(cu, cu[1:]) if b <= self.real_tokens]
 
     @property
+    def doc_len_sq(self) -> int:
+        """Σ L² over the document segments (padding left out): the causal attention work that MFU counts."""
+        return sum(n * n for n in self.document_segment_lengths())
+
+    @property
     def target_tokens(self) -> int:
         # A label at t is the target of the prediction made at t-1: count labels after the first position.
         return int((self.labels[1:] != IGNORE).sum())

@@ -37,11 +37,6 @@ gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never trave
 spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
 
 
-def segment_len_sq(block: PackedBlock) -> int:
-    """Σ L² over the block's document segments (padding left out): the causal attention work, for MFU."""
-    return sum(n * n for n in block.document_segment_lengths())
-
-
 def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:
     """train.warmup_steps, or train.warmup_ratio of the run when the step count is known (rounded up)."""
     t = spec.train
@@ -291,7 +286,7 @@ def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[Pack
     events.step(step=step, loss=local / rank_targets if rank_targets else None, lr=lr, grad_norm=float(grad_norm),
                 tokens=step_tokens, step_s=round(step_s, 6), mem_gib=rt.mem_gib(), global_loss=loss,
                 target_tokens=rank_targets, data_s=round(data_s, 6),
-                doc_len_sq=sum(segment_len_sq(b) for g in micro for b in g))
+                doc_len_sq=sum(b.doc_len_sq for g in micro for b in g))
     return loss
 
 

@@ -22,7 +22,7 @@ def block_row(block: PackedBlock) -> dict[str, Any]:
     block's real tokens and Σ L² over its document segments (padding left out), for the step's statistics."""
     return {"input_ids": block.input_ids.tolist(), "labels": block.labels.tolist(),
             "seq_lengths": (block.cu_seqlens[1:] - block.cu_seqlens[:-1]).tolist(), "real_tokens": block.real_tokens,
-            "doc_len_sq": sum(n * n for n in block.document_segment_lengths())}
+            "doc_len_sq": block.doc_len_sq}
 
 
 def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,

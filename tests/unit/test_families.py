@@ -23,6 +23,7 @@ from runner.train.attention import (
     recurrent_layer_types,
     supported_attention,
 )
+from runner.train.blocks import PAD_SEGMENT
 from runner.train.data import IGNORE, collate, make_block
 from runner.train.lora import apply_lora, lora_problems, meta_model
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
@@ -35,7 +36,8 @@ from tests.families import FAMILIES, family_config, write_model_folder
 LOSS_TOL = 1e-6
 GRAD_TOL = 1e-5
 DOC_LENGTHS = (37, 80, 11, 23)
-SEQ_LEN = 160  # 151 real tokens + a padding segment
+# 151 real tokens, then padding long enough to be cut into three segments (runner.train.blocks.PAD_SEGMENT)
+SEQ_LEN = 151 + 2 * PAD_SEGMENT + 9
 
 
 def test_the_matrix_is_the_registry_s():
@@ -251,6 +253,7 @@ def test_family_packs_exactly_in_both_engines_and_its_adapters_train(name):
     vocab = model.get_input_embeddings().weight.shape[0]
     docs = _documents(vocab)
     block = _packed_block(docs)
+    assert len(block.cu_seqlens) - 1 == len(docs) + 3  # the documents, then padding in three segments
     batch = collate([block])
     reference = _one_by_one(model, docs)
     assert all(g.abs().max() > 0 for n, g in reference[1].items() if "lora_" in n), "an adapter got no gradient"
