@@ -37,7 +37,7 @@ def model_dir(root: Path, name: str, config: dict) -> str:
 
 
 def configs(root: Path, quick: bool) -> list[tuple[str, list[str]]]:
-    from runner.catalog import catalog_config
+    from runner.facts.catalog import catalog_config
 
     qwen = model_dir(root, "qwen3-0.6b", catalog_config("Qwen/Qwen3-0.6B"))
     oss = json.loads((REPO / "recipes/embedded/gpt-oss-reduced/config.json").read_text())
@@ -175,8 +175,8 @@ def main() -> None:
         os.environ.setdefault(k, v)
     import torch
 
-    from runner.estimate import estimate
-    from runner.events import EventWriter
+    from runner.plan import estimate
+    from runner.events.lines import EventWriter
     from runner.spec import load_spec, resolve
     from runner.train import native, runtime, trl_engine
 

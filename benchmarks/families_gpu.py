@@ -1,4 +1,4 @@
-"""The family matrix on one machine: every decoder family of runner.families.MATRIX × engine × block length,
+"""The family matrix on one machine: every decoder family of runner.facts.families.MATRIX × engine × block length,
 a few steps each, through the engines' own `train` functions; writes families-<machine>.json and .md into --out.
 
     python benchmarks/families_gpu.py --out benchmarks            # one H200: 14 families × 2 engines × 8k, 32k
@@ -6,7 +6,7 @@ a few steps each, through the engines' own `train` functions; writes families-<m
 
 Each cell is a RunSpec (random init from a config-only folder built from transformers' config classes by
 tests/families.py, LoRA on the family's attention and MLP projections and expert tensors). Preflight runs first
-(runner.preflight, as `runner run` does): a refused cell is a row with its reason. The cells that pass all train
+(runner.plan.preflight, as `runner run` does): a refused cell is a row with its reason. The cells that pass all train
 in ONE torchrun launch whose ranks loop over them, each cell as runner.train.__main__ runs a rank: determinism
 switches, the engine's `train(spec, rt, events, run_dir)`, its end or error event (one launch per cell would
 cost 10–20 s of startup each). Status: trained | refused-at-preflight | failed | not-run (past --budget-s);
@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runner.families import MATRIX  # noqa: E402
+from runner.facts.families import MATRIX  # noqa: E402
 
 ENGINES = ("native", "trl")
 GPU_SEQ_LENS = (8192, 32768)
@@ -43,8 +43,8 @@ QUICK_SEQ_LENS = (256,)
 
 
 def lora_settings(config: Any) -> dict[str, Any]:
-    """LoRA on the family's attention and MLP projections (runner.families) and, for MoE, its expert tensors."""
-    from runner.families import family_of, lora_targets
+    """LoRA on the family's attention and MLP projections (runner.facts.families) and, for MoE, its expert tensors."""
+    from runner.facts.families import family_of, lora_targets
 
     fam = family_of(config)
     targets = lora_targets(config, "all")
@@ -78,7 +78,7 @@ def _problem_text(problems: list[Any]) -> str:
 
 def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cells to train, rows refused at preflight)."""
-    from runner.preflight import preflight_problems
+    from runner.plan.preflight import preflight_problems
     from tests.families import GPU, TINY, write_model_folder
 
     width = TINY if args.quick else GPU
@@ -121,8 +121,8 @@ def _cleanup(device: str) -> None:
 def run_cell(cell: dict[str, Any], rt: Any) -> None:
     """One cell on this rank, as runner.train.__main__ runs a rank: its events file gets start, the engine's
     events, and end or error."""
-    from runner.events import EventWriter
-    from runner.failure import classify_exception
+    from runner.events.lines import EventWriter
+    from runner.events.failure import classify_exception
     from runner.spec import RunSpec
     from runner.train import runtime
 
@@ -195,7 +195,7 @@ def launch(cells: list[dict[str, Any]], args: argparse.Namespace, work: Path) ->
 
 
 def _read(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    from runner.events import read_events
+    from runner.events.lines import read_events
 
     return read_events(run_dir / "events" / f"rank{rank}.jsonl")
 

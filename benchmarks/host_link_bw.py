@@ -5,7 +5,7 @@
 Prints GB/s (10^9 bytes per second, median of --repeat timed copies, CUDA events) for: device to host, host to
 device, both at once on two streams, and device to host while a bf16 matmul runs on the default stream (with the
 matmul's own TFLOP/s alone and beside the copy). This is the rate `train.offload_activations` depends on
-(HOST_LINK_GB_S in runner/estimate.py).
+(HOST_LINK_GB_S in runner/plan/).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ synthetic packed blocks of documents 400-3,000 tokens long (uniform, seeded), ev
 a target. Each row: `--warmup` steps, then `--steps` timed steps, each bracketed by torch.cuda.synchronize();
 tokens/s = block tokens / median step time.
 
-FLOPs per step: model FLOPs + attention FLOPs as runner/flops.py names them (the references.md convention, no
+FLOPs per step: model FLOPs + attention FLOPs as runner/facts/flops.py names them (the references.md convention, no
 recompute counted), so its MFU is the MFU of `runner bench` and of the record:
     6 · N · T  +  6 · Σ_attention layers (heads · head_dim) · Σ_documents L_d²
 N = parameters that multiply activations: all of them, minus the input embedding when it is not tied to the
@@ -105,7 +105,7 @@ def attention_width(config: Any) -> tuple[int, int]:
 
 
 def step_flops(n_params: int, tokens: int, attn_layers: int, attn_width: int, doc_lengths: list[int]) -> float:
-    """Model FLOPs (6·N per token) + attention FLOPs (6 · width · Σ L² per layer), runner/flops.py's quantities."""
+    """Model FLOPs (6·N per token) + attention FLOPs (6 · width · Σ L² per layer), runner/facts/flops.py's quantities."""
     return 6.0 * n_params * tokens + 6.0 * attn_layers * attn_width * float(sum(d * d for d in doc_lengths))
 
 

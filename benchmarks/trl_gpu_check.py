@@ -8,7 +8,7 @@ Here, on CPU, the same path with the tiny GPT-OSS model on 2 gloo ranks:
 
     python benchmarks/trl_gpu_check.py --dry-run --out /tmp/trl_dry.json
 
-The run goes through `runner.session.run_headless` (torchrun, events, record) into a scratch folder (`--work`), so
+The run goes through `runner.cli.session.run_headless` (torchrun, events, record) into a scratch folder (`--work`), so
 the repository's records/ stays untouched. Throughput counts the steps after `--warmup` (compilation and allocator
 warm-up), summed over ranks; MFU uses the 6·N convention with N the parameters a token passes through (attention,
 top-k of the experts, router, LM head; not the embedding lookup) against 790 TFLOP/s per GPU, the H200's measured
@@ -75,7 +75,7 @@ def device_name(device: str) -> str:
 
 def summarize(record: dict[str, Any], events_dir: Path, warmup: int) -> dict[str, Any]:
     """tokens/s after warm-up (all ranks), step-time spread, peak memory, and what the engine chose."""
-    from runner.events import read_events
+    from runner.events.lines import read_events
 
     world = record["launch"]["world_size"]
     rates, step_times, peaks_alloc, peaks_res, begin, end = [], [], [], [], {}, {}
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny GPT-OSS on 2 CPU ranks: checks the path here")
     args = parser.parse_args(argv)
 
-    from runner.session import run_headless
+    from runner.cli.session import run_headless
     from runner.spec import load_spec, resolve, resolve_embedded
 
     recipe = args.recipe or (DRY_RECIPE if args.dry_run else GPU_RECIPE)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir, records_dir = work / "runs", work / "records"
     code = run_headless(spec, runs_dir, records_dir, plain=True, force=True)
 
-    from runner import records
+    from runner.record import records
 
     record_path = sorted(records_dir.glob("*.json"))[-1]
     record = records.load(record_path)

@@ -36,7 +36,7 @@ def main() -> None:
 
     import torch
 
-    from runner.events import EventWriter
+    from runner.events.lines import EventWriter
     from runner.spec import load_spec, resolve
     from runner.train import runtime, trl_engine
 

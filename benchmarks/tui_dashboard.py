@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from runner.events import is_step
+from runner.events.lines import is_step
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_TARGET_PCT = 10.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import main as runner_main
+from runner.cli.main import main as runner_main
 
 REPO = Path(__file__).resolve().parents[1]
 

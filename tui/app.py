@@ -85,7 +85,7 @@ class SftApp(App):
 
             return RecordsScreen(self.records_dir)
         if s == "dashboard":
-            from runner.records import RecordError, load
+            from runner.record.records import RecordError, load
             from tui.screens.dashboard import DashboardScreen
 
             if self.run_dir is None:
@@ -96,7 +96,7 @@ class SftApp(App):
                 estimate = None
             return DashboardScreen(self.run_dir, estimate=estimate, clock=self.clock, poll_s=self.poll_s)
         if s == "summary":
-            from runner.records import load
+            from runner.record.records import load
             from tui.screens.summary import SummaryScreen
 
             if self.record_path is None:
@@ -126,8 +126,8 @@ class SftApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch")
     def _launch(self, spec: RunSpec, original: dict[str, Any] | None, force: bool) -> None:
-        from runner import run as run_mod
-        from runner.session import preflight_estimate
+        from runner.launch import run as run_mod
+        from runner.cli.session import preflight_estimate
 
         try:
             resolved, planned = plan_resolve(spec, len(self.detected_gpus()))
@@ -305,14 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.recipe:
             print("error: --headless needs --recipe NAME|PATH", file=sys.stderr)
             return 2
-        from runner.cli import main as runner_main
+        from runner.cli.main import main as runner_main
 
         run_argv = ["run", args.recipe, "--runs-dir", str(args.runs_dir), "--records-dir", str(args.records_dir)]
         for assignment in args.overrides:
             run_argv += ["--set", assignment]
         run_argv += [flag for flag, on in (("--json", args.json), ("--plain", args.plain), ("--force", args.force))
                      if on]
-        # `runner run`'s own entry: spec → resolve → runner.session.run_headless, same exit codes.
+        # `runner run`'s own entry: spec → resolve → runner.cli.session.run_headless, same exit codes.
         return runner_main(run_argv)
     try:
         data = load_recipe_dict(args.recipe or DEFAULT_RECIPE, args.overrides)

@@ -31,17 +31,17 @@ class Backends:
     preflight_fn: Callable[[RunSpec], list[Problem]] | None = None
 
     def estimate(self, spec: RunSpec) -> dict[str, Any]:
-        """The estimator's dict for a resolved spec (runner.estimate)."""
+        """The estimator's dict for a resolved spec (runner.plan)."""
         if self.estimate_fn is not None:
             return self.estimate_fn(spec)
-        from runner.estimate import estimate
+        from runner.plan import estimate
 
         return estimate(spec).to_dict()
 
     def sweep(self, spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
         if self.sweep_fn is not None:
             return self.sweep_fn(spec, axes)
-        from runner.estimate import sweep
+        from runner.plan import sweep
 
         return sweep(spec, axes)
 
@@ -49,7 +49,7 @@ class Backends:
         """The model's architecture summary, where its config came from, and why it is approximate (if it is)."""
         if self.load_arch_fn is not None:
             return self.load_arch_fn(spec)
-        from runner.catalog import load_arch
+        from runner.facts.catalog import load_arch
 
         loaded = load_arch(spec)
         out = dict(loaded.arch.summary())
@@ -59,30 +59,30 @@ class Backends:
         return out
 
     def preflight(self, spec: RunSpec) -> list[Problem]:
-        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.preflight
+        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.plan.preflight
         finds it; EstimatorUnavailable when that module is absent."""
         if self.preflight_fn is not None:
             return self.preflight_fn(spec)
         try:
-            from runner.preflight import preflight_problems
+            from runner.plan.preflight import preflight_problems
         except ImportError as e:
             raise EstimatorUnavailable(f"preflight unavailable ({e})") from None
-        from runner.hub import hub_problems
+        from runner.plan.hub import hub_problems
 
         return hub_problems(spec) + preflight_problems(spec)
 
     def detect_gpus(self) -> list[dict[str, Any]]:
         if self.detect_gpus_fn is not None:
             return self.detect_gpus_fn()
-        from runner.sampler import detect_gpus
+        from runner.facts.nvml import detect_gpus
 
         return detect_gpus()
 
     def gpu_types(self) -> list[str]:
-        """GPU type names to plan for (runner/gpus.py)."""
+        """GPU type names to plan for (runner/facts/gpus.py)."""
         if self.gpu_types_list is not None:
             return list(self.gpu_types_list)
-        from runner.gpus import gpu_names
+        from runner.facts.gpus import gpu_names
 
         return gpu_names()
 

@@ -19,12 +19,12 @@ DETECT_ROWS = 16
 
 def detect(spec: RunSpec) -> dict[str, Any]:
     """{"file", "format", "columns", "messages_ok", "detected", "chat"} for a local dataset, where `detected`
-    describes the row format (runner.formats) or, when `messages_ok` is false, says why none fits; {"hub": id} when
+    describes the row format (runner.data.formats) or, when `messages_ok` is false, says why none fits; {"hub": id} when
     there is no local path."""
-    from runner.formats import FormatError, RowFormat, samples
-    from runner.formats import detect as detect_format
-    from runner.datafiles import data_suffix, is_gzip
-    from runner.preflight import data_file, read_rows
+    from runner.data.formats import FormatError, RowFormat, samples
+    from runner.data.formats import detect as detect_format
+    from runner.data.datafiles import data_suffix, is_gzip
+    from runner.plan.preflight import data_file, read_rows
 
     d = spec.dataset
     if not d.path:
@@ -50,9 +50,9 @@ def detect(spec: RunSpec) -> dict[str, Any]:
 def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     """One conversation as (token text, trained?) pairs and PackStats over a sample, through the trainer's own
     tokenisation (runner.train.data) and tokenizer loading (runner.train.model)."""
-    from runner.formats import RowFormat, RowReader
-    from runner.formats import detect as detect_format
-    from runner.preflight import read_rows
+    from runner.data.formats import RowFormat, RowReader
+    from runner.data.formats import detect as detect_format
+    from runner.plan.preflight import read_rows
     from runner.train.data import PackStats, has_generation_markers, pack, tokenize_sample
     from runner.train.model import load_tokenizer
 

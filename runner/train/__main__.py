@@ -11,8 +11,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from runner.events import EventWriter
-from runner.failure import classify_exception
+from runner.events.lines import EventWriter
+from runner.events.failure import classify_exception
 from runner.spec import RunSpec
 
 

@@ -13,7 +13,7 @@ A packed block holds several documents. Nothing may flow from one document to th
 
 `packing_support(config)` says whether a model can be trained on packed blocks here; preflight refuses the run
 otherwise. Masks for forwards that build them without position_ids are runner.train.masks'; which paths a family
-may use and which one a run takes are runner.families' and runner.decisions'.
+may use and which one a run takes are runner.facts.families' and runner.facts.decisions'.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.decisions import AttentionChoice, Kernels, attention_refusal
-from runner.decisions import choose_attention as choose_attention  # benchmarks call it through this module
-from runner.families import GATED_DELTA, VARLEN, family_of
-from runner.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
+from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
+from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
+from runner.facts.families import GATED_DELTA, VARLEN, family_of
+from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
 from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ def flex_available() -> bool:
 
 
 def available_kernels(device: str) -> Kernels:
-    """The attention kernels this process can use on `device` (what runner.decisions.choose_attention is given)."""
+    """The attention kernels this process can use on `device` (what runner.facts.decisions.choose_attention is given)."""
     cuda = device == "cuda"
     varlen = cuda and varlen_available()
     from runner.train import fa4
@@ -99,7 +99,7 @@ def concrete_model_class(auto_cls: Any, config: Any) -> Any:
 
 
 def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice, tuple[str, str] | None]:
-    """The attention path both engines load this model with on `device` (runner.decisions.choose_attention with
+    """The attention path both engines load this model with on `device` (runner.facts.decisions.choose_attention with
     this class's support and the kernels installed here), and (why, fix) when that path cannot train it."""
     from runner.train.loader import model_class
 
@@ -248,10 +248,10 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
 def register_varlen(kernel: str | None = None) -> None:
     """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now: "torch"
-    (varlen_attn), "flash-attn-4" (runner.decisions `varlen_kernel` chooses), None = keep the current one."""
+    (varlen_attn), "flash-attn-4" (runner.facts.decisions `varlen_kernel` chooses), None = keep the current one."""
     from transformers import AttentionInterface
 
-    from runner.decisions import FA4_KERNEL, TORCH_KERNEL
+    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL
 
     if kernel == FA4_KERNEL:
         from runner.train import fa4

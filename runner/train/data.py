@@ -5,7 +5,7 @@ Rules, in the order the data meets them:
 * Sharding: every (rank, DataLoader worker) stream reads a disjoint shard, `split_dataset_by_node` over
   rank * workers + worker of world * workers (the same for hub datasets and local files). The order is
   deterministic for a given seed, world size and `train.data_workers`, which is what resume relies on.
-* Rows: `runner.formats` reads each row in the dataset's format (messages, ShareGPT, alpaca, prompt/completion,
+* Rows: `runner.data.formats` reads each row in the dataset's format (messages, ShareGPT, alpaca, prompt/completion,
   text; detected on the stream's first row unless dataset.format says) as messages with a trained flag each, or
   as text segments.
 * Tokenisation: templates with `{% generation %}` markers give ids and mask in one render when exactly the
@@ -24,7 +24,7 @@ Rules, in the order the data meets them:
   seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
 * Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the whole
   length of every document that begins in it (`doc_lengths`, `doc_splits`), so PackStats, fed the blocks a rank
-  trains on, reports the lengths of the documents trained on (runner.doclengths; the record merges the ranks').
+  trains on, reports the lengths of the documents trained on (runner.data.doclengths; the record merges the ranks').
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from runner import doclengths
-from runner.formats import RowFormat, RowReader, Sample
+from runner.data import doclengths
+from runner.data.formats import RowFormat, RowReader, Sample
 from runner.train.blocks import IGNORE, PackedBlock, carry_counts, empty_block, make_block  # noqa: F401 - re-exported
 Example = tuple[list[int], list[bool]]
 
@@ -178,7 +178,7 @@ def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[
 
 
 def tokenize_sample(tokenizer: Any, sample: Sample, markers: bool | None = None) -> tuple[list[int], list[bool]]:
-    """One row (runner.formats.Sample) as ids and loss mask. Generation markers mark every assistant turn, so they
+    """One row (runner.data.formats.Sample) as ids and loss mask. Generation markers mark every assistant turn, so they
     serve only when exactly the assistant turns train; any other choice of turns is bracketed turn by turn."""
     if sample.segments is not None:
         return tokenize_text(tokenizer, sample.segments)
@@ -406,7 +406,7 @@ LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".cs
 def local_builder(path: Path) -> str:
     """The `datasets` builder of a local file; a .jsonl.gz / .json.gz / .csv.gz takes its inner format's (the
     builder decompresses it)."""
-    from runner.datafiles import data_suffix
+    from runner.data.datafiles import data_suffix
 
     builder = LOCAL_BUILDERS.get(data_suffix(path))
     if builder is None:
@@ -463,7 +463,7 @@ class BlockStream(torch.utils.data.IterableDataset):
         if not s.eval_fraction:
             yield from _iterate_unsplit(ds)
             return
-        from runner.formats import is_heldout
+        from runner.data.formats import is_heldout
 
         for row in _iterate_unsplit(ds):
             if is_heldout(row, s.seed, s.eval_fraction) == s.heldout:

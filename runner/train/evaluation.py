@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from runner.formats import is_heldout  # noqa: F401 - the held-out rule, kept with the row formats
+from runner.data.formats import is_heldout  # noqa: F401 - the held-out rule, kept with the row formats
 
 if TYPE_CHECKING:
-    from runner.events import EventWriter
+    from runner.events.lines import EventWriter
     from runner.spec import RunSpec
 
 EVAL_METHOD = "sft_eval_sums"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
+from runner.facts.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
 from runner.spec import RunSpec

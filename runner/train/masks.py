@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from runner.families import BOUNDARY_PATHS
+from runner.facts.families import BOUNDARY_PATHS
 
 BOUNDARY_KERNELS = tuple(sorted(BOUNDARY_PATHS))
 """Kernels that read cu_seqlens keep documents apart without any mask."""

@@ -191,7 +191,7 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
 
 
 def weights_bf16(model: nn.Module) -> bool:
-    """Whether every weight is already in the bf16 compute dtype (runner.decisions.fsdp_wrapped asks)."""
+    """Whether every weight is already in the bf16 compute dtype (runner.facts.decisions.fsdp_wrapped asks)."""
     return all(p.dtype == torch.bfloat16 for p in model.parameters())
 
 
@@ -201,7 +201,7 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 recompute_attention: bool = True) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
 
-    One rank trains the plain module unless runner.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
+    One rank trains the plain module unless runner.facts.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
     layer's weights in and its gradients out, and its hooks cost host time that short steps cannot hide.
     """
     from torch.distributed.device_mesh import init_device_mesh
@@ -220,7 +220,7 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
         # dynamic-shape handling recompiles once, then treats that dimension as dynamic.
         for layer in layers:
             layer.compile()
-    from runner.decisions import fsdp_wrapped
+    from runner.facts.decisions import fsdp_wrapped
 
     if not fsdp_wrapped("native", world, device, fsdp_one_rank, weights_bf16(model)):
         return model

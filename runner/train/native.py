@@ -24,7 +24,7 @@ from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_d
 from runner.train.loss import loss_sum
 
 if TYPE_CHECKING:
-    from runner.events import EventWriter
+    from runner.events.lines import EventWriter
     from runner.spec import RunSpec
 from runner.train import model as model_mod
 from runner.train.runtime import Runtime
@@ -100,7 +100,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
 
 def block_source(spec: RunSpec, tokenizer: Any):
     from runner.spec import resolve_embedded
-    from runner.formats import RowFormat
+    from runner.data.formats import RowFormat
     from runner.train.data import DataSource
 
     d, t = spec.dataset, spec.train
@@ -138,7 +138,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
     from torch.distributed.fsdp import FSDPModule
 
-    from runner.decisions import choose_loss, loss_chunk_tokens
+    from runner.facts.decisions import choose_loss, loss_chunk_tokens
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
     from runner.train.evaluation import attach_eval
@@ -201,7 +201,7 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
         stats.add(block)
         blocks_consumed += 1
     if evaluator is not None:
-        from runner.events import read_events
+        from runner.events.lines import read_events
 
         evaluator.restore(read_events(Path(events._f.name)), step)
     events.resume(step=step, checkpoint=str(path), blocks_consumed=blocks_consumed)

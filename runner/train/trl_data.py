@@ -30,7 +30,7 @@ def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,
     """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps.
     Each block's documents are not added to `stats` but kept in `documents` (one block a row, its tensors
     dropped): which rows the trainer draws is known once every rank's row count is (rank_dataset)."""
-    from runner.formats import RowFormat
+    from runner.data.formats import RowFormat
     from runner.train.data import BlockStream, DataSource
 
     d, t = spec.dataset, spec.train

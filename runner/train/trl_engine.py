@@ -13,7 +13,7 @@ Choices, recorded in the `train_begin` event:
   builds its attention mask without position_ids (GPT-OSS) get a pre-hook that builds the mask of every layer type
   from the position_ids (flash and varlen kernels read cu_seqlens); gated-delta layers restart per document from
   the cu_seq_lens / seq_idx that TRL's padding-free collator passes.
-- Attention: the native engine's choice (runner.decisions, runner.families): e.g. GPT-OSS's attention sinks get
+- Attention: the native engine's choice (runner.facts.decisions, runner.facts.families): e.g. GPT-OSS's attention sinks get
   eager on CPU (flex cannot apply sinks there) and flex_attention on CUDA; sdpa, varlen and flash-attn are refused.
 - FSDP2 through accelerate with more than one rank (`fsdp_config` version 2, decoder-layer classes from
   `_no_split_modules`, reshard after forward, FSDP's own activation checkpointing). accelerate only enables FSDP on
@@ -38,9 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.decisions import AttentionChoice
+from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
-from runner.events import EventWriter, read_events
+from runner.events.lines import EventWriter, read_events
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
@@ -204,9 +204,9 @@ def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
 
 
 def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
-    """liger-kernel's layer kernels for the families it covers (runner.families `liger`), on CUDA when installed:
+    """liger-kernel's layer kernels for the families it covers (runner.facts.families `liger`), on CUDA when installed:
     TRL's best measured settings (flex attention + liger) include them."""
-    from runner.families import family_of
+    from runner.facts.families import family_of
 
     if device != "cuda" or not family_of(config).liger:
         return False
@@ -477,7 +477,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     if spec.method.kind == "lora":
         model = apply_lora(model, spec)
     n_params = sum(p.numel() for p in model.parameters())
-    from runner.decisions import fsdp_wrapped, precision
+    from runner.facts.decisions import fsdp_wrapped, precision
 
     wrapped = fsdp_wrapped("trl", rt.world_size, rt.device, t.fsdp_one_rank)
     prec = precision("trl", rt.device, spec.model.dtype, wrapped)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
+from runner.record import records
 from runner.spec import load_spec
 from tests.conftest import dir_args, last_json, run_cli
 from tests.unit.test_planned_choices import assert_run_chose_the_plan

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
-from runner.events import read_events
+from runner.record import records
+from runner.events.lines import read_events
 from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner import records
-from runner.events import read_events
-from runner.failure import classify_text
-from runner.launch import build_sbatch
+from runner.record import records
+from runner.events.lines import read_events
+from runner.events.failure import classify_text
+from runner.launch.jobs import build_sbatch
 from runner.spec import load_spec
 from tests.conftest import REPO, dir_args, last_json
 

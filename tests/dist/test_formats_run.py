@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
+from runner.record import records
 from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist

@@ -12,9 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, Qwen3_5Config
 
-from runner import run as run_mod
-from runner.events import read_events
-from runner.launch import Launcher, RunPaths, build_command, run_env
+from runner.launch import run as run_mod
+from runner.events.lines import read_events
+from runner.launch.process import Launcher
+from runner.events.paths import RunPaths
+from runner.launch.command import build_command, run_env
 from runner.spec import RunSpec, load_spec, resolve
 from runner.train import checkpoint as ckpt
 from runner.train.data import BlockStream, collate

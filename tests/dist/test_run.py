@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
+from runner.record import records
 from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist
@@ -59,7 +59,7 @@ def test_replay_reproduces_bit_for_bit(tiny_run, capsys):
 
 
 def test_replay_reports_drift_and_strict_refuses(tiny_run, monkeypatch, capsys):
-    from runner import pins
+    from runner.record import pins
 
     real = pins.packages
     monkeypatch.setattr(pins, "packages", lambda: {**real(), "transformers": "0.0.1-simulated"})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner import records
+from runner.record import records
 from runner.errors import SpecError
 from runner.spec import load_spec, resolve
 from runner.train import trl_engine
@@ -314,7 +314,7 @@ def test_this_environment_can_dequantize_mxfp4():
 
 
 def test_preflight_reports_lora_problems_before_launch():
-    from runner.preflight import preflight_problems
+    from runner.plan.preflight import preflight_problems
 
     spec = load_spec(RECIPE, ["method.lora.target_parameters=[mlp.experts.up_proj]",
                               "method.lora.rank_pattern={}"])

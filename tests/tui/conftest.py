@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner import records as records_mod
+from runner.record import records as records_mod
 from runner.spec import RunSpec, load_spec
 from tui.backends import Backends
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from textual.widgets import DataTable
 
-from runner.records import load, verify
+from runner.record.records import load, verify
 from tests.tui.conftest import ready, run_async, wait_for
 from tests.tui.helpers import screen_text, table_rows, text_of
 from tui import format as fmt
@@ -195,7 +195,7 @@ def test_killed_rank_is_named_on_the_dashboard(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def one_record(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished 3-step run written headless (the same code path as `runner run`)."""
-    from runner.session import run_headless
+    from runner.cli.session import run_headless
     from runner.spec import load_spec, resolve
 
     base = tmp_path_factory.mktemp("browser")

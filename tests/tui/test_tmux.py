@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.records import verify
+from runner.record.records import verify
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("tmux_drive.sh")

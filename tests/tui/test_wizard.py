@@ -229,8 +229,8 @@ def test_save_refuses_a_non_yaml_name(tmp_path: Path) -> None:
 
 
 def test_cli_headless_goes_through_runner_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """`sft-tui --headless` = `runner run`: the resolved spec reaches runner.session.run_headless unchanged."""
-    import runner.session
+    """`sft-tui --headless` = `runner run`: the resolved spec reaches runner.cli.session.run_headless unchanged."""
+    import runner.cli.session
 
     seen = {}
 
@@ -239,7 +239,7 @@ def test_cli_headless_goes_through_runner_run(monkeypatch: pytest.MonkeyPatch, t
         seen.update(spec=spec, runs_dir=runs_dir, records_dir=records_dir, as_json=as_json, plain=plain)
         return 3
 
-    monkeypatch.setattr(runner.session, "run_headless", fake_run_headless)
+    monkeypatch.setattr(runner.cli.session, "run_headless", fake_run_headless)
     code = main(["--headless", "--recipe", "tiny-cpu", "--set", "train.max_steps=5", "--json", "--plain",
                  "--runs-dir", str(tmp_path / "r"), "--records-dir", str(tmp_path / "rec")])
     assert code == 3

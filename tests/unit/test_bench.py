@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.bench import combos, parse_sweeps, row_spec
+from runner.cli.bench import combos, parse_sweeps, row_spec
 from runner.errors import UserError
 
 
@@ -44,7 +44,7 @@ def test_bad_sweep_is_a_user_error():
 
 
 def test_max_seq_len_range_is_parsed_with_clear_errors():
-    from runner.bench_limit import grid, parse_range
+    from runner.cli.bench_limit import grid, parse_range
 
     assert parse_range("32768:65536:8192") == (32768, 65536, 8192)
     assert grid(*parse_range("4096:16384")) == [4096, 8192, 12288, 16384]
@@ -55,7 +55,7 @@ def test_max_seq_len_range_is_parsed_with_clear_errors():
 
 @pytest.mark.parametrize("limit", [None, 4096, 12288, 40960, 65536])
 def test_bisection_finds_the_largest_fitting_length_in_log_probes(limit):
-    from runner.bench_limit import grid, largest_fitting
+    from runner.cli.bench_limit import grid, largest_fitting
 
     lengths = grid(4096, 65536, 4096)
     tried = []
@@ -73,7 +73,7 @@ def test_bisection_started_at_the_estimate_is_always_right_and_short_when_the_es
     """Started anywhere, the search still finds the limit; started at the limit, it takes two probes."""
     import random
 
-    from runner.bench_limit import largest_fitting
+    from runner.cli.bench_limit import largest_fitting
 
     rng = random.Random(0)
     for _ in range(500):
@@ -94,15 +94,15 @@ def test_bisection_started_at_the_estimate_is_always_right_and_short_when_the_es
 
 
 def test_bisection_stops_on_a_failure_that_is_not_out_of_memory():
-    from runner.bench_limit import largest_fitting
+    from runner.cli.bench_limit import largest_fitting
 
     found, complete = largest_fitting([1, 2, 3, 4], lambda n: True if n < 2 else None)
     assert complete is False and found is None  # the first probe (2) failed: nothing is known to fit
 
 
 def test_predicted_limit_is_where_the_estimate_stops_fitting():
-    from runner.bench_limit import grid, predicted_limit
-    from runner.estimate import estimate
+    from runner.cli.bench_limit import grid, predicted_limit
+    from runner.plan import estimate
     from runner.spec import load_spec
 
     spec = load_spec("qwen3-1.7b-bench-h200", ["train.activation_checkpointing=false", "train.recompute_layers=null"])
@@ -119,7 +119,7 @@ def test_predicted_limit_is_where_the_estimate_stops_fitting():
 def test_limits_compare_engines_and_score_the_estimator(tmp_path):
     from rich.console import Console
 
-    from runner.bench_limit import find_limits, grid
+    from runner.cli.bench_limit import find_limits, grid
     from runner.spec import load_spec
 
     no_ckpt = ["train.activation_checkpointing=false", "train.recompute_layers=null"]
@@ -142,7 +142,7 @@ def test_limits_compare_engines_and_score_the_estimator(tmp_path):
 
 
 def test_repeat_spread_groups_runs_of_the_same_configuration():
-    from runner.bench import repeat_spread
+    from runner.cli.bench import repeat_spread
 
     rows = [{"overrides": ["engine=native"], "status": "succeeded", "tokens_per_s": 100.0},
             {"overrides": ["engine=trl"], "status": "succeeded", "tokens_per_s": 80.0},

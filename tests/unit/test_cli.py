@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import EXIT_BAD_INPUT, EXIT_NOT_VERIFIED, EXIT_OK, main
+from runner.cli.main import EXIT_BAD_INPUT, EXIT_NOT_VERIFIED, EXIT_OK, main
 from tests.tui.conftest import RUN_ID, RUN_ID_B, write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +45,8 @@ def test_piped_list_and_diff_are_never_cut(recs: Path) -> None:
 def test_list_keeps_the_id_whole_at_80_columns(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from runner.compare import print_list
-    from runner.records import list_records
+    from runner.record.compare import print_list
+    from runner.record.records import list_records
 
     console = Console(width=80, force_terminal=True, color_system=None)
     with console.capture() as cap:
@@ -128,10 +128,10 @@ def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
 
 def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    import runner.hub
+    import runner.plan.hub
 
-    monkeypatch.setattr(runner.hub, "hub_reachable", lambda: False)
-    monkeypatch.setattr(runner.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
+    monkeypatch.setattr(runner.plan.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(runner.plan.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
     code = main(["run", "tiny-cpu", "--set", "model.path=null", "--set", "model.id=org/not-cached",
                  "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")])
     assert code == EXIT_BAD_INPUT
@@ -141,7 +141,7 @@ def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: py
     # local model and data: nothing to reach, no probe
     from runner.spec import load_spec
 
-    assert runner.hub.hub_problems(load_spec("tiny-cpu")) == []
+    assert runner.plan.hub.hub_problems(load_spec("tiny-cpu")) == []
 
 
 def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None:

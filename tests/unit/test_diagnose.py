@@ -1,13 +1,13 @@
-"""Which rank a failed run blames, from torchrun's report and the ranks' error events (runner.run.diagnose)."""
+"""Which rank a failed run blames, from torchrun's report and the ranks' error events (runner.launch.run.diagnose)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from runner.events import EventWriter
-from runner.failure import classify_exception
-from runner.launch import RunPaths
-from runner.run import diagnose
+from runner.events.lines import EventWriter
+from runner.events.failure import classify_exception
+from runner.events.paths import RunPaths
+from runner.launch.run import diagnose
 
 GLOO_PEER_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:10130: "
                    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import catalog
-from runner.catalog import CATALOG, PUBLISHED_PARAMS, catalog_arch, gpu_type, load_arch, match_gpu_name, parse_arch
-from runner.cli import main
+from runner.facts import catalog
+from runner.facts.catalog import CATALOG, PUBLISHED_PARAMS, catalog_arch, gpu_type, load_arch, match_gpu_name, parse_arch
+from runner.cli.main import main
 from runner.errors import UserError
-from runner.estimate import estimate, lora_params, parse_sweep, sweep
+from runner.plan import estimate, lora_params, parse_sweep, sweep
 from runner.spec import RECIPES_DIR, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +37,12 @@ def offline(monkeypatch):
     monkeypatch.setattr(catalog, "_from_hub", no_hub)
     # An empty cache: every hub id resolves through the built-in catalog.
     monkeypatch.setattr(catalog, "_from_cache", lambda model_id, revision: None)
-    from runner import estimate as est_mod
+    from runner import plan as est_mod
 
     est_mod._load_arch_cached.cache_clear()
     # The notebooks install flash-linear-attention (their claims are about that setup); the machine running the
     # tests may not have it. The H200 measurements below say which setup they ran in.
-    monkeypatch.setattr(est_mod, "gdn_kernels_installed", lambda: True)
+    monkeypatch.setattr("runner.plan.choices.gdn_kernels_installed", lambda: True)
 
 
 def est(ref: str, *overrides: str, **kw):
@@ -150,14 +150,14 @@ def test_gpu_types_and_errors():
 
 
 def test_gpu_auto_without_a_gpu_asks_for_a_type(monkeypatch):
-    monkeypatch.setattr("runner.sampler.detect_gpus", lambda: [])
+    monkeypatch.setattr("runner.facts.nvml.detect_gpus", lambda: [])
     with pytest.raises(UserError, match="hardware.gpu=H100-80GB"):
         est(R27, "hardware.gpu=auto", "hardware.device=auto")
 
 
 def test_gpu_auto_detects_type_and_count(monkeypatch):
     gpus = [{"index": i, "name": "NVIDIA H200", "mem_total_gib": 140.4} for i in range(4)]
-    monkeypatch.setattr("runner.sampler.detect_gpus", lambda: gpus)
+    monkeypatch.setattr("runner.facts.nvml.detect_gpus", lambda: gpus)
     e = est(R17, "hardware.gpu=auto", "hardware.nproc_per_node=auto")
     assert (e.gpu, e.world_size) == ("H200", 4)
 
@@ -377,7 +377,7 @@ def test_parse_sweep_types_values():
 
 def test_cli_is_fast_offline_without_gpu():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    code = ("import sys, runner.cli; rc = runner.cli.main(['estimate', %r, '--json']); "
+    code = ("import sys, runner.cli.main; rc = runner.cli.main.main(['estimate', %r, '--json']); "
             "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules), file=sys.stderr); "
             "sys.exit(rc)") % R27
     start = time.perf_counter()
@@ -550,7 +550,7 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
     if name.startswith("bench "):
         spec_ref, sets = _bench_command(row["command"], data_path)
-        from runner.bench import NATIVE_ONLY
+        from runner.cli.bench import NATIVE_ONLY
 
         # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
         left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
@@ -591,10 +591,9 @@ def test_measured_rows_are_all_there():
 
 @pytest.mark.parametrize("name, row", MEASURED, ids=[n for n, _ in MEASURED])
 def test_estimate_matches_measured_h200_peak(name, row, calibration_configs, generated_data, monkeypatch):
-    from runner import estimate as est_mod
 
     # flash-linear-attention was not installed on the H200 (the hybrid rows ran the PyTorch path).
-    monkeypatch.setattr(est_mod, "gdn_kernels_installed", lambda: False)
+    monkeypatch.setattr("runner.plan.choices.gdn_kernels_installed", lambda: False)
     e = estimate(_measured_spec(name, row, calibration_configs, generated_data), suggest=False)
     alloc_err = (e.per_gpu_allocated_gib - row["peak_alloc_gib"]) / row["peak_alloc_gib"]
     assert abs(alloc_err) <= ALLOC_EXCEPTIONS.get(name, ALLOC_BOUND), (name, e.per_gpu_allocated_gib, alloc_err)
@@ -618,14 +617,13 @@ def test_trl_lora_on_one_gpu_trains_the_plain_module_at_the_measured_peak():
 
 def test_gated_delta_torch_path_costs_memory_only_on_hybrid_models(monkeypatch):
     """Without flash-linear-attention, gated-delta layers keep fp32 intermediates: more memory, said in the notes."""
-    from runner import estimate as est_mod
 
     hybrid = ["model.path=embedded:qwen3.5-hybrid-reduced", "model.loader=image_text_to_text", "method.kind=lora",
               "train.activation_checkpointing=true", "train.seq_len=8192", "hardware.device=cuda",
               "hardware.gpu=H200", "hardware.nproc_per_node=1", "model.init=random", "model.dtype=bfloat16"]
     with_kernels = estimate(load_spec("tiny-cpu", hybrid), suggest=False)
     dense_with = est(R17)
-    monkeypatch.setattr(est_mod, "gdn_kernels_installed", lambda: False)
+    monkeypatch.setattr("runner.plan.choices.gdn_kernels_installed", lambda: False)
     without = estimate(load_spec("tiny-cpu", hybrid), suggest=False)
     assert without.per_gpu_allocated_gib > with_kernels.per_gpu_allocated_gib + 2
     assert "PyTorch path" in without.approximate_reason and "PyTorch path" not in with_kernels.approximate_reason
@@ -716,8 +714,8 @@ LIMIT_RUNS = sorted((BENCH / "bench-h200").glob("limit-*.json"))
 def test_estimator_predicts_the_measured_limits_within_10_percent(path, generated_data):
     """`runner bench --max-seq-len` results: the largest block that fit on the H200, per engine, against the
     limit the estimator gives today for the same spec on the same grid."""
-    from runner.bench import NATIVE_ONLY
-    from runner.bench_limit import grid, predicted_limit
+    from runner.cli.bench import NATIVE_ONLY
+    from runner.cli.bench_limit import grid, predicted_limit
 
     result = json.loads(path.read_text())
     spec_ref, sets = _bench_command(result["command"], generated_data)
@@ -766,12 +764,12 @@ def _measured_step_s(row: dict) -> float:
 
 def _measured_attention_len(row: dict, spec) -> int | None:
     """Σ doc_len² / tokens of the blocks a row measured, for rows with document statistics: back from its MFU
-    (model + attention FLOPs over the step and the ceiling, runner/flops.py). Those rows measured the first blocks
+    (model + attention FLOPs over the step and the ceiling, runner/facts/flops.py). Those rows measured the first blocks
     of the bench data (bfd filled a buffer's first blocks with its longest conversations before it shuffled them):
     their attention work is not the data's average, which is what the estimate of a whole run assumes."""
     if "doc_tokens" not in row or not row.get("mfu"):
         return None
-    from runner.flops import attention_flops_per_doc_len_sq, model_flops_per_token
+    from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
 
     arch = load_arch(spec).arch
     done = row["mfu"] * row["step_s_median"] * row["peak_tflops"] * 1e12
@@ -807,10 +805,9 @@ def test_estimated_step_time_on_long_conversations_at_8k_and_32k(name, row, gene
 
 def test_measured_coverage_is_what_the_measured_rows_cover(calibration_configs, generated_data, monkeypatch):
     """The families, GPU types and world sizes the estimate calls measured are exactly those of the measured rows."""
-    from runner import estimate as est_mod
-    from runner.estimate import coverage
+    from runner.plan import coverage
 
-    monkeypatch.setattr(est_mod, "gdn_kernels_installed", lambda: False)
+    monkeypatch.setattr("runner.plan.choices.gdn_kernels_installed", lambda: False)
     families, gpus, worlds = set(), set(), set()
     for name, row in MEASURED:
         e = estimate(_measured_spec(name, row, calibration_configs, generated_data), suggest=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runner.estimate import estimate
+from runner.plan import estimate
 from runner.spec import load_spec
 
 RSS_TOLERANCE = 0.25

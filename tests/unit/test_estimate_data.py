@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.estimate import estimate
+from runner.plan import estimate
 from runner.spec import load_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runner import records
-from runner.compare import diff_records
+from runner.record import records
+from runner.record.compare import diff_records
 from runner.errors import SpecError
-from runner.replay import compare
+from runner.record.replay import compare
 from runner.spec import load_spec
 from runner.train.attention import packing_kwargs
 from runner.train.data import BlockStream, DataSource, collate, make_block

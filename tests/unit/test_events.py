@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runner.events import (
+from runner.events.lines import (
     END,
     EVENT_KINDS,
     START,

@@ -133,7 +133,7 @@ def test_packed_block_through_fa4_equals_documents_one_by_one(fa4_stand_in, reco
 
 
 def test_kernel_choice_and_refusal():
-    from runner.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
 
     with_fa4, without = Kernels(varlen=True, fa4=True), Kernels(varlen=True)
     assert varlen_kernel("auto", with_fa4, 128) == FA4_KERNEL

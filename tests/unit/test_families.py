@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from runner import decisions, families
-from runner.decisions import Kernels, attention_refusal, choose_attention, choose_loss
-from runner.families import MATRIX, family_of, lora_targets
+from runner.facts import decisions
+from runner.facts import families
+from runner.facts.decisions import Kernels, attention_refusal, choose_attention, choose_loss
+from runner.facts.families import MATRIX, family_of, lora_targets
 from runner.spec import load_spec
 from runner.train.attention import (
     concrete_model_class,
@@ -189,7 +190,7 @@ def _packed_block(docs):
 
 
 def _model(name: str) -> tuple[torch.nn.Module, str, str]:
-    """The family's model as both engines prepare it on CPU: attention chosen by runner.decisions, documents kept
+    """The family's model as both engines prepare it on CPU: attention chosen by runner.facts.decisions, documents kept
     apart (runner.train.attention.keep_documents_apart), LoRA on its projections and expert tensors."""
     config = family_config(name)
     supported = supported_attention(concrete_model_class(AutoModelForCausalLM, config))
@@ -297,7 +298,7 @@ def test_preflight_refuses_a_family_whose_recurrent_state_would_cross_documents(
 
 @pytest.mark.parametrize("engine", ["native", "trl"])
 def test_preflight_refuses_an_attention_path_that_drops_the_sinks(tmp_path, engine):
-    from runner.preflight import preflight_problems
+    from runner.plan.preflight import preflight_problems
     from runner.spec import resolve
 
     folder = write_model_folder("gpt_oss", tmp_path / "gpt_oss")

@@ -11,8 +11,8 @@ import pytest
 import trl
 from transformers import AutoTokenizer
 
-from runner.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
-from runner.preflight import read_rows
+from runner.data.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
+from runner.plan.preflight import read_rows
 from runner.spec import load_spec
 from runner.train.data import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
 
@@ -237,7 +237,7 @@ def test_formats_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, runner.formats; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    code = "import sys, runner.data.formats; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.datafiles import data_file, data_suffix, read_rows
+from runner.data.datafiles import data_file, data_suffix, read_rows
 from runner.spec import load_spec
 
 CHAT = Path(__file__).resolve().parents[2] / "recipes" / "embedded" / "data" / "chat.jsonl"
@@ -46,7 +46,7 @@ def test_rows_formats_and_folders_look_through_gzip(files, tmp_path):
 
 
 def test_a_gz_file_estimates_as_the_plain_one(files):
-    from runner.estimate import estimate
+    from runner.plan import estimate
 
     plain, packed, _, _ = files
     a, b = (dataclasses.asdict(estimate(load_spec("tiny-cpu", [f"dataset.path={p}"]), suggest=False))
@@ -57,7 +57,7 @@ def test_a_gz_file_estimates_as_the_plain_one(files):
 
 def test_a_gz_file_streams_the_same_blocks(files):
     """The ranks' data path (both engines build their blocks with it): the same blocks from either file."""
-    from runner.preflight import preflight
+    from runner.plan.preflight import preflight
     from runner.train.data import BlockStream, DataSource
     from runner.train.model import load_tokenizer
 

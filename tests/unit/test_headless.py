@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from runner.headless import HeadlessDisplay, format_duration
-from runner.monitor import RunView
+from runner.cli.headless import HeadlessDisplay, format_duration
+from runner.events.monitor import RunView
 from tests.unit.events_fixtures import T0, end, error, node_sample, start, step
 
 

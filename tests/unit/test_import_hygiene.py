@@ -8,16 +8,16 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORE = ("runner", "runner.cli", "runner.session", "runner.monitor", "runner.headless", "runner.records", "runner.spec")
+CORE = ("runner", "runner.cli.main", "runner.cli.session", "runner.events.monitor", "runner.cli.headless", "runner.record.records", "runner.spec")
 
 PROBE = f"""
 import contextlib, io, sys
 import {", ".join(CORE)}
-import runner.cli
+import runner.cli.main
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     try:
-        code = runner.cli.main(["--help"])
+        code = runner.cli.main.main(["--help"])
     except SystemExit as e:  # argparse exits after printing help
         code = e.code
 assert code == 0, code

@@ -6,7 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runner.launch import build_command, new_run_id
+from runner.launch.command import build_command, new_run_id
 from runner.spec import load_spec, resolve
 
 

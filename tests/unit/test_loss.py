@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from runner.spec import RunSpec
 from runner.train.data import collate, make_block
-from runner.estimate import fused_chunk_tokens
+from runner.plan import fused_chunk_tokens
 from runner.train.loss import (
     CompiledChunkCE,
     ce_sum_and_grad,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.monitor import RunView
+from runner.events.monitor import RunView
 from tests.unit.events_fixtures import T0, end, error, node_sample, start, step, write_events
 
 

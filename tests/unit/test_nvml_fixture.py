@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.monitor import RunView
+from runner.events.monitor import RunView
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvml_h200_node0.jsonl"
 

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from runner.failure import classify_text
+from runner.events.failure import classify_text
 from runner.train import offload
 from runner.train.offload import HostBuffers, offloaded_checkpoint
 

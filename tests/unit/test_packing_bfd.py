@@ -164,7 +164,7 @@ def test_each_document_length_rides_on_the_block_holding_its_first_token(strateg
 def test_document_statistics_merge_over_ranks_exactly():
     from collections import Counter
 
-    from runner import doclengths
+    from runner.data import doclengths
 
     rng = random.Random(2)
     ranks = [[rng.randint(1, 40_000) for _ in range(n)] for n in (300, 1, 57)]

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from runner.decisions import (
+from runner.facts.decisions import (
     Kernels,
     choose_loss,
     chunk_tokens_for,
     fsdp_wrapped,
     fused_chunk_tokens_for,
 )
-from runner.estimate import make_plan
+from runner.plan import make_plan
 from runner.spec import RunSpec, load_spec
 from tests import families
 
@@ -74,8 +74,8 @@ def planned(spec: RunSpec) -> tuple[dict[str, Any], Any]:
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
-    from runner import catalog
-    from runner.estimate import _load_arch_cached
+    from runner.facts import catalog
+    from runner.plan import _load_arch_cached
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(catalog, "_from_cache", lambda model_id, revision: None)

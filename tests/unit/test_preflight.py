@@ -11,9 +11,9 @@ import pytest
 import yaml
 from transformers import GraniteMoeHybridConfig, Qwen3_5TextConfig
 
-from runner import cli
+from runner.cli import main as cli
 from runner.errors import SpecError
-from runner.preflight import preflight, preflight_problems
+from runner.plan.preflight import preflight, preflight_problems
 from runner.spec import load_spec
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "recipes" / "embedded"
@@ -173,7 +173,7 @@ def test_cli_refuses_bad_input_before_creating_anything(tmp_path, capsys):
 
 
 def test_precision_advice_when_bf16_states_would_round_updates_away():
-    from runner.preflight import precision_advice
+    from runner.plan.preflight import precision_advice
 
     advice = precision_advice(load_spec("qwen3-1.7b-bench-h200"))
     assert advice and "model.dtype=float32" in advice and "lr=1e-05" in advice

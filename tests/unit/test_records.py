@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
-from runner.compare import diff_records, summary_row
-from runner.pins import redact, redact_text, relevant_env
-from runner.records import RecordError, compare_curves
+from runner.record import records
+from runner.record.compare import diff_records, summary_row
+from runner.record.pins import redact, redact_text, relevant_env
+from runner.record.records import RecordError, compare_curves
 
 
 def _record(run_id: str = "r1", status: str = "succeeded", loss: float = 1.5) -> dict:
@@ -72,7 +72,7 @@ def test_missing_file_is_a_user_error(tmp_path: Path):
 _WRITER = r"""
 import sys, time
 from pathlib import Path
-from runner import records
+from runner.record import records
 path = Path(sys.argv[1])
 big = {"blob": "x" * 5_000_000}
 i = 0

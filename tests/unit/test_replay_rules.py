@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import records
-from runner.calibrate import calibration_rows
+from runner.record import records
+from runner.cli.calibrate import calibration_rows
 from runner.errors import UserError
-from runner.replay import drift, spec_from_record, tolerance
+from runner.record.replay import drift, spec_from_record, tolerance
 from runner.spec import load_spec
 
 
@@ -79,7 +79,7 @@ OOM = {"cause": "oom", "message": "CUDA out of memory. Tried to allocate 2.00 Gi
 
 
 def test_replay_of_a_failed_run_compares_the_failures():
-    from runner.replay import compare
+    from runner.record.replay import compare
 
     r = compare(_rec("failed", 0, failure=OOM), _rec("failed", 0, failure=dict(OOM)), 0.0)
     assert r["reproduced"] and r["message"] == (
@@ -92,7 +92,7 @@ def test_replay_of_a_failed_run_compares_the_failures():
 
 
 def test_no_steps_is_never_reproduced_and_a_cancelled_replay_is_not_compared():
-    from runner.replay import compare
+    from runner.record.replay import compare
 
     r = compare(_rec("succeeded", 0), _rec("succeeded", 0), 0.0)
     assert not r["reproduced"] and "no loss curve to compare" in r["message"] and "Δloss" not in r["message"]
@@ -103,7 +103,7 @@ def test_no_steps_is_never_reproduced_and_a_cancelled_replay_is_not_compared():
 
 
 def test_a_cancelled_original_is_compared_over_the_steps_it_ran():
-    from runner.replay import compare
+    from runner.record.replay import compare
 
     ran = {"0": [[1, 2.0], [2, 1.9]]}
     longer = {"0": [[1, 2.0], [2, 1.9], [3, 1.7]]}

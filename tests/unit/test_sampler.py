@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from runner import sampler
-from runner.sampler import GpuSampler, NodeSampler, detect_gpus, sample_node
+from runner.launch import sampler
+from runner.facts.nvml import GpuSampler, detect_gpus
+from runner.launch.sampler import NodeSampler, sample_node
 from tests.unit.events_fixtures import start, write_events
 
 NODE_KEYS = {"t", "node", "host", "gpus", "cpu_pct", "ram_used_gib", "ram_total_gib", "rank_rss_gib"}
@@ -206,7 +207,7 @@ def test_node_sampler_survives_errors(tmp_path: Path, no_nvml: None, monkeypatch
 
 def test_cli_once(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "runner.sampler", "--once", "--node", "2"],
+        [sys.executable, "-m", "runner.launch.sampler", "--once", "--node", "2"],
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
     ).stdout
     line = json.loads(out)

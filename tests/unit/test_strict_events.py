@@ -7,9 +7,9 @@ import json
 import math
 from pathlib import Path
 
-from runner.events import EventWriter
-from runner.monitor import RunView
-from runner.records import metrics_from_events
+from runner.events.lines import EventWriter
+from runner.events.monitor import RunView
+from runner.record.records import metrics_from_events
 
 
 def _refuse(name: str):

@@ -7,8 +7,8 @@ import os
 import random
 from pathlib import Path
 
-from runner.monitor import RunView
-from runner.tail import DirTail, JsonlTail
+from runner.events.monitor import RunView
+from runner.events.tail import DirTail, JsonlTail
 from tests.unit.events_fixtures import end, line, start, step
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import tracking
+from runner.events import tracking
 from runner.errors import SpecError
 from runner.spec import load_spec
-from runner.tracking import Trackers, open_trackers, tracker_problems
+from runner.events.tracking import Trackers, open_trackers, tracker_problems
 
 STEPS = 6
 
@@ -102,7 +102,7 @@ TRACKIO_READ_BACK = """
 import json, sys
 from pathlib import Path
 from runner.spec import load_spec
-from runner.tracking import open_trackers
+from runner.events.tracking import open_trackers
 from tests.unit.test_tracking import _events
 tmp = Path(sys.argv[1])
 _events(tmp / "runs" / "r1")

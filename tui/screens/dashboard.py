@@ -18,8 +18,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.failure import log_tail
-from runner.monitor import RunView
+from runner.events.failure import log_tail
+from runner.events.monitor import RunView
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
@@ -329,7 +329,7 @@ class DashboardScreen(Screen):
             code = active.wait()
             record = active.finish(code)
             if record is not None and self.original is not None:
-                from runner.replay import compare, tolerance
+                from runner.record.replay import compare, tolerance
 
                 replay = compare(self.original, record, tolerance(active.spec))
         except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed

@@ -18,9 +18,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from runner.compare import diff_records, summary_row
+from runner.record.compare import diff_records, summary_row
 from runner.errors import UserError
-from runner.records import RecordError, list_records, load, verify
+from runner.record.records import RecordError, list_records, load, verify
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
@@ -167,8 +167,8 @@ class RecordsScreen(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="replay")
     def prepare_replay(self, record_id: str) -> None:
         """Verify the lock, rebuild the spec, and list the pins that drifted (as `runner replay` does)."""
-        from runner import run as run_mod
-        from runner.replay import current_pins, drift, spec_from_record
+        from runner.launch import run as run_mod
+        from runner.record.replay import current_pins, drift, spec_from_record
         from tui.specform import plan_resolve
 
         path = self.records_dir / f"{record_id}.json"

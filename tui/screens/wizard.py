@@ -24,7 +24,7 @@ from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
-from runner.preflight import precision_advice
+from runner.plan.preflight import precision_advice
 from runner.spec import RunSpec, field_choices, field_docs, spec_warnings, validate
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
@@ -539,7 +539,7 @@ class WizardScreen(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data")
     def load_preview(self, data: dict[str, Any], key: str) -> None:
-        from runner.hub import hub_problems
+        from runner.plan.hub import hub_problems
         from tui.preview import tokenizer_preview
 
         spec = None
@@ -610,7 +610,7 @@ class WizardScreen(Screen):
         except Exception as e:  # noqa: BLE001
             plan["estimate_error"] = f"the estimator failed: {type(e).__name__}: {e}"
         try:
-            from runner.launch import build_command, command_line
+            from runner.launch.command import build_command, command_line
 
             plan["commands"] = [command_line(build_command(resolved, Path("runs/<id>/spec.json"), "<id>", n))
                                 for n in range(resolved.hardware.nodes)]

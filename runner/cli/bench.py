@@ -1,0 +1,314 @@
+"""`runner bench`: engines side by side on the same model, data, block size and seed; results under benchmarks/."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from runner.launch import run as run_mod
+from runner.errors import UserError
+from runner.events.lines import END, TRAIN_BEGIN, first_event, read_events, step_lines
+from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token, utilisation
+from runner.facts.gpus import ceiling_tflops_here
+from runner.spec import RunSpec, load_spec, resolve
+from runner.versions import package_versions
+
+VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "liger-kernel", "flash-attn", "flash-attn-4",
+            "nvidia-cutlass-dsl", "datasets")
+
+
+def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
+    """Each `--sweep field=v1,v2` as (field, values), checked as `runner estimate --sweep` checks it."""
+    from runner.plan.sweep import parse_sweep
+
+    return [parse_sweep(s) for s in sweeps]
+
+
+NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false",
+               "train.recompute_attention": "true"}
+"""Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
+the row says so), so one spec can hold the native engine's best settings and still be compared with TRL."""
+
+
+def _native_only_off(override: str) -> str:
+    key = override.split("=", 1)[0]
+    return f"{key}={NATIVE_ONLY[key]}" if key in NATIVE_ONLY else override
+
+
+def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps. A trl row skips
+    sweeps over native-only fields (it would repeat the same run)."""
+    axes = [[f"engine={e}" for e in engines]] + [[f"{k}={v}" for v in vals] for k, vals in sweeps]
+    out, seen = [], set()
+    for c in itertools.product(*axes):
+        combo = list(c)
+        if combo[0] != "engine=native":
+            combo = [_native_only_off(o) for o in combo]
+        if tuple(combo) not in seen:
+            seen.add(tuple(combo))
+            out.append(combo)
+    return out
+
+
+def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) -> tuple[RunSpec, list[str]]:
+    """The row's spec and the native-only settings that a non-native row leaves out."""
+    dropped: list[str] = []
+    if combo[0] != "engine=native":
+        base = load_spec(spec_ref, overrides).to_dict()
+        dropped = [f for f in NATIVE_ONLY
+                   if str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
+    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
+                                f"train.max_steps={steps}",
+                                "train.log_every=1", "output.save=none"])
+    return resolve(spec), dropped
+
+
+def model_arch(spec: RunSpec) -> Any | None:
+    """The spec's architecture for the FLOPs counts; None for one the catalog cannot read (no MFU then)."""
+    try:
+        from runner.facts.catalog import load_arch
+
+        return load_arch(spec).arch
+    except Exception:  # noqa: BLE001 - an unknown architecture only loses the MFU column
+        return None
+
+
+def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: float | None) -> dict[str, Any]:
+    """Per-step timings after warm-up, tokens/s per GPU, MFU, peak memory and the share of time spent on data."""
+    per_rank = []
+    peaks_alloc, peaks_res = [], []
+    begin: dict[str, Any] = {}
+    final_loss = None
+    for r in range(spec.world_size):
+        evs = read_events(events_dir / f"rank{r}.jsonl")
+        steps = [e for e in step_lines(evs) if e["step"] > warmup]
+        end = first_event(evs, END) or {}
+        if r == 0:
+            begin = first_event(evs, TRAIN_BEGIN) or {}
+            final_loss = end.get("final_loss")
+        peak = end.get("peak_mem_gib") or {}
+        if "allocated" in peak:
+            peaks_alloc.append(peak["allocated"])
+            peaks_res.append(peak["reserved"])
+        if steps:
+            per_rank.append(steps)
+    if not per_rank:
+        return {"error": "no steps after warm-up"}
+    step_s = [statistics.median(e["step_s"] for e in s) for s in per_rank]
+    rank0 = per_rank[0]
+    times = [e["step_s"] for e in rank0]
+    tokens = [e["tokens"] for e in rank0]
+    tokens_per_s_gpu = statistics.mean(sum(e["tokens"] for e in s) / sum(e["step_s"] for e in s) for s in per_rank)
+    data_s = [e.get("data_s") for e in rank0 if e.get("data_s") is not None]
+    row: dict[str, Any] = {
+        "steps_measured": len(rank0),
+        "step_s_median": round(max(step_s), 4),
+        "step_s_spread": round((max(times) - min(times)) / statistics.median(times), 4) if len(times) > 1 else 0.0,
+        "tokens_per_step": int(statistics.mean(tokens)),
+        "tokens_per_s": round(tokens_per_s_gpu, 1),
+        "data_wait_share": round(sum(data_s) / sum(times), 4) if data_s else None,
+        "peak_alloc_gib": max(peaks_alloc) if peaks_alloc else None,
+        "peak_reserved_gib": max(peaks_res) if peaks_res else None,
+        "mfu": None,
+        "final_loss": final_loss,
+        # What the engine chose, as its train_begin event says.
+        "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp") if k in begin},
+    }
+    arch = model_arch(spec)
+    if arch is not None and ceiling_tflops:
+        # MFU (runner/facts/flops.py): model FLOPs + attention FLOPs over the step time and the ceiling. Recompute for
+        # activation checkpointing is not useful work and is not counted.
+        attn = [e.get("doc_len_sq") for e in rank0]
+        counted = all(attn)
+        attn_flops = attention_flops_per_doc_len_sq(arch) * statistics.mean(attn) if counted else 0.0
+        if counted:  # the measured blocks' attention work: Σ doc_len² per step (the estimator's input too)
+            row["doc_len_sq_per_step"] = round(statistics.mean(attn))
+        flops = model_flops_per_token(arch) * row["tokens_per_step"] + attn_flops
+        row["mfu"] = round(utilisation(flops, row["step_s_median"], ceiling_tflops), 4)
+        # An engine that does not report its documents' lengths gets the model FLOPs only: say so beside the figure.
+        row["flops_formula"] = "6*N_active_nonembed*tokens" + (" + 6*L_full_attn*q_width*sum(doc_len^2)"
+                                                                if counted else " (attention not counted)")
+    return row
+
+
+def doc_tokens(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The lengths of the documents the run trained on (every rank, warm-up steps included), from its record:
+    count, mean, p50, p90, max tokens, and `split`, how many of them were split across blocks."""
+    packing = (record.get("metrics") or {}).get("packing") or {}
+    docs = packing.get("doc_tokens")
+    if not docs:
+        return None
+    return {k: docs.get(k) for k in ("count", "mean", "p50", "p90", "max", "split")}
+
+
+def versions() -> dict[str, str | None]:
+    out = package_versions(VERSIONS)
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return out
+
+
+def gpu_info() -> dict[str, Any]:
+    from runner.record.pins import gpu_pins
+
+    g = gpu_pins()
+    return {"name": g["names"][0] if g["names"] else None, "count": g["count"], "driver": g["driver"]}
+
+
+def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[str], steps: int, warmup: int,
+          out_dir: Path, runs_dir: Path, records_dir: Path, name: str | None = None,
+          console: Console | None = None, command: str | None = None, max_seq_len: str | None = None,
+          repeat: int = 1) -> dict[str, Any]:
+    """Throughput rows (engines × sweeps, each `repeat` times, interleaved so that drift spreads over every
+    configuration), or with `max_seq_len` ('LO:HI[:STEP]') the largest block length that fits per engine
+    (runner/cli/bench_limit.py)."""
+    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    parsed = parse_sweeps(sweeps)
+    if max_seq_len is not None and any(k == "train.seq_len" for k, _ in parsed):
+        raise UserError("--max-seq-len searches train.seq_len itself: leave it out of --sweep")
+    rows: list[dict[str, Any]] = []
+    peak = None
+    plan = [combo for _ in range(repeat) for combo in combos(engines, parsed)]
+    per_round = len(plan) // repeat
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or f"bench-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    result = {
+        "command": command,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_info(), "peak_tflops": peak, "versions": versions(), "warmup_steps": warmup, "steps": steps,
+        "rows": rows,
+    }
+    if max_seq_len is not None:
+        from runner.cli import bench_limit
+
+        lengths = bench_limit.grid(*bench_limit.parse_range(max_seq_len))
+        specs = {e: row_spec(spec_ref, overrides, [f"engine={e}"], bench_limit.PROBE_STEPS)[0] for e in engines}
+        result["limits"] = bench_limit.find_limits(specs, lengths, runs_dir, records_dir, console)
+        write_results(result, out_dir, stem)
+        console.print("\n".join(bench_limit.markdown(result["limits"])))
+        console.print(f"wrote {out_dir / stem}.json and .md")
+        return result
+    for i, combo in enumerate(plan, 1):
+        spec, dropped = row_spec(spec_ref, overrides, combo, warmup + steps)
+        if peak is None:
+            peak = result["peak_tflops"] = ceiling_tflops_here(spec.hardware.device)
+        note = f" (without native-only {', '.join(dropped)})" if dropped else ""
+        console.print(f"bench {i}/{len(plan)}: {' '.join(combo)}{note}")
+        active = run_mod.start(spec, runs_dir, records_dir)
+        code = run_mod.watch(active)
+        rec = active.finish(code) or {}
+        row: dict[str, Any] = {"engine": spec.engine, "model": spec.model.id, "seq_len": spec.train.seq_len,
+                               "method": spec.method.kind, "overrides": combo, "status": rec.get("status"),
+                               "record": str(active.record_path), "spec": spec.to_dict()["train"]}
+        if repeat > 1:
+            row["repeat"] = (i - 1) // per_round + 1
+        if dropped:
+            row["native_only_left_out"] = dropped
+        if rec.get("status") == "succeeded":
+            row.update(summarize(spec, active.paths.events, warmup, peak))
+            docs = doc_tokens(rec)
+            if docs:
+                row["doc_tokens"] = docs
+        elif rec.get("failure"):
+            row["failure"] = {k: rec["failure"].get(k) for k in ("rank", "cause", "message")}
+        rows.append(row)
+        if repeat > 1:
+            result["repeats"] = repeat_spread(rows)
+        # Written after every row: a long sweep that is cut short keeps what it measured.
+        write_results(result, out_dir, stem)
+    write_results(result, out_dir, stem)
+    print_table(result, console)
+    console.print(f"wrote {out_dir / stem}.json and .md")
+    return result
+
+
+def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration run more than once: its tokens/s in each run and their spread, (max − min) / median."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for r in rows:
+        if r.get("status") == "succeeded" and r.get("tokens_per_s"):
+            groups.setdefault(tuple(r["overrides"]), []).append(r["tokens_per_s"])
+    return [{"overrides": list(k), "tokens_per_s": v,
+             "spread": round((max(v) - min(v)) / statistics.median(v), 4)} for k, v in groups.items() if len(v) > 1]
+
+
+def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
+    for suffix, text in ((".json", json.dumps(result, indent=2) + "\n"), (".md", markdown(result))):
+        tmp = out_dir / f".{stem}{suffix}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out_dir / f"{stem}{suffix}")
+
+
+COLUMNS = ("engine", "seq_len", "tokens_per_s", "mfu", "step_s_median", "step_s_spread", "data_wait_share",
+           "peak_alloc_gib", "peak_reserved_gib", "docs", "split", "status")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    gpu = result["gpu"]
+    lines = [f"# Benchmark {result['created']}", "",
+             f"- command: `{result['command']}`",
+             f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}"
+             + (f"; ceiling for MFU {result['peak_tflops']} TFLOP/s" if result.get("peak_tflops") else ""),
+             f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}"]
+    if result["rows"]:
+        lines += [f"- {result['warmup_steps']} warm-up steps, then {result['steps']} measured; tokens/s is per GPU",
+                  "", "| model | " + " | ".join(COLUMNS) + " |", "|" + " --- |" * (len(COLUMNS) + 1)]
+    for r in result["rows"]:
+        lines.append(f"| {r['model']} | " + " | ".join(_value(r, c) for c in COLUMNS) + " |")
+    if any(r.get("doc_tokens") for r in result["rows"]):
+        lines += ["", "docs: tokens per document trained on (mean / p50 / p90 / max, before any split) and their "
+                      "count; split: documents split across blocks"]
+    if result.get("repeats"):
+        lines += ["", "## Repeats", "", "| configuration | tokens/s per run | spread (max − min) / median |",
+                  "| --- | --- | --- |"]
+        for g in result["repeats"]:
+            runs = ", ".join(f"{v:,.0f}" for v in g["tokens_per_s"])
+            lines.append(f"| {' '.join(g['overrides'])} | {runs} | {100 * g['spread']:.1f}% |")
+    if "limits" in result:
+        from runner.cli.bench_limit import markdown as limits_markdown
+
+        lines += limits_markdown(result["limits"])
+    return "\n".join(lines) + "\n"
+
+
+def _value(row: dict[str, Any], column: str) -> str:
+    docs = row.get("doc_tokens") or {}
+    if column == "docs":
+        if not docs.get("count"):
+            return "-"
+        return f"{docs['mean']:,.0f} / {docs['p50']:,} / {docs['p90']:,} / {docs['max']:,} ({docs['count']:,})"
+    if column == "split":
+        return _cell(docs.get("split"))
+    return _cell(row.get(column))
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if v < 10 else f"{v:,.0f}"
+    return str(v)
+
+
+TITLES = {"tokens_per_s": "tok/s/GPU", "step_s_median": "step s", "step_s_spread": "spread", "data_wait_share": "data",
+          "peak_alloc_gib": "alloc GiB", "peak_reserved_gib": "res GiB", "docs": "doc tokens mean/p50/p90/max (n)"}
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    table = Table(show_edge=False)
+    for c in COLUMNS:
+        table.add_column(TITLES.get(c, c), no_wrap=True)
+    for r in result["rows"]:
+        table.add_row(*[_value(r, c) for c in COLUMNS])
+    console.print(table)

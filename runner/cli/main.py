@@ -1,0 +1,436 @@
+"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from runner.errors import UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+# Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
+# need every character (a run id, a field name), so it gets a width no line reaches.
+PIPE_COLUMNS = "100000"
+# Commands that only print (a launching one would hand the width to its ranks' progress bars through the env).
+WIDE_WHEN_PIPED = {"estimate", "verify", "diff", "list", "show", "calibrate", "fields", "recipes"}
+
+EPILOG = """\
+SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
+field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 replay did not reproduce,
+4 record does not verify (its lock does not match its content), 130 cancelled.
+
+examples:
+  runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
+  runner run tiny-cpu --set train.max_steps=20 --json
+  runner estimate qwen3.8-27b-full-8xb300 --sweep train.seq_len=8192,32768 --sweep hardware.gpu=H100-80GB,B300
+  runner run --resume runs/<id> --set train.max_steps=400   # continue from the latest checkpoint
+  runner replay records/<id>.json           # re-run and compare the loss curves (a path or an id)
+  runner verify <id>                        # check the record's lock (exit 4 when it does not match)
+  runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
+  runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
+"""
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="recipe name or path to a YAML/JSON spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
+
+
+def _add_dirs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records-dir", type=Path, default=Path("records"), help="where records go (default: records)")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="Plan, launch, record and replay SFT runs.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="launch a run headless and write its record")
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="recipe name or path to a YAML/JSON spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue runs/<id> from its latest checkpoint (--set may raise train.max_steps)")
+    _add_dirs(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
+    p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
+    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+
+    p = sub.add_parser("slurm", help="write an sbatch script that runs SPEC on hardware.nodes nodes")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--out", type=Path, help="script path (default: runs/<id>/sbatch.sh)")
+
+    p = sub.add_parser("estimate", help="predict per-GPU memory and time before launch")
+    _add_spec_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="sweep a field over values, e.g. --sweep train.seq_len=8192,32768 (repeatable)")
+
+    p = sub.add_parser("replay", help="re-run a record and say whether the loss curve was reproduced")
+    p.add_argument("record", metavar="RECORD", help="record path or id")
+    _add_dirs(p)
+    p.add_argument("--strict", action="store_true", help="refuse to run when a package, model or dataset pin differs")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a record that needs trust_remote_code")
+
+    p = sub.add_parser("verify", help="check that a record's lock matches its content (exit 4 when it does not)")
+    p.add_argument("record", metavar="RECORD", help="record path or id")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+
+    p = sub.add_parser("diff", help="show what differs between two records")
+    p.add_argument("a", metavar="RECORD_A")
+    p.add_argument("b", metavar="RECORD_B")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+
+    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take)")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per record")
+
+    p = sub.add_parser("bench", help="benchmark engines side by side; results under benchmarks/")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--engines", default="native,trl", help="comma-separated engines (default: native,trl)")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="sweep a field, e.g. --sweep train.seq_len=8192,32768 (repeatable)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per row (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps not measured (default 3)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for the JSON and Markdown results")
+    p.add_argument("--name", help="file stem of the results (default: bench-<time>)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every configuration N times, interleaved, and report the spread of tokens/s (default 1)")
+    p.add_argument("--max-seq-len", metavar="LO:HI[:STEP]",
+                   help="instead of timing, find each engine's largest train.seq_len that fits by bisection over "
+                        "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
+
+    p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
+    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
+    _add_spec_args(p)
+
+    sub.add_parser("fields", help="every spec field with its default and meaning")
+    sub.add_parser("recipes", help="the recipes shipped with the package")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    columns = os.environ.get("COLUMNS")
+    if not sys.stdout.isatty() and args.command in WIDE_WHEN_PIPED:
+        os.environ["COLUMNS"] = PIPE_COLUMNS
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return EXIT_CANCELLED
+    except BrokenPipeError:
+        # `runner list | head`: the reader has all it wanted; no traceback, and none again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    finally:
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.cli.session import resume_headless, run_headless
+    from runner.spec import load_spec, resolve, spec_warnings
+
+    if args.resume is not None:
+        if args.spec:
+            raise UserError("give either SPEC or --resume RUN_DIR, not both (a resumed run keeps its own spec)")
+        return resume_headless(args.resume, args.overrides, args.records_dir, as_json=args.json, plain=args.plain,
+                               node_rank=args.node_rank, force=args.force)
+    if not args.spec:
+        raise UserError("runner run needs a SPEC (a recipe name such as tiny-cpu, or a YAML/JSON path)")
+    spec = resolve(load_spec(args.spec, args.overrides))
+    for warning in spec_warnings(spec):
+        print(f"warning: {warning}", file=sys.stderr)
+    return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
+                        node_rank=args.node_rank, run_id=args.run_id, force=args.force)
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from runner.events.paths import RunPaths
+    from runner.launch.jobs import build_sbatch
+    from runner.launch.command import new_run_id, write_spec
+    from runner.spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    if spec.hardware.nproc_per_node == "auto":
+        raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
+                        "from here; e.g. --set hardware.nproc_per_node=8")
+    run_id = new_run_id(spec.name, args.runs_dir, args.records_dir)
+    paths = RunPaths(args.runs_dir / run_id)
+    write_spec(paths, spec)
+    script = build_sbatch(spec, paths.spec, run_id, args.runs_dir, args.records_dir)
+    out = args.out or paths.run_dir / "sbatch.sh"
+    out.write_text(script)
+    print(f"wrote {out}: submit with `sbatch {out}`")
+    return EXIT_OK
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from runner.plan import estimate, parse_sweep, sweep
+    from runner.spec import load_spec
+
+    parsed = [parse_sweep(s) for s in args.sweep]
+    spec = load_spec(args.spec, args.overrides)
+    if parsed:
+        rows = sweep(spec, parsed)
+        if args.json:
+            print(json.dumps(rows))
+        else:
+            _print_sweep(spec, rows, [k for k, _ in parsed])
+        return EXIT_OK
+    est = estimate(spec)
+    if args.json:
+        print(json.dumps(est.to_dict()))
+    else:
+        _print_estimate(spec, est)
+    return EXIT_OK
+
+
+# How `runner estimate` prints an estimate and a sweep
+
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def _hours(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _print_estimate(spec: Any, est: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    a = est.arch
+    active = f", {_count(a['params_active'])} active" if a["params_active"] != a["params_total"] else ""
+    console.print(f"[bold]{spec.name}[/bold]: {spec.model.id} ({a['model_type']}, {_count(a['params_total'])} params"
+                  f"{active}), {est.engine} {est.method}, {est.world_size} × {est.gpu}, "
+                  f"{est.seq_len:,} tokens per block, "
+                  f"{est.attn_implementation}, loss {est.loss_impl}, checkpointing "
+                  f"{'on' if est.activation_checkpointing else 'off'}")
+    table = Table(title=f"per-{'GPU' if est.device == 'cuda' else 'rank'} memory at the peak ({est.peak_phase})",
+                  show_header=True)
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for k, v in est.breakdown.items():
+        table.add_row(k, f"{v:.2f}")
+    if est.device == "cuda":
+        table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+        table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
+    else:
+        table.add_row("[bold]peak RSS per rank[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
+    if est.per_gpu_reserved_gib > est.per_gpu_gib:
+        table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
+    console.print(table)
+    style = VERDICT_STYLE[est.verdict]
+    console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.1f} of {est.gpu_memory_gib:.1f} GiB "
+                  f"(headroom {est.headroom_gib:.1f} GiB)")
+    console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
+                  f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
+                  f"{est.flops_per_step:.3g} FLOP/step, "
+                  + (f"HFU {est.hfu_assumed:.2f} assumed)" if est.device == "cuda" else f"{est.hfu_source})"))
+    if est.dataset_format:
+        from rich.markup import escape
+
+        console.print(f"data: {escape(est.dataset_format['summary'])}")
+    if est.packing:
+        p = est.packing
+        console.print(f"packing ({p['strategy']}, {p['sampled_rows']:,} sampled rows): "
+                      f"{p['packing_efficiency']:.1%} of each block is real tokens, {p['split_documents']:,} of "
+                      f"{p['documents']:,} conversations split across blocks")
+    if est.suggestion:
+        console.print(f"suggestion: {est.suggestion}")
+    if est.approximate_reason:
+        console.print(f"[dim]{'approximate: ' if est.approximate else 'notes: '}{est.approximate_reason}[/dim]")
+
+
+def _print_sweep(spec: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: {spec.model.id}")
+    short = [k.split(".")[-1] for k in keys]
+    for k, name in zip(keys, short):
+        table.add_column(name if short.count(name) == 1 else k, no_wrap=True)
+    for col in ("GiB/GPU", "of GiB", "verdict", "s/step", "total h"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        style = VERDICT_STYLE[r["verdict"]]
+        total = "-" if r["total_s"] is None else f"{r['total_s'] / 3600:.2f}"
+        table.add_row(*[str(r["swept"][k]) for k in keys], f"{r['per_gpu_gib']:.1f}", f"{r['gpu_memory_gib']:.1f}",
+                      f"[{style}]{r['verdict']}[/{style}]", f"{r['step_s']:.2f}", total)
+    Console(highlight=False).print(table)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from runner.cli.session import replay_headless
+    from runner.spec import recipe_names
+
+    ref = args.record
+    if Path(ref).suffix in (".yaml", ".yml") or (ref in recipe_names() and not Path(ref).exists()):
+        raise UserError(f"{ref} is a recipe (a spec), not a record: train it with `runner run {ref}`; "
+                        "replay takes a record that a run wrote (`runner list` shows their ids)")
+    return replay_headless(args.record, args.runs_dir, args.records_dir, strict=args.strict, as_json=args.json,
+                           plain=args.plain, trust_remote_code=args.trust_remote_code)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from runner.record.records import find_record, verify
+
+    ok, reason = verify(find_record(args.record, args.records_dir))
+    print(reason, file=sys.stdout if ok else sys.stderr)
+    return EXIT_OK if ok else EXIT_NOT_VERIFIED
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from runner.record.compare import diff_records, print_diff
+    from runner.record.records import find_record, load
+
+    a = load(find_record(args.a, args.records_dir))
+    b = load(find_record(args.b, args.records_dir))
+    print_diff(a, b, diff_records(a, b))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runner.record.compare import print_list, summary_row
+    from runner.record.records import list_records
+
+    recs = list_records(args.records_dir)
+    if args.json:
+        print(json.dumps([summary_row(r) for r in recs]))
+    else:
+        print_list(recs)
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runner.cli.bench import bench
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ("native", "trl")]
+    if bad:
+        raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use native and/or trl")
+    if args.repeat < 1:
+        raise UserError(f"--repeat expects 1 or more runs per configuration, got {args.repeat}")
+    result = bench(args.spec, args.overrides, engines, args.sweep, args.steps, args.warmup, args.out, args.runs_dir,
+                   args.records_dir, args.name, command=shlex.join(["runner", *args.argv]),
+                   max_seq_len=args.max_seq_len, repeat=args.repeat)
+    if "limits" in result:
+        return EXIT_OK if all(r["search_complete"] for r in result["limits"]["engines"].values()) else EXIT_FAILED
+    return EXIT_OK if all(r.get("status") == "succeeded" for r in result["rows"]) else EXIT_FAILED
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from runner.cli.calibrate import calibration_rows, print_calibration
+
+    rows = calibration_rows(args.records_dir)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_calibration(rows)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import yaml
+
+    from runner.spec import load_spec
+
+    print(yaml.safe_dump(load_spec(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_fields(_: argparse.Namespace) -> int:
+    from runner.spec import field_choices, field_docs
+
+    rows = field_docs()
+    width = max(len(p) for p, _, _ in rows)
+    text_width = max(40, min(shutil_columns(), 120) - 6)
+    for path, doc, default in rows:
+        print(f"{path:<{width}}  default {json.dumps(_plain(default))}")
+        choices = field_choices(path)
+        if choices:
+            doc = f"{doc} One of: {', '.join(json.dumps(c) for c in choices)}."
+        # Descriptions wrap under themselves, indented, never back to column 0.
+        print(textwrap.fill(doc, text_width, initial_indent="    ", subsequent_indent="    ") if doc else "")
+    return EXIT_OK
+
+
+def shutil_columns() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
+
+
+def _plain(x: Any) -> Any:
+    try:
+        json.dumps(x)
+        return x
+    except TypeError:
+        return str(x)
+
+
+def cmd_recipes(_: argparse.Namespace) -> int:
+    from runner.spec import RECIPES_DIR, read_spec_file, recipe_names
+
+    for name in recipe_names():
+        data = read_spec_file(RECIPES_DIR / f"{name}.yaml")
+        note = (data.get("description") or "") if isinstance(data, dict) else ""
+        print(f"{name:<36} {note}")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "estimate": cmd_estimate,
+    "slurm": cmd_slurm,
+    "replay": cmd_replay,
+    "verify": cmd_verify,
+    "diff": cmd_diff,
+    "list": cmd_list,
+    "show": cmd_show,
+    "bench": cmd_bench,
+    "calibrate": cmd_calibrate,
+    "fields": cmd_fields,
+    "recipes": cmd_recipes,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

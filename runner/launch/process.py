@@ -1,0 +1,108 @@
+"""The launcher process tree: torchrun in a session of its own, stopped as a whole (SIGINT, SIGTERM, SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from runner.events.paths import RunPaths
+from runner.launch.command import run_env
+
+
+class Launcher:
+    """torchrun as a child in its own process group; cancel escalates SIGINT → SIGTERM → SIGKILL."""
+
+    def __init__(self, argv: list[str], paths: RunPaths, env: dict[str, str] | None = None):
+        self.argv = argv
+        self.paths = paths
+        self.env = env if env is not None else run_env()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cancelled = False
+        self._log = None
+
+    def start(self) -> None:
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.paths.launcher_log, "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.env, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        assert self.proc is not None
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self._close_log()
+        return code
+
+    def cancel(self, grace_s: float = 30.0) -> int:
+        """Stop the whole run: torchrun forwards SIGTERM to ranks (they checkpoint and stop at a step boundary)."""
+        self.cancelled = True
+        return self.terminate(grace_s)
+
+    def terminate(self, grace_s: float = 30.0) -> int:
+        assert self.proc is not None
+        # torchrun starts every rank in a session of its own, so collect the whole tree before signalling:
+        # killing only torchrun's group would orphan the ranks.
+        tree = self._tree()
+        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            if self.proc.poll() is not None and not _alive(tree):
+                break
+            self._signal_group(sig)
+            if sig == signal.SIGKILL:
+                for pid in tree:
+                    _kill_group(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None and not _alive(tree):
+                    break
+                time.sleep(0.1)
+        code = self.proc.wait()
+        self._close_log()
+        return code
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        _kill_group(self.proc.pid, sig)
+
+    def _tree(self) -> list[int]:
+        import psutil
+
+        try:
+            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _close_log(self) -> None:
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pids: list[int]) -> bool:
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False

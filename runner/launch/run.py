@@ -1,0 +1,163 @@
+"""One run from spec to record: allocate the id, write the running record, launch, watch, finish the record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from runner.record import pins as pins_mod
+from runner.record import records
+from runner.facts.catalog import load_arch
+from runner.events.failure import any_error_event, diagnose  # noqa: F401 (diagnose: runner.launch.run.diagnose for callers)
+from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
+from runner.facts.gpus import ceiling_tflops_here
+from runner.launch.process import Launcher
+from runner.events.paths import RunPaths
+from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
+from runner.launch.sampler import NodeSampler
+from runner.spec import RunSpec
+from runner.events.tracking import Trackers, open_trackers
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+EXIT_CANCELLED = 130
+
+
+@dataclass
+class ActiveRun:
+    """A launched run on this node; node 0 owns the record."""
+
+    run_id: str
+    spec: RunSpec
+    paths: RunPaths
+    record_path: Path | None
+    record: dict[str, Any] | None
+    launcher: Launcher
+    sampler: NodeSampler | None = None
+    started: float = field(default_factory=time.time)
+    trackers: Trackers | None = None
+
+    def poll(self) -> int | None:
+        if self.trackers is not None:
+            self.trackers.update()
+        return self.launcher.poll()
+
+    def cancel(self) -> None:
+        self.launcher.cancel()
+        self.stop_sampler()
+
+    def wait(self) -> int:
+        code = self.launcher.wait()
+        self.stop_sampler()
+        return code
+
+    def stop_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+    def finish(self, exit_code: int) -> dict[str, Any] | None:
+        """Finish the record from the event files (idempotent for status, metrics and failure)."""
+        self.stop_sampler()
+        if self.record is None or self.record_path is None:
+            return None
+        rec = dict(self.record)
+        h = self.spec.hardware
+        rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
+                                                     _run_flops(self.spec))
+        rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        rec["finished"] = records.now_iso()
+        if self.launcher.cancelled:
+            rec["status"] = "cancelled"
+        elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
+            rec["status"] = "succeeded"
+        else:
+            rec["status"] = "failed"
+            rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
+        rec["exit_code"] = exit_code
+        if self.trackers is not None:
+            self.trackers.update()
+            rec["trackers"] = self.trackers.idents
+        self.record = records.save(self.record_path, rec)
+        if self.trackers is not None:
+            # After the lock: the artifact is the record as it stays.
+            trackers, self.trackers = self.trackers, None
+            trackers.finish(self.record_path, rec["status"])
+        return self.record
+
+
+def _run_flops(spec: RunSpec) -> records.RunFlops | None:
+    """The model's FLOPs counts and this machine's GPU ceiling, for the record's MFU; None on CPU."""
+    ceiling = ceiling_tflops_here(spec.hardware.device)
+    if ceiling is None:
+        return None
+    try:
+        arch = load_arch(spec).arch
+    except Exception:  # noqa: BLE001 - an architecture the catalog cannot read only loses the MFU figure
+        return None
+    return records.RunFlops(model_flops_per_token(arch), attention_flops_per_doc_len_sq(arch), ceiling)
+
+
+def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
+          replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
+          resume: bool = False) -> ActiveRun:
+    """Create the run directory and (on node 0) the running record, then launch torchrun.
+
+    With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
+    `resumes`) and the ranks continue from the latest complete checkpoint."""
+    if run_id is None:
+        run_id = new_run_id(spec.name, runs_dir, records_dir)
+    paths = RunPaths(runs_dir / run_id)
+    write_spec(paths, spec)
+    argv = build_command(spec, paths.spec, run_id, node_rank, resume)
+    env = run_env()
+    record_path = None
+    rec = None
+    if node_rank == 0 and resume and (records_dir / f"{run_id}.json").exists():
+        record_path = records_dir / f"{run_id}.json"
+        rec = records.load(record_path)
+        rec.pop("lock", None)
+        rec["resumes"] = [*rec.get("resumes", []), {"at": records.now_iso(), "argv": argv,
+                                                    "after_step": (rec.get("metrics") or {}).get("steps")}]
+        rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
+        rec = records.save(record_path, rec)
+    elif node_rank == 0:
+        pins = pins_mod.capture(spec, REPO_DIR)
+        diff = pins["git"].pop("diff", "")
+        if diff:
+            # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.
+            diff_path = records_dir / f"{run_id}.diff"
+            records_dir.mkdir(parents=True, exist_ok=True)
+            diff_path.write_text(diff)
+            pins["git"]["diff_file"] = diff_path.name
+        launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
+                  "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
+                  "env": pins_mod.relevant_env(env)}
+        record_path = records_dir / f"{run_id}.json"
+        rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
+                                                             paths.run_dir, replay_of))
+    trackers = open_trackers(spec, run_id, paths.run_dir) if node_rank == 0 else None
+    if trackers is not None and rec is not None and record_path is not None:
+        rec = records.save(record_path, {**rec, "trackers": trackers.idents})
+    launcher = Launcher(argv, paths, env)
+    launcher.start()
+    sampler = NodeSampler(paths.run_dir, node_rank, spec.hardware.sample_interval_s)
+    sampler.start()
+    return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)
+
+
+def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:
+    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130."""
+    try:
+        while run.poll() is None:
+            if on_tick:
+                on_tick()
+            time.sleep(interval_s)
+        code = run.wait()
+    except KeyboardInterrupt:
+        run.cancel()
+        code = EXIT_CANCELLED
+    if on_tick:
+        on_tick()
+    return code

@@ -1,0 +1,89 @@
+"""Activations: the bytes one decoder layer keeps for backward, per token."""
+
+from __future__ import annotations
+
+from runner.facts.catalog import LAYER_LINEAR, Arch
+from runner.facts.families import family
+from runner.plan.constants import (
+    ACTIVATION_CALIBRATION,
+    GDN_CHUNK,
+    GDN_TORCH_PATH_BYTES,
+    NORM_UPCAST_BYTES,
+)
+
+
+def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
+    """(bytes per element an RMSNorm keeps for backward besides its output, the output's bytes).
+
+    HF's RMSNorm keeps its fp32 copy of the input (pow and the rsqrt product save it) and, only when its weight
+    trains, the normalised tensor the weight multiplies: bf16 in llama-style norms (`weight * x.to(bf16)`), fp32
+    where the product is taken before the cast (gpt-oss, qwen3_next, qwen3_5: `(x * w).to(bf16)`). The output is
+    kept by the linears that read it (their weight's gradient, or LoRA's lora_A).
+    """
+    up = max(b, NORM_UPCAST_BYTES)  # fp32 runs: the input itself is what is kept
+    fam = family(arch.model_type)
+    cast = up if fam is not None and fam.fp32_norm_product else b
+    return up + (0 if frozen else cast), b
+
+
+def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, frozen: bool = False,
+                           gdn_torch: bool = False) -> float:
+    """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation.
+
+    `frozen`: LoRA, the base weights take no gradient, so the tensors kept only for a weight's gradient are not
+    kept (the norms' normalised input). Rotary embeddings keep nothing per token: cos and sin need no gradient,
+    so `q * cos` keeps cos, not q.
+    """
+    h = arch.hidden
+    norm_kept, norm_out = _norm_bytes(arch, b, frozen)
+    n = 2 * (norm_kept + norm_out) * h  # input and post-attention RMSNorm
+    kind = arch.layer_type(i)
+    if kind == LAYER_LINEAR:
+        kd, vd, vh = arch.linear_key_dim, arch.linear_value_dim, arch.linear_value_heads
+        conv = 2 * kd + vd
+        rep = max(1, vh // max(1, arch.linear_key_heads))
+        n += b * conv * 2  # projection output (saved by the conv) and the conv + silu output
+        n += b * vd  # z gate
+        n += b * 2 * kd * rep  # q, k repeated to the value heads
+        n += 4 * 2 * vh  # g and beta (fp32)
+        n += b * vh * GDN_CHUNK  # the chunk kernel's within-chunk matrix
+        n += b * vd  # kernel output
+        # Gated RMSNorm: fp32 copy (in fp32 runs that is the kernel output itself), normalised output, silu(z).
+        n += ((NORM_UPCAST_BYTES if b < NORM_UPCAST_BYTES else 0) + 2 * b) * vd
+        n += b * vd  # out_proj input
+        if gdn_torch:
+            n += GDN_TORCH_PATH_BYTES * vd
+    else:
+        q, kv = arch.q_dim, arch.kv_dim
+        if arch.qk_norm:
+            n += norm_kept * (q + kv)  # the q/k norms' output goes to rotary, which keeps nothing of it
+        explicit = attn in ("sdpa", "eager")
+        kv_saved = q if explicit else kv  # repeat_kv materialises k, v at the query heads for these two
+        n += b * (q + 2 * kv_saved)  # rotated q and k, and v, kept by the kernel
+        n += b * q + 4 * arch.heads  # kernel output (o_proj reads a view of it) and logsumexp (fp32)
+        if attn == "eager":
+            n += b * q  # eager's output is transposed and made contiguous: o_proj keeps the copy
+        if arch.attn_output_gate:
+            n += 2 * b * q  # sigmoid(gate) and the gated o_proj input
+        if attn == "eager":
+            n += b * arch.heads * (seq_len + (1 if arch.attention_sinks else 0))  # softmax probabilities
+    if arch.is_moe_layer(i):
+        e_im, k = arch.expert_intermediate, arch.experts_per_token
+        n += b * arch.num_experts  # router logits
+        # Per route: the gathered input, the expert intermediates and the expert output the routing weight
+        # multiplies (transformers' grouped_mm experts path).
+        fam = family(arch.model_type)
+        n += k * b * ((fam.expert_intermediates if fam is not None else 4) * e_im + 2 * h)
+        if arch.shared_expert_intermediate:
+            n += 4 * b * arch.shared_expert_intermediate + 2 * b
+    else:
+        n += 4 * b * arch.intermediate  # silu input, silu output, up, their product (down_proj's input)
+    return n * ACTIVATION_CALIBRATION
+
+
+def backward_transient_bytes(arch: Arch, b: int) -> float:
+    """Gradient tensors alive at once inside one layer's backward, per token."""
+    widest = max(arch.intermediate if not arch.num_experts else 2 * arch.expert_intermediate * arch.experts_per_token,
+                 2 * arch.linear_key_dim + arch.linear_value_dim, 2 * arch.q_dim)
+    return b * (2 * arch.hidden + 2 * widest)
+

@@ -1,0 +1,156 @@
+"""The planning context: a spec with its `auto` fields filled for planning (no GPU needed), and the engines'
+decisions the estimator plans with."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+from runner.facts.catalog import Arch, LoadedArch, load_arch
+from runner.facts.decisions import (
+    AttentionChoice,
+    Precision,
+    choose_loss,
+    fsdp_wrapped,
+    loss_chunk_tokens,
+    plan_attention,
+    precision,
+)
+from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
+from runner.errors import Problem, UserError
+from runner.facts.gpus import GpuType, detect_gpu, gpu_type
+from runner.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: RunSpec
+    device: str
+    gpu: GpuType | None
+    nproc: int
+    world: int
+    dtype: str
+    attn: str
+    loss_impl: str
+    loaded: LoadedArch
+    reasons: tuple[str, ...]
+    gdn_torch: bool = False
+    """Gated-delta layers run transformers' PyTorch path (flash-linear-attention is not installed here)."""
+    attn_reason: str = ""
+    loss_reason: str = ""
+    attn_kernel: str = ""
+    """The kernel behind varlen attention (runner.facts.decisions.varlen_kernel); empty for other paths."""
+
+    @property
+    def arch(self) -> Arch:
+        return self.loaded.arch
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is wrapped in FSDP2, as both engines decide (runner.facts.decisions.fsdp_wrapped)."""
+        return fsdp_wrapped(self.spec.engine, self.world, self.device, self.spec.train.fsdp_one_rank,
+                            weights_bf16=self.dtype == "bfloat16")
+
+    @property
+    def loss_chunk_tokens(self) -> int | None:
+        """Tokens per chunk of the native engine's chunked or fused loss (None for the others)."""
+        return loss_chunk_tokens(self.loss_impl, self.arch.vocab)
+
+    @property
+    def precision(self) -> Precision:
+        """Compute dtype, the trainable weights' dtype and autocast, as the engine decides (runner.facts.decisions)."""
+        return precision(self.spec.engine, self.device, self.dtype, self.sharded)
+
+
+def planned_attention(spec: RunSpec, device: str, config: Any = None) -> AttentionChoice:
+    """The attention path the engine will pick, from config.json alone (runner.facts.decisions.plan_attention): the kernels
+    a plan assumes on CUDA are torch's varlen and flex, no flash-attn (which costs the same memory as varlen here)."""
+    return plan_attention(spec, config or None, device)
+
+
+def planned_loss(spec: RunSpec, config: Any = None) -> tuple[str, str]:
+    """(full | chunked | fused | trl-fused, reason), as the engine decides (runner.facts.decisions.choose_loss)."""
+    try:
+        return choose_loss(spec.engine, spec.train.loss_impl, config or {})
+    except ValueError as e:
+        raise UserError("invalid spec", [Problem("train.loss_impl", str(e), "use train.loss_impl=full")]) from None
+
+
+def make_plan(spec: RunSpec) -> Plan:
+    hw = spec.hardware
+    reasons: list[str] = []
+    device = hw.device
+    gpu: GpuType | None = None
+    detected: tuple[GpuType, int] | None = None
+    if device != "cpu":
+        if hw.gpu != "auto":
+            gpu = gpu_type(hw.gpu)
+        else:
+            detected = detect_gpu()
+            if detected is None:
+                raise UserError("hardware.gpu=auto, but no GPU is visible on this machine to plan for",
+                                [Problem("hardware.gpu", "auto needs a visible GPU",
+                                         "name the GPU type to plan for, e.g. --set hardware.gpu=H100-80GB "
+                                         "(or hardware.device=cpu for a CPU run)")])
+            gpu = detected[0]
+            if gpu.name.startswith("unknown:"):
+                reasons.append(f"GPU '{gpu.name[8:]}' is not in the catalog: throughput assumed equal to an H100")
+        device = "cuda"
+    nproc = hw.nproc_per_node
+    if nproc == "auto":
+        if device == "cpu":
+            nproc = 2
+        else:
+            if detected is None:
+                found = detect_gpu()
+                detected = found if found and found[0].name == (gpu.name if gpu else "") else None
+            nproc = detected[1] if detected else 8
+    nproc = int(nproc)
+    if nproc < 1:
+        raise UserError("invalid spec", [Problem("hardware.nproc_per_node", f"must be at least 1, got {nproc}",
+                                                 "use 1 or more")])
+    dtype = spec.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
+    attn = planned_attention(spec, device, loaded.config)
+    loss, loss_reason = planned_loss(spec, loaded.config)
+    return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, attn.impl, loss, loaded, tuple(reasons),
+                gdn_torch=not gdn_kernels_installed(), attn_reason=attn.reason, loss_reason=loss_reason,
+                attn_kernel=attn.kernel)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_arch_cached(model_id: str, revision: str | None, path: str | None) -> LoadedArch:
+    from types import SimpleNamespace
+
+    return load_arch(SimpleNamespace(model=SimpleNamespace(id=model_id, revision=revision, path=path)))
+
+
+def gdn_kernels_installed() -> bool:
+    """flash-linear-attention importable (the gated-delta kernels); checked without importing it."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def offloads_activations(spec: RunSpec, device: str) -> bool:
+    """Recomputed layers' inputs go to host memory: the native engine on a GPU with train.offload_activations."""
+    t = spec.train
+    return t.offload_activations and t.activation_checkpointing and spec.engine == "native" and device == "cuda"
+
+
+def keeps_attention_outputs(spec: RunSpec, attn: str, device: str) -> bool:
+    """Recomputed layers keep their varlen attention outputs instead of running the kernel again
+    (train.recompute_attention=false; the native engine's selective checkpoint policy, runner.train.model)."""
+    t = spec.train
+    return (not t.recompute_attention and spec.engine == "native" and attn == "varlen" and device == "cuda"
+            and t.activation_checkpointing and not offloads_activations(spec, device))
+
+
+def recomputed_layers(spec: RunSpec, layers: int) -> int:
+    """Decoder layers that recompute their forward in backward (train.recompute_layers, the first ones)."""
+    t = spec.train
+    if not t.activation_checkpointing:
+        return 0
+    return layers if t.recompute_layers is None else min(t.recompute_layers, layers)

@@ -1,0 +1,191 @@
+"""The estimator's constants, each with its source (benchmarks/estimator-notes.md has the derivations and the
+measured rows they were fitted on or checked against: benchmarks/memory-calibration-h200.json, native-h200.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.facts.flops import GDN_CHUNK  # noqa: F401 (the kernels' chunk length, for the activation count)
+
+GIB = 1024**3
+
+
+def gib(x: float) -> float:
+    """Bytes as GiB, rounded to what the estimate reports."""
+    return round(x / GIB, 2)
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+ADAM_STATES_PER_PARAM = 2
+"""torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype."""
+NATIVE_REDUCE_BYTES = 4
+"""runner/train/model.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): reduce-scatter input in fp32."""
+TRL_REDUCE_BYTES = 2
+"""accelerate's bf16 FSDP2 policy reduces in bf16 (utils/dataclasses.py: param_dtype = reduce_dtype = bf16)."""
+
+LOGITS_BYTES_PER_ELEM = 14.0
+"""Peak bytes per (token × vocab) of a full cross-entropy. Counted: bf16 logits (2) + fp32 upcast (4) + log_softmax
+output (4) in forward; in backward the saved log_softmax output (4) + its incoming grad (4) + the upcast's grad (4)
+= 12, plus the bf16 logits (2) when the loop still holds the model output (the 27B notebook's `out`). Calibrated
+to 14: the H200 plain-loop peaks (Qwen3 1.72B, 36.5 GiB at 8k and 88.0 GiB at 32k) rise by 2.25 MB per token."""
+CHUNKED_LOSS_BYTES_PER_ELEM = 12.0
+"""Peak bytes per (token × vocab) of one chunk's backward in the chunked loss: the recomputed fp32 log-softmax
+output, its incoming gradient and the gradient of the fp32 logits (4 + 4 + 4)."""
+CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM = 10.0
+"""The same in one chunk's forward: bf16 logits (2), their fp32 copy (4) and the log-softmax output (4); nothing
+of it is kept (the chunk is checkpointed)."""
+FUSED_LOSS_BYTES_PER_ELEM = 6.0
+"""Peak bytes per (token × vocab) of one chunk in the native fused loss (runner/train/loss.py
+FusedLinearCrossEntropy) run eagerly: the bf16 logits and their fp32 copy (2 + 4), later the fp32 softmax and its
+bf16 cast (4 + 2); the softmax is made in place of the fp32 logits."""
+FUSED_LOSS_COMPILED_BYTES_PER_ELEM = 4.0
+"""The same with train.compile on GPU: the chunk's softmax and gradient are one compiled pass that keeps the fp32
+values in registers, so only the bf16 logits and their bf16 gradient exist (2 + 2)."""
+TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA = 16.0
+"""TRL ≥ 1.16 SFTTrainer computes the loss with its fused LM head (trl/trainer/utils.py add_fused_lm_head: chunked
+log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: what remains per token is the gathered
+hidden state and a few per-token outputs (log-prob, entropy, top-1 flag)."""
+ACTIVATION_CALIBRATION = 1.0
+"""Measured / counted per-layer activations. Fitted on the native engine's Qwen3-0.6B 8k run without checkpointing
+(H200, memory-calibration-h200.json: 15.3 GiB of its 20.0 GiB peak is activations): 1.01, i.e. the count itself.
+The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) implies 1.28: it is not our
+engine, and its extra has not been traced."""
+NORM_UPCAST_BYTES = 4
+"""HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
+GDN_TORCH_PATH_BYTES = 80.0
+"""Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
+value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule
+(once per document, runner/train/attention.py): that path computes in fp32 and autograd keeps its intermediates
+(about 20 fp32 tensors of the value width). Fitted on the H200 hybrid LoRA 8k row (10.97 GiB measured, 2.49 GiB
+above the kernel count); the 2k and 32k rows are held out (memory-calibration-h200.md)."""
+COMPILED_ACTIVATION_FACTOR = 0.72
+"""Share of a decoder layer's saved activations that remains when the layer is torch.compile'd (train.compile):
+inductor fuses the norms, rotary and SwiGLU elementwise chains and keeps fewer intermediates. Fitted on the
+H200 1.72B 32k bench row with 4 layers not recomputed (24.6 GiB measured); the other compiled rows are held out."""
+SDPA_MASK_BYTES_PER_ELEM = 7.0
+"""sdpa on packed documents: transformers builds a dense s × s mask for the step (bool, 1 B) and the efficient
+kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
+7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
+EAGER_SCORE_COPIES_TRANSIENT = 2.0
+"""Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
+probabilities' and scores' gradients (backward) of one layer are alive at once."""
+PARAMWRAPPER_MERGED_COPIES = 1.0
+"""Copies of a layer's expert stack alive at that layer's backward under peft's ParamWrapper (LoRA on 3-D expert
+tensors, bf16 base). peft 0.21 folds the adapter into one `baddbmm(W, A, B)` (peft/tuners/lora/layer.py,
+_LoraFactorsProxy), so the merged weight W + B·A exists once and the matmuls keep it for backward; its gradient
+comes after the layer's expert activations have started to go. Was 2 (counted merged weight + gradient); the
+2-layer GPT-OSS LoRA run on the H200 peaked 0.74 GiB (one stack is 0.37) below that figure: fitted to 1 there."""
+
+CUDA_CONTEXT_GIB = 0.6
+"""CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
+NCCL_GIB = 1.0
+"""NCCL communicator buffers with more than one rank."""
+CPU_PROCESS_GIB = 0.5
+"""Resident memory of a CPU rank before its training tensors: the interpreter, torch, transformers, the tokenizer,
+gloo. Measured: the embedded demo's ranks hold 0.51 GiB of RSS at step 1 with 0.02 GiB of tensors (0.52 at the
+end). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report (`mem_gib`, `peak_mem_gib.rss`)."""
+FRAGMENTATION_FRACTION = 0.15
+"""Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
+share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the
+seven native runs of memory-calibration-h200.json (H200): their median is 0.16 (range 0.02 to 0.29)."""
+TRL_FRAGMENTATION_FRACTION = 0.04
+"""The same share for the TRL engine, whose allocation pattern leaves fewer holes. With 0.15 the reserved peak of
+the TRL rows of memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k, full and LoRA) was over-predicted
+by 5 to 14 %, with 0.04 it is within -4 to +4 %; and TRL's limit on one H200 (4.02B, full, bench-h200/
+limit-4b-trl.json) fits at 229,376 tokens with 133.2 GiB allocated as counted, which leaves room for at most 4.5 %
+(0.15 predicted 196,608)."""
+TIGHT_FRACTION = 0.05
+"""Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
+allocator pattern can tip it over."""
+
+DEFAULT_DOC_LEN = 2048
+"""Average document length for causal-attention FLOPs when the dataset cannot be sampled."""
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+"""Chat-template tokens around each message (ChatML: <|im_start|>role\\n ... <|im_end|>\\n)."""
+CHARS_PER_TOKEN = 4.0
+DATASET_SAMPLE_ROWS = 256
+
+PARAMWRAPPER_TRAFFIC = 3.0
+"""Bytes moved per byte of a layer's expert stack each time ParamWrapper merges it (write B·A, read W and the delta,
+write W + delta); it happens in the forward, in the recompute and once more for the merged weight's gradient."""
+HBM_EFFICIENCY = 0.7
+"""Share of the datasheet memory bandwidth that large elementwise kernels reach."""
+EAGER_ATTENTION_EFFICIENCY = 0.5
+"""Eager attention (two matmuls and a softmax over materialised scores) runs at this share of the matmul rate:
+an assumption until measured."""
+CALIBRATION: dict[tuple[str, str, bool], tuple[float, str]] = {
+    ("native", "H200", True): (0.75, "runner bench on one H200, Qwen3 1.72B and 4.02B, compiled layers with the "
+                                     "checkpoint inside them: 0.701 s (1.72B), 1.698 s (4.02B) at 32k on the "
+                                     "embedded chats, 0.819 s on 400-3,000-token ones (bench-1p7b-32k, bench-4b-32k, "
+                                     "bench-1p7b-longchat-32k); all within 7.3%"),
+    ("native", "H200", False): (0.43, "runner bench on one H200, Qwen3 1.72B at 32k without compile: 1.388 s "
+                                      "(ablation-1p7b-nocompile)"),
+    ("trl", "H200", True): (0.77, "runner bench on one H200, Qwen3 1.72B, TRL with liger and compile: 0.925 s at 32k "
+                                  "and 0.339 s at 8k with TRL_STEP_OVERHEAD_S (bench-1p7b-longchat)"),
+}
+"""Hardware FLOPs utilisation (recompute included) against the GPU's practical matmul ceiling, by (engine, GPU,
+compiled decoder layers). TRL's was fitted on the 1.72B long-conversation rows, where the 32k and 8k steps give
+the rate and the per-step overhead together; the compiled native rate on the latest 32k rows of the engine as it is
+(each source says which). tests/unit/test_estimate.py checks every 32k bench row against the time model, the
+exceptions listed there with their reasons. A missing (engine, GPU, compiled) falls back to the same engine on
+the H200, then to the other compile setting."""
+HOST_LINK_GB_S = 47.0
+"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at. Measured on one H200
+(benchmarks/host_link_bw.py, benchmarks/host-link-h200.json): 55.3 GB/s each way alone, 47.4 GB/s each way with
+both directions at once (offload copies out and back can overlap), 55.2 GB/s beside a running matmul, which kept
+its rate (678 vs 676 TFLOP/s). The conservative figure is used."""
+GPU_STEP_OVERHEAD_S = 0.05
+"""Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
+UNWRAPPED_RATE_FACTOR = 1.064
+UNWRAPPED_STEP_OVERHEAD_S = 0.0
+"""One native rank that trains the plain module (no FSDP2): the CALIBRATION rates and GPU_STEP_OVERHEAD_S were
+fitted on wrapped runs, whose per-layer copies cost GPU and host time. The rate fitted on the 1.72B runs of the same
+commands unwrapped: 0.681 s at 32k (bench-1p7b-32k-unwrapped; 0.701 wrapped). No per-step overhead shows beside
+it: the 30-step 8k rows on realistic conversations (longchat-*-8k-native, both families) average within 2-6.5 % of
+the FLOPs at that rate alone. (0.021 s was fitted before on 8k rows whose steps included the fused loss compiling
+again after the warm-up: runner/train/loss.py, CompiledChunkCE.)"""
+TRL_STEP_OVERHEAD_S = 0.12
+"""The same for the TRL engine (Trainer callbacks, logging, accelerate's step): fitted with its H200 rate above, and
+refitted on the 30-step 8k rows of realistic conversations (longchat-*-8k-trl*, within 7 % on both families; 0.14
+before, from 8-step rows)."""
+TRL_UNWRAPPED_RATE_FACTOR = 0.93
+"""One TRL process training the plain module (autocast casts each fp32 weight to bf16 in forward, in the
+recompute and in backward, where FSDP2 copied each layer once per pass): its H200 rate was fitted wrapped. Fitted
+on the 32k rows of the same commands plain: 0.919 s at 1.72B (bench-1p7b-32k-plain; 0.821-0.852 wrapped) and
+2.074 s at 4.02B (bench-4b-32k-plain; 1.939 wrapped)."""
+CPU_RANK_GFLOPS = 25.0
+CPU_STEP_OVERHEAD_S = 0.06
+"""A CPU rank runs one thread (runner/launch/command.py sets OMP_NUM_THREADS=1): hardware FLOPs at this rate per rank, up to
+one rank per core, plus this per-step overhead (gloo collectives, Python). The slope was fitted on a 2-core machine
+shared with other work (load 7.7: 0.36-0.38 s a step at 512 tokens and 2.3-2.6 s at 2,048, 31.4e9 FLOPs, scaled by
+the 3.7× slowdown of the 512-token point); the overhead on the embedded demo (`runner run tiny-cpu`, 3.0e9 hardware
+FLOPs a step, whole conversations packed by bfd) on a quiet 2-core machine: median 0.121 s a step, 20.6 s for 150
+steps, 34 s for the whole command. Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a
+run by as much as it takes."""
+SETUP_BASE_S = {"cuda": 90.0, "cpu": 13.0}
+"""Launch, imports, process group, tokenizer and first data before step 1."""
+LOAD_GB_PER_S = 1.5
+"""Reading a checkpoint from local disk / page cache into every rank of a node (each rank loads it all)."""
+
+KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("HuggingFaceH4/ultrachat_200k", "train_sft"): {
+        "rows": 207_865, "tokens": 995 * 8 * 32768,
+        "source": "rows: dataset card; tokens: the 27B notebook's 995 steps × 8 ranks × 32,768 tokens"},
+    ("HuggingFaceH4/Multilingual-Thinking", "train"): {
+        "rows": 1000, "tokens": 1_113_000,
+        "source": "dataset card: 1,000 rows, 8.9 MB of which about half is the messages column; 4 chars per token"},
+}
+
+PHASES = ("loss", "backward_start", "backward_end", "optimizer")
+BREAKDOWN_KEYS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora",
+                  "cuda_context_nccl", "fragmentation")
+"""The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`."""
+
+
+ATTENTION_RATE_FACTOR = {"flash-attn-4": 1.2}
+"""Attention FLOPs through flash-attn-4's varlen kernel run at this multiple of the engine's fitted rate (the rest
+of the step runs at the rate itself). Fitted on the long-conversation rows (benchmarks/bench-h200/longchat-*.json:
+1.72B and Llama-3.2-3B layouts, 8k and 32k, both engines, where attention is 15-30% of the hardware FLOPs); with
+1.0 the 8k rows came out 10-13% slow. The kernel itself runs below the matmul rate (301 TFLOP/s forward, 350
+backward on 2k-token documents, benchmarks/attention-h200.txt): the factor also absorbs that the rate, fitted on
+short documents, understates these steps' dense part. torch's kernel keeps 1.0 (no long-document rows with it)."""

@@ -1,0 +1,131 @@
+"""The prediction: memory, verdict and time for one spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.plan.constants import (
+    BREAKDOWN_KEYS,
+    CPU_PROCESS_GIB,
+    CUDA_CONTEXT_GIB,
+    DEFAULT_DOC_LEN,
+    FRAGMENTATION_FRACTION,
+    GIB,
+    NCCL_GIB,
+    TIGHT_FRACTION,
+    TRL_FRAGMENTATION_FRACTION,
+    gib,
+)
+from runner.plan.coverage import outside_measured
+from runner.plan.data_size import dataset_size
+from runner.plan.memory import Memory, memory_model
+from runner.plan.choices import Plan, make_plan
+from runner.plan.result import PER_GPU_BASIS, Estimate
+from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, step_time, tokens_per_step
+from runner.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a rank needs beyond PyTorch's allocated peak, and what it has."""
+
+    capacity: float
+    context: float
+    """CUDA context and NCCL buffers on a GPU; the process itself (interpreter, torch, gloo) on a CPU rank."""
+    fragmentation: float
+    idle_pools: float
+    name: str
+
+
+def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
+    if plan.device == "cuda":
+        assert plan.gpu is not None
+        fraction = TRL_FRAGMENTATION_FRACTION if plan.spec.engine == "trl" else FRAGMENTATION_FRACTION
+        # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
+        # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
+        # out-of-memory, so the verdict does not count them.
+        idle_pools = max(0.0, mem.default_pool + mem.reduce_pool - mem.allocated)
+        # The same for the blocks around the AdamW states: free space inside segments that the working set, at the
+        # sizes it asks for, takes again (TRL's limit sat at its allocated peak, limit-4b-trl).
+        idle_pools += mem.state_holes
+        return DeviceMemory(plan.gpu.memory_gib * GIB, (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB,
+                            fraction * mem.allocated, idle_pools, plan.gpu.name)
+    import psutil
+
+    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB,
+                        FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")
+
+
+def verdict_for(headroom: float, capacity: float) -> str:
+    if headroom < 0:
+        return "does not fit"
+    return "tight" if headroom < TIGHT_FRACTION * capacity else "fits"
+
+
+def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
+    """Per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running), without
+    the search for a fix (runner.plan.whatif.estimate adds it)."""
+    plan = make_plan(spec)
+    arch, t = plan.arch, spec.train
+    mem = memory_model(plan)
+    reasons = list(arch.approximate_reasons) + list(plan.reasons) + mem.reasons
+    if arch.num_experts:
+        reasons.append("MoE step time assumes dense-matmul efficiency for the experts (not calibrated)")
+    dev = device_memory(plan, mem)
+    per_gpu = mem.allocated + dev.fragmentation + dev.context
+    breakdown = {k: gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS}
+    breakdown["cuda_context_nccl"] = gib(dev.context)
+    breakdown["fragmentation"] = gib(dev.fragmentation)
+    if plan.device != "cuda":  # no CUDA context, no NCCL: the rank process itself
+        breakdown = {("process" if k == "cuda_context_nccl" else k): v for k, v in breakdown.items()}
+    headroom = dev.capacity - per_gpu
+
+    data = dataset_size(spec, plan.loaded)
+    attn_len = doc_len
+    if doc_len is None:
+        doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
+        attn_len = (data.attention_len(t.seq_len) if t.packing and data.lengths else None) or doc_len
+    tokens = tokens_per_step(spec, plan.world, doc_len)
+    flops, attn_flops = flops_per_step(plan, attn_len, tokens)
+    step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
+    packing = None
+    if t.packing and data.lengths:
+        from runner.train.packing import packing_preview
+
+        packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),
+                   "sampled_rows": len(data.lengths)}
+    steps = planned_steps(spec, data, tokens, plan.world, packing and packing.get("packing_efficiency"))
+    if steps is None:
+        reasons.append("dataset size unknown offline: set train.max_steps for a total time")
+    if data.source and t.max_steps is None:
+        reasons.append(f"dataset size: {data.source}")
+    total_s = None if steps is None else setup_seconds(plan) + steps * step_s
+
+    scope = outside_measured(plan)
+    if scope:
+        reasons.append(scope)
+    notes = ("dataset size:", "one rank", "activation offload:")  # said, but nothing approximate about them
+    approx_reasons = [r for r in reasons if not r.startswith(notes)]
+    if plan.loaded.note:
+        reasons.append(plan.loaded.note)
+    return Estimate(
+        fits=headroom >= 0, verdict=verdict_for(headroom, dev.capacity), headroom_gib=gib(headroom),
+        per_gpu_gib=gib(per_gpu), per_gpu_allocated_gib=gib(mem.allocated),
+        per_gpu_reserved_gib=gib(per_gpu + dev.idle_pools), gpu_memory_gib=round(dev.capacity / GIB, 2),
+        gpu=dev.name, world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
+        total_s=None if total_s is None else round(total_s, 1), tokens_per_step=tokens,
+        flops_per_step=float(f"{flops:.4g}"), hfu_assumed=hfu, approximate=bool(approx_reasons) or plan.device == "cpu",
+        approximate_reason="; ".join(reasons), suggestion=None,
+        arch={"model_type": arch.model_type, "params_total": arch.params_total, "params_active": arch.params_active,
+              "layers": arch.layers, "vocab": arch.vocab},
+        peak_phase=mem.peak_phase, device=plan.device, engine=spec.engine, method=spec.method.kind,
+        seq_len=t.seq_len, attn_implementation=plan.attn, loss_impl=plan.loss_impl,
+        activation_checkpointing=t.activation_checkpointing, params_trainable=mem.trainable,
+        arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
+        phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
+        host_offload_gib=gib(mem.host_offload),
+        peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
+                      if plan.device == "cuda" else {"rss": gib(per_gpu)}),
+        per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,
+        dataset_format=data.row_format, packing=packing,
+    )

@@ -1,0 +1,136 @@
+"""Time: hardware FLOPs per step and the calibrated rate (HFU) they run at."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from runner.plan.constants import (
+    ATTENTION_RATE_FACTOR,
+    CALIBRATION,
+    CPU_RANK_GFLOPS,
+    CPU_STEP_OVERHEAD_S,
+    DTYPE_BYTES,
+    EAGER_ATTENTION_EFFICIENCY,
+    GPU_STEP_OVERHEAD_S,
+    HBM_EFFICIENCY,
+    HOST_LINK_GB_S,
+    LOAD_GB_PER_S,
+    PARAMWRAPPER_TRAFFIC,
+    SETUP_BASE_S,
+    TRL_STEP_OVERHEAD_S,
+    TRL_UNWRAPPED_RATE_FACTOR,
+    UNWRAPPED_RATE_FACTOR,
+    UNWRAPPED_STEP_OVERHEAD_S,
+)
+from runner.plan.data_size import DataSize
+from runner.plan.memory import Memory
+from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
+from runner.facts.flops import hardware_flops
+from runner.spec import RunSpec
+
+
+def recompute_skipped_params(plan: Plan) -> int:
+    """Matmul parameters per token that recomputation does not run again. The native engine's compiled layers hold
+    their checkpoint inside the compiled graph (runner.train.model.checkpoint_in_compile), and backward never reads
+    a dense MLP's output projection, so it is not recomputed; a MoE layer's expert outputs feed the routing
+    weights' gradient and are. Offloaded layers keep transformers' eager checkpoint."""
+    spec = plan.spec
+    if spec.engine != "native" or not spec.train.compile or plan.device != "cuda" \
+            or offloads_activations(spec, plan.device):
+        return 0
+    arch = plan.arch
+    return sum(x.params for i in range(recomputed_layers(spec, arch.layers)) if not arch.is_moe_layer(i)
+               for x in arch.linears(i) if x.name == "mlp.down_proj")
+
+
+def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
+    """(hardware FLOPs of one optimizer step over all ranks, the attention part of it): runner/facts/flops.py."""
+    spec = plan.spec
+    return hardware_flops(plan.arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
+                          lora=spec.method.kind == "lora", recomputed=recomputed_layers(spec, plan.arch.layers),
+                          not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
+                          packing=spec.train.packing,
+                          attention_recomputed=not keeps_attention_outputs(spec, plan.attn, plan.device))
+
+
+def calibration(plan: Plan) -> tuple[float, str]:
+    name = plan.gpu.name if plan.gpu else "cpu"
+    engine, compiled = plan.spec.engine, plan.spec.train.compile
+    for key in ((engine, name, compiled), (engine, name, not compiled), (engine, "H200", compiled),
+                (engine, "H200", not compiled)):
+        if key in CALIBRATION:
+            rate, source = CALIBRATION[key]
+            return rate, source if key[1] == name else f"the H200 figure, for lack of a measurement here ({source})"
+    raise AssertionError(f"no calibration for the {engine} engine")  # every engine has an H200 entry
+
+
+
+def tokens_per_step(spec: RunSpec, world: int, doc_len: int) -> int:
+    """Tokens of one optimizer step over all ranks: whole blocks when packed, one document per sequence when not."""
+    t = spec.train
+    per_rank_seqs = t.micro_batch * t.grad_accum
+    if spec.engine == "native" or t.packing:
+        return t.seq_len * per_rank_seqs * world
+    return min(doc_len, t.seq_len) * per_rank_seqs * world
+
+
+def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
+                  packing_efficiency: float | None = None) -> int | None:
+    """train.max_steps, else the steps of train.epochs over the dataset; None when its size is unknown.
+
+    Packed, the blocks hold `packing_efficiency` real tokens per block token (bfd leaves room at block ends) and
+    the eval share of the rows (dataset.eval_fraction) never trains."""
+    t = spec.train
+    if t.max_steps is not None:
+        return t.max_steps
+    if (spec.engine == "native" or t.packing) and data.tokens:
+        trained = data.tokens * (1.0 - spec.dataset.eval_fraction) * t.epochs
+        return max(1, math.ceil(trained / (tokens * (packing_efficiency or 1.0))))
+    if not (spec.engine == "native" or t.packing) and data.rows:
+        return max(1, math.ceil(data.rows * t.epochs / (t.micro_batch * t.grad_accum * world)))
+    return None
+
+
+def setup_seconds(plan: Plan) -> float:
+    return SETUP_BASE_S[plan.device] + plan.arch.params_total * DTYPE_BYTES[plan.dtype] / (LOAD_GB_PER_S * 1e9)
+
+
+def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple[float, float, str]:
+    """(seconds per optimizer step, the HFU it assumes, where that comes from)."""
+    if plan.device != "cuda":
+        busy = min(plan.nproc, os.cpu_count() or 1) * plan.spec.hardware.nodes  # one thread per rank
+        step_s = flops / (busy * CPU_RANK_GFLOPS * 1e9) + CPU_STEP_OVERHEAD_S
+        return step_s, 1.0, (f"CPU: {CPU_RANK_GFLOPS:g} GFLOP/s per single-threaded rank and "
+                             f"{CPU_STEP_OVERHEAD_S:g} s a step, fitted on the embedded demo (quiet 2-core machine)")
+    spec, arch, t, gpu = plan.spec, plan.arch, plan.spec.train, plan.gpu
+    assert gpu is not None
+    hfu, source = calibration(plan)
+    unwrapped = spec.engine == "native" and not plan.sharded
+    if unwrapped:
+        hfu *= UNWRAPPED_RATE_FACTOR
+        source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
+    elif spec.engine == "trl" and not plan.sharded:
+        hfu *= TRL_UNWRAPPED_RATE_FACTOR
+        source += f"; × {TRL_UNWRAPPED_RATE_FACTOR} for one unwrapped process (autocast casts)"
+    rate = plan.world * gpu.ceiling_tflops * 1e12 * hfu
+    if plan.attn == "eager":
+        step_s = (flops - attn_flops) / rate + attn_flops / (rate * EAGER_ATTENTION_EFFICIENCY)
+    elif plan.attn_kernel in ATTENTION_RATE_FACTOR:
+        factor = ATTENTION_RATE_FACTOR[plan.attn_kernel]
+        step_s = (flops - attn_flops) / rate + attn_flops / (rate * factor)
+        source += f"; attention through {plan.attn_kernel} at × {factor:g} that rate"
+    else:
+        step_s = flops / rate
+    if spec.method.kind == "lora" and mem.expert_stack:
+        uses = (3 if t.activation_checkpointing else 2) * t.grad_accum
+        moved = PARAMWRAPPER_TRAFFIC * uses * mem.expert_stack * 2 * sum(
+            1 for i in range(arch.layers) if arch.is_moe_layer(i))
+        step_s += moved / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+    if mem.host_offload:
+        # Each offloaded input comes back over the host link on the compute stream, just before its recompute
+        # (the forward copies run on a side stream, overlapped).
+        step_s += t.grad_accum * mem.host_offload / (HOST_LINK_GB_S * 1e9)
+    step_s += TRL_STEP_OVERHEAD_S if spec.engine == "trl" else \
+        UNWRAPPED_STEP_OVERHEAD_S if unwrapped else GPU_STEP_OVERHEAD_S
+    return step_s, hfu, source

@@ -1,0 +1,65 @@
+"""What-if: the estimate with the cheapest change that fits when the run does not."""
+
+from __future__ import annotations
+
+from runner.errors import UserError
+from runner.plan.core import predict
+from runner.plan.result import Estimate
+from runner.spec import RunSpec, load_spec
+
+
+def _candidates(spec: RunSpec, nproc: int, loss_impl: str) -> list[tuple[str, list[str]]]:
+    t, hw = spec.train, spec.hardware
+    out: list[tuple[str, list[str]]] = []
+    if spec.engine == "native" and loss_impl == "full":
+        out.append(("chunked loss", ["train.loss_impl=chunked"]))
+    if not t.activation_checkpointing:
+        out.append(("activation checkpointing on", ["train.activation_checkpointing=true"]))
+    s = t.seq_len // 2
+    while s >= 256:
+        out.append((f"{s:,} tokens per block", [f"train.seq_len={s}"]))
+        s //= 2
+    if spec.method.kind == "full":
+        out.append(("LoRA", ["method.kind=lora"]))
+    if hw.device != "cpu":
+        n = 1
+        while n <= nproc:
+            n *= 2
+        if nproc < 8:
+            out.append((f"{min(n, 8)} GPUs per node", [f"hardware.nproc_per_node={min(n, 8)}"]))
+        for nodes in (2, 4, 8, 16):
+            if nodes > hw.nodes:
+                out.append((f"{nodes} nodes", [f"hardware.nproc_per_node={max(nproc, 1)}", f"hardware.nodes={nodes}"]))
+    return out
+
+
+def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
+    target = "fits" if est.verdict == "tight" else ("fits", "tight")
+    base = spec.to_dict()
+    nproc = est.world_size // spec.hardware.nodes
+    tried: list[tuple[str, Estimate]] = []
+    for label, overrides in _candidates(spec, nproc, est.loss_impl):
+        try:
+            alt = predict(load_spec(base, overrides), doc_len=doc_len)
+        except UserError:
+            continue
+        tried.append((label, alt))
+        if alt.verdict in target:
+            return (f"{label} ({' '.join('--set ' + o for o in overrides)}): predicted {alt.per_gpu_gib:.1f} of "
+                    f"{alt.gpu_memory_gib:.1f} GiB per GPU")
+    if est.verdict == "tight":
+        return "tight: no single change makes room; consider more GPUs or fewer tokens per block"
+    return "no single change fits: combine them (e.g. LoRA with fewer tokens per block) or plan for a larger GPU"
+
+
+# =============================================================================================
+# Sweeps and the CLI
+
+
+def estimate(spec: RunSpec, doc_len: int | None = None, suggest: bool = True) -> Estimate:
+    """Predict per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running);
+    when it does not fit comfortably and `suggest`, name the cheapest single change that does."""
+    est = predict(spec, doc_len)
+    if suggest and est.verdict != "fits":
+        est.suggestion = suggestion(spec, est, est.doc_len)
+    return est

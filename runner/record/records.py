@@ -1,0 +1,406 @@
+"""Run records: written at launch, finished atomically at exit, locked with a sha256 of their canonical JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypedDict
+
+from runner.data import doclengths
+from runner.events.failure import Failure
+from runner.errors import UserError
+from runner.events.lines import END, START, events_of, first_event, read_events, step_lines
+from runner.facts.flops import utilisation
+from runner.record.pins import redact
+
+SCHEMA = "sft-tui.record/1"
+STATUSES = ("running", "succeeded", "failed", "cancelled")
+
+
+class RankMetrics(TypedDict, total=False):
+    """One rank's figures, from its event file."""
+
+    last_step: int
+    peak_mem_gib: float | None
+    """The largest `mem_gib` of its step lines (allocated on GPU, RSS on CPU)."""
+    peak_mem: dict[str, float]
+    """Its end event's `peak_mem_gib`: {allocated, reserved} on GPU, {rss} on CPU."""
+    train_s: float
+    tokens: int
+    data: dict[str, Any]
+    export: Any
+    trainable_params: int
+    params: int
+    attn: str
+    fsdp_sharded: bool
+
+
+class Metrics(TypedDict, total=False):
+    """What a finished run measured (metrics_from_events, plus wall_s)."""
+
+    steps: int
+    loss_curve: dict[str, list[list[float]]]
+    final_loss: float | None
+    first_loss: float | None
+    final_global_loss: float
+    tokens: int
+    train_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    """(model + attention FLOPs) / (train_s × the GPUs' matmul ceiling): runner/facts/flops.py."""
+    per_rank: dict[str, RankMetrics]
+    data_fingerprint: str
+    export: Any
+    trainable_params: int
+    params: int
+    wall_s: float
+
+
+class RunRecord(TypedDict, total=False):
+    """records/<id>.json (the design's record contract); `lock` covers everything else."""
+
+    schema: str
+    id: str
+    created: str
+    finished: str | None
+    status: str
+    spec: dict[str, Any]
+    pins: dict[str, Any]
+    launch: dict[str, Any]
+    estimate: dict[str, Any] | None
+    """`Estimate.to_dict()` of runner.plan, as predicted at launch."""
+    metrics: Metrics | None
+    failure: Failure | None
+    run_dir: str
+    replay_of: str
+    exit_code: int
+    lock: str
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def compute_lock(record: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical({k: v for k, v in record.items() if k != "lock"})).hexdigest()
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """Redact, lock and write a record atomically; returns what was written."""
+    record = redact(json.loads(json.dumps(_finite(record))))
+    record["lock"] = compute_lock(record)
+    atomic_write_json(path, record)
+    return record
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf are not JSON: store them as None (a NaN loss is reported by status, not by the number)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_record(run_id: str, spec: dict[str, Any], pins: dict[str, Any], launch: dict[str, Any],
+               estimate: dict[str, Any] | None, run_dir: Path, replay_of: str | None = None) -> RunRecord:
+    rec: RunRecord = {
+        "schema": SCHEMA,
+        "id": run_id,
+        "created": now_iso(),
+        "finished": None,
+        "status": "running",
+        "spec": spec,
+        "pins": pins,
+        "launch": launch,
+        "estimate": estimate,
+        "metrics": None,
+        "failure": None,
+        "run_dir": str(run_dir),
+    }
+    if replay_of:
+        rec["replay_of"] = replay_of
+    return rec
+
+
+class RecordError(UserError):
+    pass
+
+
+def load(path: Path) -> RunRecord:
+    """Read a record, with a one-line reason for anything that is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such record file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{path}: cannot read ({e})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path}: not valid JSON (truncated or corrupted at line {e.lineno}, column {e.colno})") \
+            from None
+    if not isinstance(rec, dict) or "schema" not in rec:
+        raise RecordError(f"{path}: not a run record (no 'schema' field)")
+    if rec["schema"] != SCHEMA:
+        raise RecordError(f"{path}: unknown record schema {rec['schema']!r} (this runner reads {SCHEMA!r})")
+    return rec
+
+
+def verify(path: Path) -> tuple[bool, str]:
+    rec = load(path)
+    lock = rec.get("lock")
+    if not lock:
+        return False, f"{path}: record has no lock (it was not finished)"
+    actual = compute_lock(rec)
+    if actual != lock:
+        return False, (f"{path}: lock mismatch: content changed after it was locked "
+                       f"(sha256 {actual[:12]}… ≠ {lock[:12]}…)")
+    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…)"
+
+
+def list_records(records_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(records_dir.glob("*.json")):
+        try:
+            out.append(load(p))
+        except RecordError:
+            continue
+    return out
+
+
+def find_record(ref: str, records_dir: Path) -> Path:
+    """A record path, or an id (or unique id prefix) in the records folder."""
+    p = Path(ref)
+    if p.suffix == ".json" or os.sep in ref:
+        return p
+    exact = records_dir / f"{ref}.json"
+    if exact.exists():
+        return exact
+    hits = sorted(records_dir.glob(f"{ref}*.json"))
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise RecordError(f"no record '{ref}' in {records_dir}")
+    raise RecordError(f"'{ref}' matches {len(hits)} records in {records_dir}: give more of the id")
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics from the event files
+
+
+@dataclass(frozen=True)
+class RunFlops:
+    """What MFU needs from the run's model and GPU (runner/facts/flops.py)."""
+
+    model_per_token: float
+    attention_per_doc_len_sq: float
+    ceiling_tflops: float
+
+
+
+def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: RunFlops | None = None
+                        ) -> Metrics:
+    """Per-rank loss curves, last steps, tokens/s, peak memory, MFU and the data fingerprint, from rank<r>.jsonl."""
+    per_rank: dict[str, RankMetrics] = {}
+    curves: dict[str, list[list[float]]] = {}
+    wall = []
+    tokens_total = 0
+    doc_len_sq: int | None = 0  # Σ doc_len² over every rank's steps, for the attention FLOPs (None: not reported)
+    fingerprint = hashlib.sha256()
+    doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
+    for r in range(world_size):
+        evs = read_events(events_dir / f"rank{r}.jsonl")
+        # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
+        by_step = {e["step"]: e for e in step_lines(evs)}
+        steps = [by_step[s] for s in sorted(by_step)]
+        ends = events_of(evs, END)
+        start = first_event(evs, START)
+        curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
+        if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
+            doc_len_sq += sum(e["doc_len_sq"] for e in steps)
+        else:
+            doc_len_sq = None
+        info: RankMetrics = {"last_step": steps[-1]["step"] if steps else 0,
+                                "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
+        if ends:
+            end = ends[-1]
+            # Each launch (the first, then every resume) reports its own tokens and time.
+            info["train_s"] = round(sum(e.get("train_s") or 0.0 for e in ends), 3)
+            info["tokens"] = sum(e.get("tokens") or 0 for e in ends)
+            info["data"] = _without_histogram(end.get("data"), doc_hists, str(r))
+            info["peak_mem"] = end.get("peak_mem_gib")
+            for key in ("export", "trainable_params", "params", "attn", "fsdp_sharded"):
+                if end.get(key) is not None:
+                    info[key] = end[key]
+            tokens_total += info["tokens"]
+            if info["train_s"]:
+                wall.append(info["train_s"])
+            if end.get("data"):
+                fingerprint.update(str(end["data"].get("fingerprint")).encode())
+        elif steps:
+            tokens_total += sum(e.get("tokens") or 0 for e in steps)
+            if start:
+                wall.append(steps[-1]["t"] - start["t"])
+        per_rank[str(r)] = info
+    rank0 = [point for point in curves.get("0") or [] if point[1] is not None]
+    train_s = max(wall) if wall else None
+    tokens_per_s = tokens_total / train_s if train_s else None
+    out: Metrics = {
+        "steps": max((i["last_step"] for i in per_rank.values()), default=0),
+        "loss_curve": curves,
+        # Rank 0's own loss until the global one is known below (older events lack it).
+        "final_loss": rank0[-1][1] if rank0 else None,
+        "first_loss": rank0[0][1] if rank0 else None,
+        "tokens": tokens_total,
+        "train_s": train_s,
+        "tokens_per_s": round(tokens_per_s, 2) if tokens_per_s else None,
+        "mfu": None,
+        "per_rank": per_rank,
+        "data_fingerprint": fingerprint.hexdigest(),
+    }
+    rank0_info = per_rank.get("0") or {}
+    for key in ("export", "trainable_params", "params"):
+        if key in rank0_info:
+            out[key] = rank0_info[key]
+    rank0_events = read_events(events_dir / "rank0.jsonl")
+    global_losses = global_loss_curve(rank0_events)
+    if global_losses:
+        # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.
+        out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
+        out["first_loss"] = global_losses[0][1]
+    out.update(eval_metrics(rank0_events, per_rank))
+    packing = packing_metrics(per_rank, doc_hists)
+    if packing:
+        out["packing"] = packing
+    if device == "cuda" and flops is not None and train_s and tokens_total:
+        # MFU (runner/facts/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
+        done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
+        out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
+    return out
+
+
+def eval_metrics(rank0_events: list[dict[str, Any]], per_rank: dict[str, Any]) -> dict[str, Any]:
+    """eval_curve (step → global eval loss, as a string-keyed map), eval_accuracy, the best and last eval, and
+    whether the run stopped early; empty when the run evaluated nothing."""
+    # A resumed run evaluates again from its checkpoint: the last line of each step counts, as for steps.
+    evals = {int(e["step"]): e for e in rank0_events if e.get("event") == "eval" and "step" in e}
+    if not evals:
+        return {}
+    steps = sorted(evals)
+    curve = {str(s): evals[s].get("loss") for s in steps}
+    finite = [(s, evals[s]["loss"]) for s in steps if evals[s].get("loss") is not None]
+    out: dict[str, Any] = {"eval_curve": curve,
+                           "eval_accuracy": {str(s): evals[s].get("accuracy") for s in steps},
+                           "final_eval_loss": curve[str(steps[-1])],
+                           "eval_target_tokens": evals[steps[-1]].get("target_tokens")}
+    if finite:
+        best = min(finite, key=lambda x: x[1])
+        out["best_eval_loss"], out["best_eval_step"] = best[1], best[0]
+    ends = [e for e in rank0_events if e.get("event") == "end"]
+    stopped = ends[-1].get("stopped_early") if ends else None
+    out["stopped_early"] = stopped  # the step where early stopping ended the run, or None
+    return out
+
+
+def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
+    """A rank's end-event data without its documents' length histogram, which goes to `hists` for the merge (the
+    record keeps each rank's summary, `doc_tokens`, and the merged one in metrics.packing)."""
+    if not isinstance(data, dict) or "doc_lengths" not in data:
+        return data
+    data = dict(data)
+    hists[rank] = data.pop("doc_lengths")
+    return data
+
+
+def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
+    lengths of the documents trained on (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank)."""
+    data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
+    if not data:
+        return {}
+    hists = doc_hists or {}
+    docs = doclengths.merged_summary([{**i["data"], "doc_lengths": hists.get(r)} for r, i in per_rank.items()
+                                      if isinstance(i.get("data"), dict)])
+    blocks = sum(d.get("blocks") or 0 for d in data)
+    real = sum(d.get("real_tokens") or 0 for d in data)
+    out = {"blocks": blocks, "examples": sum(d.get("examples") or 0 for d in data),
+           "split_documents": sum(d.get("split_documents") or 0 for d in data), "real_tokens": real}
+    effs = [(d.get("packing_efficiency"), d.get("blocks") or 0) for d in data if d.get("packing_efficiency")]
+    if effs and blocks:
+        out["packing_efficiency"] = round(sum(e * b for e, b in effs) / blocks, 4)
+    if docs is not None:
+        out["doc_tokens"] = docs
+    return out
+
+
+def global_loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, global loss) of the steps that had a target on some rank; a non-finite one is kept as NaN."""
+    by_step: dict[int, float] = {}
+    for e in events:
+        if "event" in e or "step" not in e or "global_loss" not in e:
+            continue
+        value = e["global_loss"]
+        if value is None and "global_loss" in (e.get("nonfinite") or {}):
+            value = math.nan
+        if isinstance(value, (int, float)):
+            by_step[e["step"]] = float(value)
+    return sorted(by_step.items())
+
+
+def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """Max |loss difference| over every rank and step, and the earliest step (over all ranks) where they differ."""
+    max_diff = 0.0
+    diverging: list[tuple[int, int, Any, Any]] = []
+    same_steps = set(a) == set(b)
+    for r in sorted(set(a) | set(b), key=int):
+        ca = {int(s): loss for s, loss in a.get(r, [])}
+        cb = {int(s): loss for s, loss in b.get(r, [])}
+        same_steps &= set(ca) == set(cb)
+        for s in sorted(set(ca) & set(cb)):
+            la, lb = ca[s], cb[s]
+            d = abs(la - lb) if la is not None and lb is not None else (0.0 if la == lb else math.inf)
+            max_diff = max(max_diff, d)
+            if d > 0:
+                diverging.append((s, int(r), la, lb))
+    first = None
+    if diverging:
+        s, r, la, lb = min(diverging)
+        first = {"rank": r, "step": s, "original": la, "replay": lb}
+    return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_steps}

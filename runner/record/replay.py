@@ -1,0 +1,154 @@
+"""Replay: rebuild the spec from a record, report pin drift, re-run, and compare the loss curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runner.record import pins as pins_mod
+from runner.errors import UserError
+from runner.record.records import compare_curves
+from runner.spec import RunSpec, validate
+
+# Pins that, when they differ, can change the numbers; --strict refuses to replay over any of them.
+STRICT_KEYS = ("packages", "torch", "cuda", "model", "dataset", "tokenizer_sha256")
+
+
+def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> RunSpec:
+    """The record's resolved spec; never runs code from the record without explicit consent."""
+    data = dict(rec["spec"])
+    train = data.get("train") or {}
+    per_rank = (rec.get("metrics") or {}).get("per_rank") or {}
+    sharded = per_rank.get("0", {}).get("fsdp_sharded") if len(per_rank) == 1 else None
+    if sharded is not None:
+        # One rank runs as it ran, wrapped in FSDP2 or not: the rule for one rank has changed between versions
+        # (native, then TRL, train the plain module by default).
+        data["train"] = {**train, "fsdp_one_rank": bool(sharded)}
+    elif "fsdp_one_rank" not in train:
+        # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
+        data["train"] = {**train, "fsdp_one_rank": True}
+    if "packing_strategy" not in data.get("train", train):
+        # Recorded before packing strategies: blocks were cut where they filled (wrapped).
+        data["train"] = {**data.get("train", train), "packing_strategy": "wrapped"}
+    spec = validate(data)
+    if spec.model.trust_remote_code and not trust_remote_code:
+        raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "
+                        "code; pass --trust-remote-code if you trust it")
+    return spec
+
+
+def drift(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pin that differs: [{pin, recorded, current, strict}]."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, a: Any, b: Any, strict: bool) -> None:
+        if a != b:
+            rows.append({"pin": name, "recorded": a, "current": b, "strict": strict})
+
+    add("python", recorded.get("python"), current.get("python"), True)
+    for key in ("torch", "cuda", "cudnn", "nccl"):
+        add(key, recorded.get(key), current.get(key), key in STRICT_KEYS)
+    ra, ca = recorded.get("packages", {}), current.get("packages", {})
+    for name in sorted(set(ra) | set(ca)):
+        add(f"package {name}", ra.get(name), ca.get(name), True)
+    for src in ("model", "dataset"):
+        r, c = recorded.get(src, {}), current.get(src, {})
+        for k in ("commit", "content_sha256"):
+            add(f"{src} {k}", r.get(k), c.get(k), True)
+    add("tokenizer_sha256", recorded.get("tokenizer_sha256"), current.get("tokenizer_sha256"), True)
+    rg, cg = recorded.get("git", {}), current.get("git", {})
+    add("git commit", rg.get("commit"), cg.get("commit"), False)
+    add("git dirty", rg.get("dirty"), cg.get("dirty"), False)
+    add("git diff", rg.get("diff_sha256"), cg.get("diff_sha256"), False)
+    add("gpus", recorded.get("gpus", {}).get("names"), current.get("gpus", {}).get("names"), False)
+    add("driver", recorded.get("gpus", {}).get("driver"), current.get("gpus", {}).get("driver"), False)
+    return rows
+
+
+def current_pins(spec: RunSpec, repo_dir: Path) -> dict[str, Any]:
+    p = pins_mod.capture(spec, repo_dir)
+    p["git"].pop("diff", None)
+    return p
+
+
+def tolerance(spec: RunSpec) -> float:
+    """CPU fp32 with fixed threads is bit-exact; GPU runs are exact only with the deterministic switches on."""
+    if spec.hardware.device == "cpu" or spec.train.deterministic:
+        return 0.0
+    return 1e-3
+
+
+def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dict[str, Any]:
+    """Whether the replay reproduced the original, and `message`: one sentence saying what was compared.
+
+    Loss curves are compared only where both runs trained: a failed original is reproduced by the same failure
+    at the same step (and the same curve before it), a cancelled original by the same curve over the steps it
+    ran, and a cancelled replay is not compared at all.
+    """
+    a = (original.get("metrics") or {}).get("loss_curve") or {}
+    b = (replay.get("metrics") or {}).get("loss_curve") or {}
+    status_a, status_b = original.get("status"), replay.get("status")
+    if status_a == "cancelled":
+        kept = {r: {s for s, _ in c} for r, c in a.items()}
+        b = {r: [p for p in c if p[0] in kept.get(r, set())] for r, c in b.items()}
+    result = compare_curves(a, b)
+    result["tolerance"] = tol
+    steps = _steps(original)
+    curve_ok = result["same_steps"] and result["max_abs_loss_diff"] <= tol
+    result["compared"] = status_b != "cancelled"
+    if status_b == "cancelled":
+        result["reproduced"] = False
+        result["message"] = f"the replay was cancelled after {_steps(replay)} steps; not compared"
+    elif status_a == "failed" or status_b == "failed":
+        same = status_a == status_b == "failed" and _failure(original) == _failure(replay)
+        result["reproduced"] = same and curve_ok
+        verdict = "same failure" if same else "a different outcome"
+        if same and not curve_ok:
+            verdict = "same failure, but the loss curves before it differ"
+        result["message"] = f"the original {_outcome(original)}; the replay {_outcome(replay)}: {verdict}"
+    elif not steps or not any(a.values()):
+        result["reproduced"] = False
+        result["message"] = f"the original {_outcome(original)}: no loss curve to compare"
+    else:
+        result["reproduced"] = curve_ok
+        over = f"the {steps} steps the original ran before it was cancelled" if status_a == "cancelled" \
+            else "every rank and step"
+        result["message"] = (f"{'reproduced' if curve_ok else 'not reproduced'}: max |Δloss| = "
+                             f"{result['max_abs_loss_diff']:g} over {over} (tolerance {tol:g})")
+        if not result["same_steps"]:
+            result["message"] += f"; the replay logged other steps ({_steps(replay)} against {steps})"
+    # The eval curve, when the original has one, is held to the same tolerance: one more curve to reproduce.
+    ea = (original.get("metrics") or {}).get("eval_curve")
+    if ea:
+        eb = (replay.get("metrics") or {}).get("eval_curve") or {}
+        ev = compare_curves({"0": [[int(s), v] for s, v in ea.items()]}, {"0": [[int(s), v] for s, v in eb.items()]})
+        result["max_abs_eval_loss_diff"] = ev["max_abs_loss_diff"]
+        result["eval_first_divergence"] = ev["first_divergence"]
+        result["eval_same_steps"] = ev["same_steps"]
+        eval_ok = ev["same_steps"] and ev["max_abs_loss_diff"] <= tol
+        if result["compared"] and result["reproduced"] and not eval_ok:
+            result["reproduced"] = False
+            result["message"] += f"; the eval curve was not reproduced (max |Δeval loss| = {ev['max_abs_loss_diff']:g})"
+    return result
+
+
+def _steps(rec: dict[str, Any]) -> int:
+    return int((rec.get("metrics") or {}).get("steps") or 0)
+
+
+def _failure(rec: dict[str, Any]) -> tuple[Any, Any]:
+    f = rec.get("failure") or {}
+    return f.get("cause"), f.get("last_step")
+
+
+def _outcome(rec: dict[str, Any]) -> str:
+    status = rec.get("status")
+    if status == "failed":
+        f = rec.get("failure") or {}
+        what = f.get("cause") or "an unknown cause"
+        if f.get("message"):
+            what += f" ({str(f['message']).splitlines()[0][:120]})"
+        return f"failed at step {f.get('last_step', _steps(rec))} with {what}"
+    if status == "cancelled":
+        return f"was cancelled after {_steps(rec)} steps"
+    return f"{status} after {_steps(rec)} steps"
