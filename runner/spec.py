@@ -158,6 +158,13 @@ class TrainSpec(_Section):
     and one copy each way per layer, overlapped with compute in forward."""
     log_every: int = Field(1, gt=0)
     """Write a step event every N steps."""
+    optimizer_precision: Literal["auto", "fp32_master", "bf16_stochastic", "bf16"] = "auto"
+    """How weights and AdamW states are held (native engine): fp32_master = fp32 weights and states, bf16 compute
+    (16 B per parameter); bf16_stochastic = bf16 weights, gradients and states (8 B per parameter), the update
+    computed in fp32 and stochastically rounded back, so updates below bf16's resolution survive in expectation;
+    bf16 = the same bytes rounded to nearest, which rounds away most updates at SFT learning rates (the 27B
+    notebook's policy, for experts). auto = fp32_master when model.dtype is float32, bf16_stochastic when it is
+    bfloat16. The TRL engine always keeps fp32 master weights."""
     deterministic: bool = True
     """Ask PyTorch for deterministic kernels (bit-exact replays; CPU runs always are)."""
     loss_impl: Literal["auto", "full", "chunked", "fused"] = "auto"
@@ -412,6 +419,7 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
         if spec.engine != "native":
             out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
     out += eval_problems(spec)
+    out += precision_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
         if rev is not None and not valid_revision(rev):
             out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",
@@ -559,13 +567,52 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
         raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
                                                  f"{nproc} ranks but only {gpu_count} GPUs visible",
                                                  f"use hardware.nproc_per_node={gpu_count} or fewer")])
-    dtype = spec.model.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = weights_dtype(spec, device)
     data = spec.to_dict()
     data["hardware"].update(device=device, nproc_per_node=nproc)
     data["model"]["dtype"] = dtype
+    data["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision, dtype)
     return RunSpec.model_validate(data)
+
+
+BF16_PRECISIONS = ("bf16_stochastic", "bf16")
+
+
+def weights_dtype(spec: RunSpec, device: str) -> str:
+    """model.dtype resolved: as set, else what train.optimizer_precision needs, else bf16 on GPU and fp32 on CPU
+    (CPU runs are exact and reproducible)."""
+    if spec.model.dtype != "auto":
+        return spec.model.dtype
+    if spec.engine == "native" and spec.train.optimizer_precision != "auto":
+        return "bfloat16" if spec.train.optimizer_precision in BF16_PRECISIONS else "float32"
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def optimizer_precision(engine: str, requested: str, dtype: str) -> str:
+    """train.optimizer_precision resolved for the weights' dtype: never plain bf16 unless asked for."""
+    if engine != "native":
+        return "fp32_master"  # TRL's trainable weights are made fp32 and computed in bf16 under autocast
+    if requested != "auto":
+        return requested
+    return "bf16_stochastic" if dtype == "bfloat16" else "fp32_master"
+
+
+def precision_problems(spec: RunSpec) -> list[Problem]:
+    """train.optimizer_precision against model.dtype and the engine."""
+    want = spec.train.optimizer_precision
+    if want == "auto":
+        return []
+    if spec.engine != "native" and want != "fp32_master":
+        return [Problem("train.optimizer_precision", f"the {spec.engine} engine keeps fp32 master weights, got {want}",
+                        "use train.optimizer_precision=auto (or engine=native)")]
+    dtype = spec.model.dtype
+    if dtype == "bfloat16" and want == "fp32_master":
+        return [Problem("train.optimizer_precision", "fp32_master needs fp32 weights, got model.dtype=bfloat16",
+                        "set model.dtype=auto or float32, or train.optimizer_precision=bf16_stochastic")]
+    if dtype == "float32" and want in BF16_PRECISIONS:
+        return [Problem("train.optimizer_precision", f"{want} needs bf16 weights, got model.dtype=float32",
+                        "set model.dtype=auto or bfloat16, or train.optimizer_precision=fp32_master")]
+    return []
 
 
 def field_docs(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[tuple[str, str, Any]]:

@@ -21,7 +21,7 @@ from runner.facts.decisions import (
 from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
 from runner.facts.gpus import GpuType, detect_gpu, gpu_type
-from runner.spec import RunSpec
+from runner.spec import RunSpec, weights_dtype
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,7 @@ def make_plan(spec: RunSpec) -> Plan:
     if nproc < 1:
         raise UserError("invalid spec", [Problem("hardware.nproc_per_node", f"must be at least 1, got {nproc}",
                                                  "use 1 or more")])
-    dtype = spec.model.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = weights_dtype(spec, device)
     loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
     attn = planned_attention(spec, device, loaded.config)
     loss, loss_reason = planned_loss(spec, loaded.config)

@@ -71,19 +71,18 @@ TYPICAL_WEIGHT = 0.02
 
 
 def precision_advice(spec: RunSpec) -> str | None:
-    """A warning when bf16 parameters would round most AdamW updates away (the native engine keeps parameters and
-    optimizer states in model.dtype; AdamW moves each weight by about lr per step)."""
+    """A warning when plain bf16 parameters would round most AdamW updates away (train.optimizer_precision=bf16:
+    parameters and states in bf16, rounded to nearest; AdamW moves each weight by about lr per step)."""
     t = spec.train
-    if spec.engine != "native" or spec.method.kind != "full" or spec.model.dtype not in ("bfloat16", "auto"):
+    if spec.engine != "native" or t.optimizer_precision != "bf16":
         return None
-    if spec.hardware.device == "cpu" or t.lr >= TYPICAL_WEIGHT * BF16_ULP:
+    if t.lr >= TYPICAL_WEIGHT * BF16_ULP:
         return None
-    dtype = "bfloat16" if spec.model.dtype == "bfloat16" else "auto (the checkpoint's dtype, bf16 for most)"
-    return (f"model.dtype={dtype} keeps parameters and AdamW states in bf16: a step of about lr={t.lr:g} is under "
-            f"bf16's resolution for weights above {t.lr / BF16_ULP:.1g}, so most updates round away "
-            "(on an H200: loss 8.14 against 4.56 with fp32 master weights after the same 13 steps). "
-            "For fp32 master weights with bf16 compute at the same speed, set model.dtype=float32 (+8 bytes per "
-            "parameter)")
+    return (f"train.optimizer_precision=bf16 keeps parameters and AdamW states in bf16 rounded to nearest: a step of "
+            f"about lr={t.lr:g} is under bf16's resolution for weights above {t.lr / BF16_ULP:.1g}, so most updates "
+            "round away (on an H200: loss 8.14 against 4.56 with fp32 master weights after the same 13 steps). "
+            "train.optimizer_precision=bf16_stochastic keeps the same 8 bytes per parameter and learns like fp32 "
+            "master weights in expectation (auto picks it for bf16 weights)")
 
 
 # ---------------------------------------------------------------------------------------------

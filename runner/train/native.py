@@ -144,6 +144,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.train.evaluation import attach_eval
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
+    from runner.train.optim import build_optimizer
 
     t = spec.train
     tokenizer = load_tokenizer(spec)
@@ -172,9 +173,9 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     if loss_impl in ("chunked", "fused"):
         attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
     attach_eval(model)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas),
-                            weight_decay=t.weight_decay, fused=rt.device == "cuda")
-    info = {**attn.to_dict(), "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], t.optimizer_precision, t.lr,
+                          tuple(t.betas), t.weight_decay, rt.device, t.seed, rt.rank)
+    info = {**attn.to_dict(), "optimizer_precision": t.optimizer_precision, "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,

@@ -515,6 +515,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
+                 optimizer_precision=t.optimizer_precision,
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
                  tokenisation="generation markers" if has_generation_markers(tokenizer) else "prefix bracketing")
     events.train_begin(**begin)

@@ -147,12 +147,12 @@ def test_plan_warns_when_bf16_states_would_round_updates_away(tmp_path: Path, fi
     async def go() -> None:
         app = _app(tmp_path, "plan", initial_spec=load_recipe_dict(
             "tiny-cpu", ["hardware.device=cuda", "hardware.gpu=H200", "hardware.nproc_per_node=1",
-                         "model.dtype=bfloat16", "train.lr=1e-5"]))
+                         "model.dtype=bfloat16", "train.optimizer_precision=bf16", "train.lr=1e-5"]))
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await ready(pilot)
             await wait_for(pilot, lambda: screen.plan is not None, 10, "the plan")
             await wait_for(pilot, lambda: "note:" in text_of(screen.query_one("#plan-verdict")), 10, "the note")
-            assert "set model.dtype=float32" in text_of(screen.query_one("#plan-verdict"))
+            assert "bf16_stochastic" in text_of(screen.query_one("#plan-verdict"))
 
     run_async(go())
 

@@ -25,7 +25,7 @@ from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
 from runner.plan.preflight import precision_advice
-from runner.spec import RunSpec, field_choices, field_docs, spec_warnings, validate
+from runner.spec import RunSpec, field_choices, field_docs, optimizer_precision, spec_warnings, validate, weights_dtype
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.specform import field_of, get_path, plan_resolve, problems_of, set_path
@@ -669,7 +669,9 @@ class WizardScreen(Screen):
             d = resolved.to_dict()
             d["hardware"]["device"] = "cuda"
             if spec.model.dtype == "auto":
-                d["model"]["dtype"] = "bfloat16"
+                d["model"]["dtype"] = weights_dtype(spec, "cuda")
+            d["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision,
+                                                                    d["model"]["dtype"])
             target = RunSpec.model_validate(d)
         try:
             rows = self.app.backends.sweep(target, axes)

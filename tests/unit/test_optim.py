@@ -1,0 +1,129 @@
+"""bf16 stochastic rounding and the AdamW built on it: unbiased, deterministic per (seed, rank, step), exact AdamW in
+fp32, and updates below bf16's resolution survive where round-to-nearest loses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner.spec import load_spec, optimizer_precision, resolve
+from runner.train.optim import StochasticAdamW, stochastic_round_
+
+
+def _round(x: torch.Tensor, seed: int) -> torch.Tensor:
+    out = torch.empty_like(x, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    stochastic_round_(out, x, gen)
+    return out
+
+
+def test_stochastic_rounding_lands_on_a_neighbour_and_is_unbiased():
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 0.02
+    bits = x.view(torch.int32)
+    toward_zero = (bits & -65536).view(torch.float32)  # the bf16 neighbours: truncated, and one step further out
+    away = ((bits & -65536) + 65536).view(torch.float32)
+    below, above = torch.minimum(toward_zero, away), torch.maximum(toward_zero, away)
+    lo = x.to(torch.bfloat16)  # round to nearest
+    draws = torch.stack([_round(x, s).float() for s in range(400)])
+    gap = above - below
+    # Every draw is one of the two bf16 values around x (at most one bf16 step apart).
+    assert torch.all((draws == below) | (draws == above))
+    assert torch.all(below <= x) and torch.all(x <= above)
+    # Mean of 400 draws: within 4 standard errors of x, relative to the gap (p(1-p)/n <= 1/(4n)).
+    err = ((draws.mean(0) - x) / gap).abs()
+    assert err.max() < 4 * (0.25 / 400) ** 0.5
+    # Round-to-nearest is biased for the same inputs: its error, averaged, is far larger.
+    assert ((lo.float() - x) / gap).abs().mean() > 10 * err.mean()
+
+
+def test_exact_bf16_values_are_kept():
+    x = torch.randn(1000).to(torch.bfloat16).float()
+    assert torch.equal(_round(x, 1).float(), x)
+
+
+def test_same_seed_same_bits_other_step_other_bits():
+    x = torch.randn(2048)
+    assert torch.equal(_round(x, 7), _round(x, 7))
+    assert not torch.equal(_round(x, 7), _round(x, 8))
+
+
+def _adam_pair(dtype: torch.dtype, lr: float = 1e-2) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+    torch.manual_seed(1)
+    w = torch.randn(64, 32) * 0.02
+    return torch.nn.Parameter(w.clone().to(dtype)), torch.nn.Parameter(w.clone())
+
+
+def test_on_fp32_parameters_it_is_torch_adamw():
+    ours_p, ref_p = _adam_pair(torch.float32)
+    ours = StochasticAdamW([ours_p], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ref = torch.optim.AdamW([ref_p], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    for step in range(5):
+        g = torch.randn(64, 32, generator=torch.Generator().manual_seed(step))
+        ours_p.grad, ref_p.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(ours_p.data, ref_p.data, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("lr", [1e-5, 2e-5])
+def test_small_updates_survive_in_bf16_where_nearest_rounding_loses_them(lr):
+    """20 steps of a constant gradient: fp32 moves each weight by about 20·lr; bf16 rounded to nearest barely moves
+    (lr is below bf16's resolution at |w| ≈ 0.02); stochastic rounding moves it by the fp32 amount on average."""
+    sr_p, ref_p = _adam_pair(torch.bfloat16)
+    near_p = torch.nn.Parameter(sr_p.data.clone())
+    start = ref_p.data.clone()
+    sr = StochasticAdamW([sr_p], lr=lr, seed=3)
+    ref = torch.optim.AdamW([ref_p], lr=lr)
+    near = torch.optim.AdamW([near_p], lr=lr)  # torch's AdamW on bf16 params: states and weights rounded to nearest
+    g = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    for _ in range(20):
+        sr_p.grad, ref_p.grad, near_p.grad = g.to(torch.bfloat16), g.clone(), g.to(torch.bfloat16)
+        sr.step()
+        ref.step()
+        near.step()
+    moved_ref = (ref_p.data - start).abs().mean()
+    moved_sr = (sr_p.data.float() - start.to(torch.bfloat16).float()).abs().mean()
+    moved_near = (near_p.data.float() - start.to(torch.bfloat16).float()).abs().mean()
+    assert abs(moved_sr / moved_ref - 1) < 0.1, (moved_sr, moved_ref)
+    assert moved_near < 0.5 * moved_ref, (moved_near, moved_ref)
+
+
+def test_replaying_the_same_steps_gives_the_same_bits():
+    runs = []
+    for _ in range(2):
+        p, _ = _adam_pair(torch.bfloat16)
+        opt = StochasticAdamW([p], lr=1e-5, seed=11, rank=1)
+        for step in range(3):
+            p.grad = torch.randn(64, 32, generator=torch.Generator().manual_seed(step)).to(torch.bfloat16)
+            opt.step()
+        runs.append(p.data.clone())
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_auto_precision_follows_the_weights_and_the_engine():
+    assert optimizer_precision("native", "auto", "bfloat16") == "bf16_stochastic"
+    assert optimizer_precision("native", "auto", "float32") == "fp32_master"
+    assert optimizer_precision("native", "bf16", "bfloat16") == "bf16"
+    assert optimizer_precision("trl", "auto", "bfloat16") == "fp32_master"
+    cpu = resolve(load_spec("tiny-cpu"), cuda_available=False, gpu_count=0)
+    assert (cpu.model.dtype, cpu.train.optimizer_precision) == ("float32", "fp32_master")  # today's CPU default
+    gpu = resolve(load_spec("tiny-cpu", ["hardware.device=auto"]), cuda_available=True, gpu_count=2)
+    assert (gpu.model.dtype, gpu.train.optimizer_precision) == ("bfloat16", "bf16_stochastic")
+    # Asking for bf16 stochastic rounding with model.dtype=auto gives bf16 weights, on CPU too.
+    sr = resolve(load_spec("tiny-cpu", ["train.optimizer_precision=bf16_stochastic"]), cuda_available=False,
+                 gpu_count=0)
+    assert sr.model.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["model.dtype=bfloat16", "train.optimizer_precision=fp32_master"], "train.optimizer_precision"),
+    (["model.dtype=float32", "train.optimizer_precision=bf16_stochastic"], "train.optimizer_precision"),
+    (["engine=trl", "train.optimizer_precision=bf16_stochastic"], "train.optimizer_precision"),
+])
+def test_contradicting_precision_settings_are_refused_naming_the_field(sets, field):
+    from runner.errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        load_spec("tiny-cpu", sets)
+    assert field in {p.field for p in err.value.problems}
