@@ -32,9 +32,11 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
 
 
 NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false",
-               "train.recompute_attention": "true"}
+               "train.recompute_attention": "true", "train.optimizer_precision": "auto"}
 """Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
-the row says so), so one spec can hold the native engine's best settings and still be compared with TRL."""
+the row says so), so one spec can hold the native engine's best settings and still be compared with TRL. TRL
+keeps fp32 master weights whatever the precision asked (its `auto`), so `--sweep train.optimizer_precision=auto,bf16`
+gives one trl row beside both native ones, in one table whose losses are compared."""
 
 
 def _native_only_off(override: str) -> str:
@@ -62,8 +64,8 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     dropped: list[str] = []
     if combo[0] != "engine=native":
         base = load_spec(spec_ref, overrides).to_dict()
-        dropped = [f for f in NATIVE_ONLY
-                   if str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
+        dropped = [f for f in NATIVE_ONLY if f.split(".")[1] in base[f.split(".")[0]]  # a field this version has
+                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
     spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
                                 f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])

@@ -191,3 +191,26 @@ def test_the_table_shows_the_last_loss_and_precision_beside_tokens_per_s_and_lis
     assert "| m | native | 8192 | bf16 | 23,182 | 8.1400 @13 |" in text
     assert "## Unequal learning" in text and "rows 1 and 2 at step 13: 8.14 vs 5.7 (42.8%)" in text
     assert "Unequal learning" not in markdown({**result, "loss_gaps": []})
+
+
+def test_a_precision_sweep_gives_one_trl_row_beside_both_native_ones():
+    """TRL keeps fp32 master weights whatever is asked: one trl row, run at `auto`, in the same table."""
+    rows = combos(["native", "trl"], [("train.optimizer_precision", ["auto", "bf16"])])
+    assert rows == [["engine=native", "train.optimizer_precision=auto"],
+                    ["engine=native", "train.optimizer_precision=bf16"],
+                    ["engine=trl", "train.optimizer_precision=auto"]]
+
+
+def _has_precision_field() -> bool:
+    from runner.spec import load_spec
+
+    return "optimizer_precision" in load_spec("tiny-cpu", []).to_dict()["train"]
+
+
+@pytest.mark.skipif(not _has_precision_field(), reason="this version has no train.optimizer_precision")
+def test_trl_row_runs_at_its_own_precision_and_says_the_native_one_was_left_out():
+    over = ["train.optimizer_precision=bf16", "model.dtype=bfloat16"]
+    native, dropped = row_spec("tiny-cpu", over, ["engine=native"], 5)
+    assert native.train.optimizer_precision == "bf16" and dropped == []
+    trl, dropped = row_spec("tiny-cpu", over, ["engine=trl"], 5)
+    assert dropped == ["train.optimizer_precision"] and trl.train.optimizer_precision == "fp32_master"
