@@ -32,9 +32,11 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
 
 
 NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false",
-               "train.recompute_attention": "true"}
+               "train.recompute_attention": "true", "train.optimizer_precision": "auto"}
 """Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
-the row says so), so one spec can hold the native engine's best settings and still be compared with TRL."""
+the row says so), so one spec can hold the native engine's best settings and still be compared with TRL. TRL
+keeps fp32 master weights whatever the precision asked (its `auto`), so `--sweep train.optimizer_precision=auto,bf16`
+gives one trl row beside both native ones, in one table whose losses are compared."""
 
 
 def _native_only_off(override: str) -> str:
@@ -62,8 +64,8 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     dropped: list[str] = []
     if combo[0] != "engine=native":
         base = load_spec(spec_ref, overrides).to_dict()
-        dropped = [f for f in NATIVE_ONLY
-                   if str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
+        dropped = [f for f in NATIVE_ONLY if f.split(".")[1] in base[f.split(".")[0]]  # a field this version has
+                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
     spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
                                 f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])
@@ -118,8 +120,12 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         "peak_reserved_gib": max(peaks_res) if peaks_res else None,
         "mfu": None,
         "final_loss": final_loss,
+        # Speed means little without learning: the loss at the last measured step, to compare rows at equal steps.
+        "last_step": rank0[-1]["step"],
+        "last_loss": _loss(rank0[-1].get("loss")),
         # What the engine chose, as its train_begin event says.
-        "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp") if k in begin},
+        "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp",
+                                          "optimizer_precision") if k in begin},
     }
     arch = model_arch(spec)
     if arch is not None and ceiling_tflops:
@@ -136,6 +142,36 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         row["flops_formula"] = "6*N_active_nonembed*tokens" + (" + 6*L_full_attn*q_width*sum(doc_len^2)"
                                                                 if counted else " (attention not counted)")
     return row
+
+
+def _loss(v: Any) -> float | None:
+    """A step line's loss as a float; a diverged one ("nan", "inf") stays a float so that it is flagged."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+LOSS_GAP = 0.05
+"""Two rows whose losses after the same steps differ by more than this share did not learn equally: their
+tokens/s are not a fair comparison."""
+
+
+def loss_gaps(rows: list[dict[str, Any]], gap: float = LOSS_GAP) -> list[dict[str, Any]]:
+    """Pairs of succeeded rows on the same model and block length, measured to the same step, whose losses at that
+    step differ by more than `gap` of the lower one (a NaN loss always differs)."""
+    done = [(i, r) for i, r in enumerate(rows) if r.get("status") == "succeeded" and r.get("last_loss") is not None]
+    out = []
+    for (i, a), (j, b) in itertools.combinations(done, 2):
+        if (a["model"], a["seq_len"], a.get("last_step")) != (b["model"], b["seq_len"], b.get("last_step")):
+            continue
+        lo, hi = sorted((a["last_loss"], b["last_loss"]))
+        differs = not (lo == lo and hi == hi) or hi - lo > gap * abs(lo)  # x != x only for NaN
+        if differs:
+            out.append({"rows": [i + 1, j + 1], "overrides": [a["overrides"], b["overrides"]],
+                        "step": a["last_step"], "losses": [a["last_loss"], b["last_loss"]],
+                        "gap": round((hi - lo) / abs(lo), 4) if lo == lo and hi == hi and lo else None})
+    return out
 
 
 def doc_tokens(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -225,6 +261,7 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         rows.append(row)
         if repeat > 1:
             result["repeats"] = repeat_spread(rows)
+        result["loss_gaps"] = loss_gaps(rows)
         # Written after every row: a long sweep that is cut short keeps what it measured.
         write_results(result, out_dir, stem)
     write_results(result, out_dir, stem)
@@ -250,7 +287,7 @@ def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
         tmp.replace(out_dir / f"{stem}{suffix}")
 
 
-COLUMNS = ("engine", "seq_len", "tokens_per_s", "mfu", "step_s_median", "step_s_spread", "data_wait_share",
+COLUMNS = ("engine", "seq_len", "precision", "tokens_per_s", "last_loss", "mfu", "step_s_median", "step_s_spread", "data_wait_share",
            "peak_alloc_gib", "peak_reserved_gib", "docs", "split", "status")
 
 
@@ -275,6 +312,7 @@ def markdown(result: dict[str, Any]) -> str:
         for g in result["repeats"]:
             runs = ", ".join(f"{v:,.0f}" for v in g["tokens_per_s"])
             lines.append(f"| {' '.join(g['overrides'])} | {runs} | {100 * g['spread']:.1f}% |")
+    lines += gap_lines(result.get("loss_gaps") or [], "## Unequal learning")
     if "limits" in result:
         from runner.cli.bench_limit import markdown as limits_markdown
 
@@ -282,8 +320,27 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gap_lines(gaps: list[dict[str, Any]], heading: str) -> list[str]:
+    """The pairs of rows whose losses after the same steps differ by more than LOSS_GAP, one line each."""
+    if not gaps:
+        return []
+    lines = ["", heading, "", f"Losses after the same steps differ by more than {LOSS_GAP:.0%}: their tokens/s are "
+             "not compared at equal learning.", ""]
+    for g in gaps:
+        share = f"{g['gap']:.1%}" if g.get("gap") is not None else "not a number"
+        lines.append(f"- rows {g['rows'][0]} and {g['rows'][1]} at step {g['step']}: "
+                     f"{_cell(g['losses'][0])} vs {_cell(g['losses'][1])} ({share}): "
+                     f"`{' '.join(g['overrides'][0])}` / `{' '.join(g['overrides'][1])}`")
+    return lines
+
+
 def _value(row: dict[str, Any], column: str) -> str:
     docs = row.get("doc_tokens") or {}
+    if column == "precision":
+        return _cell((row.get("choices") or {}).get("optimizer_precision"))
+    if column == "last_loss":
+        loss = row.get("last_loss")
+        return "-" if loss is None else f"{loss:.4f} @{row.get('last_step')}"
     if column == "docs":
         if not docs.get("count"):
             return "-"
@@ -301,7 +358,7 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-TITLES = {"tokens_per_s": "tok/s/GPU", "step_s_median": "step s", "step_s_spread": "spread", "data_wait_share": "data",
+TITLES = {"tokens_per_s": "tok/s/GPU", "last_loss": "loss @step", "step_s_median": "step s", "step_s_spread": "spread", "data_wait_share": "data",
           "peak_alloc_gib": "alloc GiB", "peak_reserved_gib": "res GiB", "docs": "doc tokens mean/p50/p90/max (n)"}
 
 
@@ -312,3 +369,5 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     for r in result["rows"]:
         table.add_row(*[_value(r, c) for c in COLUMNS])
     console.print(table)
+    for line in gap_lines(result.get("loss_gaps") or [], "Unequal learning:"):
+        console.print(line, markup=False)

@@ -38,6 +38,9 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
         assert row["status"] == "succeeded" and row["seq_len"] == 128
         assert row["steps_measured"] == 3 and row["tokens_per_s"] > 0
         assert 0 <= row["data_wait_share"] < 1  # both engines time their wait for data
+        # The loss at the last measured step (1 warm-up + 3), as rank 0's step line says it.
+        curve = json.loads(Path(row["record"]).read_text())["metrics"]["loss_curve"]["0"]
+        assert row["last_step"] == 4 and row["last_loss"] == curve[-1][1] and curve[-1][0] == 4
     assert native["spec"]["recompute_layers"] == 1 and native["choices"]["loss_impl"] == "fused"
     assert trl["choices"]["loss_impl"] == "trl fused lm head"
     assert trl["native_only_left_out"] == ["train.recompute_layers"] and trl["spec"]["recompute_layers"] is None
@@ -49,6 +52,8 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
     # TRL builds a whole pass of blocks, then trains on its first 4 per rank (1 warm-up and 3 measured steps of one
     # block): those blocks' documents, and no others, are the row's.
     assert trl["doc_tokens"]["count"] == sum(len(b.doc_lengths) for r in (0, 1) for b in _first_blocks(r, 4))
+    # Both engines train the same model on the same blocks: they learn alike, and no pair is flagged.
+    assert result["loss_gaps"] == []
     md = (out / "t.md").read_text()
     assert "| sft-tui/tiny-qwen3 | native | 128 |" in md and "torch 2." in md
     d = native["doc_tokens"]

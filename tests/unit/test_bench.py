@@ -151,3 +151,66 @@ def test_repeat_spread_groups_runs_of_the_same_configuration():
             {"overrides": ["engine=native"], "status": "succeeded", "tokens_per_s": 104.0}]
     assert repeat_spread(rows) == [{"overrides": ["engine=native"], "tokens_per_s": [100.0, 110.0, 104.0],
                                     "spread": round(10 / 104, 4)}]
+
+
+def _row(engine, loss, step=13, seq_len=8192, model="m", status="succeeded", precision=None):
+    return {"engine": engine, "model": model, "seq_len": seq_len, "overrides": [f"engine={engine}"],
+            "status": status, "last_step": step, "last_loss": loss,
+            "choices": {"optimizer_precision": precision} if precision else {}}
+
+
+def test_rows_whose_losses_after_the_same_steps_differ_by_more_than_5_percent_are_flagged():
+    from runner.cli.bench import loss_gaps
+
+    rows = [_row("native", 8.14, precision="bf16"), _row("trl", 5.70), _row("native", 5.90),
+            _row("native", 5.99, seq_len=32768), _row("trl", 5.70, step=12), _row("trl", 2.0, status="failed")]
+    gaps = loss_gaps(rows)
+    # 8.14 vs 5.70 and vs 5.90 are apart; 5.70 vs 5.90 is 3.5%, within 5%. Another block length, another step
+    # count or a failed row is never paired.
+    assert [g["rows"] for g in gaps] == [[1, 2], [1, 3]]
+    assert gaps[0]["step"] == 13 and gaps[0]["losses"] == [8.14, 5.70] and gaps[0]["gap"] == round(2.44 / 5.70, 4)
+    # The edge: just under 5% is equal learning, just above is not.
+    assert loss_gaps([_row("native", 1.0499), _row("trl", 1.0)]) == []
+    assert len(loss_gaps([_row("native", 1.0501), _row("trl", 1.0)])) == 1
+    # A diverged run differs from every other.
+    assert loss_gaps([_row("native", float("nan")), _row("trl", 1.0)])[0]["gap"] is None
+
+
+def test_the_table_shows_the_last_loss_and_precision_beside_tokens_per_s_and_lists_the_unequal_pairs():
+    from runner.cli.bench import loss_gaps, markdown
+
+    rows = [_row("native", 8.14, precision="bf16"), _row("trl", 5.70)]
+    for r in rows:
+        r.update(tokens_per_s=23182.0, record="x")
+    result = {"created": "now", "command": "runner bench", "gpu": {}, "versions": {}, "warmup_steps": 3,
+              "steps": 10, "rows": rows, "loss_gaps": loss_gaps(rows)}
+    text = markdown(result)
+    header = next(line for line in text.splitlines() if line.startswith("| model"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[cols.index("tokens_per_s") + 1] == "last_loss" and "precision" in cols
+    assert "| m | native | 8192 | bf16 | 23,182 | 8.1400 @13 |" in text
+    assert "## Unequal learning" in text and "rows 1 and 2 at step 13: 8.14 vs 5.7 (42.8%)" in text
+    assert "Unequal learning" not in markdown({**result, "loss_gaps": []})
+
+
+def test_a_precision_sweep_gives_one_trl_row_beside_both_native_ones():
+    """TRL keeps fp32 master weights whatever is asked: one trl row, run at `auto`, in the same table."""
+    rows = combos(["native", "trl"], [("train.optimizer_precision", ["auto", "bf16"])])
+    assert rows == [["engine=native", "train.optimizer_precision=auto"],
+                    ["engine=native", "train.optimizer_precision=bf16"],
+                    ["engine=trl", "train.optimizer_precision=auto"]]
+
+
+def _has_precision_field() -> bool:
+    from runner.spec import load_spec
+
+    return "optimizer_precision" in load_spec("tiny-cpu", []).to_dict()["train"]
+
+
+@pytest.mark.skipif(not _has_precision_field(), reason="this version has no train.optimizer_precision")
+def test_trl_row_runs_at_its_own_precision_and_says_the_native_one_was_left_out():
+    over = ["train.optimizer_precision=bf16", "model.dtype=bfloat16"]
+    native, dropped = row_spec("tiny-cpu", over, ["engine=native"], 5)
+    assert native.train.optimizer_precision == "bf16" and dropped == []
+    trl, dropped = row_spec("tiny-cpu", over, ["engine=trl"], 5)
+    assert dropped == ["train.optimizer_precision"] and trl.train.optimizer_precision == "fp32_master"
