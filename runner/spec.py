@@ -361,12 +361,35 @@ def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
     msg = err["msg"]
     fix = ""
     if kind.startswith(("greater_than", "less_than")):
-        fix = "use a value in range"
+        fix = f"use a value {_range_text(err)}"
     elif kind == "literal_error":
         fix = "choose one of the listed values"
     elif kind.endswith("_type") or kind.endswith("_parsing"):
         fix = "give a value of the right type"
     return Problem(loc, f"{msg}, got {_show(got)}", fix)
+
+
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"))
+
+
+def _range_text(err: dict[str, Any]) -> str:
+    """'in (0, 1)'-style text for the field the error is about: both bounds from its schema when the field is a
+    plain one, else the bound the error names ('> 0')."""
+    model: Any = RunSpec
+    info = None
+    for part in map(str, err["loc"]):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            info = None
+            break
+        info = model.model_fields[part]
+        model = info.annotation
+    bounds = {k: getattr(m, k) for m in (info.metadata if info else ()) for k, _ in _BOUNDS if hasattr(m, k)}
+    bounds = bounds or {k: v for k, v in (err.get("ctx") or {}).items() if k in dict(_BOUNDS)}
+    low = next(((k, bounds[k]) for k in ("gt", "ge") if k in bounds), None)
+    high = next(((k, bounds[k]) for k in ("lt", "le") if k in bounds), None)
+    if low and high:
+        return f"in {'(' if low[0] == 'gt' else '['}{low[1]}, {high[1]}{')' if high[0] == 'lt' else ']'}"
+    return " and ".join(dict(_BOUNDS)[b[0]].format(b[1]) for b in (low, high) if b) or "in range"
 
 
 def _show(x: Any) -> str:

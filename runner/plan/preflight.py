@@ -325,7 +325,25 @@ def _attention_problems(spec: RunSpec, config: Any = None) -> list[Problem]:
                     refusal[1])]
 
 
+def _gpu_name_problems(spec: RunSpec) -> list[Problem]:
+    """A hardware.gpu that names no known GPU type is a typo on any device: refused with the closest name, on CPU
+    too (where the name is otherwise unused), rather than passing silently there and losing the estimate on GPU."""
+    from runner.errors import UserError
+    from runner.facts.gpus import gpu_type
+
+    if spec.hardware.gpu == "auto":
+        return []
+    try:
+        gpu_type(spec.hardware.gpu)
+    except UserError as e:
+        return list(e.problems)
+    return []
+
+
 def _hardware_problems(spec: RunSpec) -> list[Problem]:
+    gpu_name = _gpu_name_problems(spec)
+    if gpu_name:
+        return gpu_name
     if _device(spec) != "cuda" or spec.hardware.nproc_per_node == "auto" or spec.hardware.nodes != 1:
         return []
     import torch
