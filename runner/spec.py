@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.errors import Problem, SpecError
+from runner.naming import follow_paths
+from runner.errors import Problem, SpecError, range_text
 
 EMBEDDED_PREFIX = "embedded:"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -361,35 +362,12 @@ def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
     msg = err["msg"]
     fix = ""
     if kind.startswith(("greater_than", "less_than")):
-        fix = f"use a value {_range_text(err)}"
+        fix = f"use a value {range_text(RunSpec, err)}"
     elif kind == "literal_error":
         fix = "choose one of the listed values"
     elif kind.endswith("_type") or kind.endswith("_parsing"):
         fix = "give a value of the right type"
     return Problem(loc, f"{msg}, got {_show(got)}", fix)
-
-
-_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"))
-
-
-def _range_text(err: dict[str, Any]) -> str:
-    """'in (0, 1)'-style text for the field the error is about: both bounds from its schema when the field is a
-    plain one, else the bound the error names ('> 0')."""
-    model: Any = RunSpec
-    info = None
-    for part in map(str, err["loc"]):
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
-            info = None
-            break
-        info = model.model_fields[part]
-        model = info.annotation
-    bounds = {k: getattr(m, k) for m in (info.metadata if info else ()) for k, _ in _BOUNDS if hasattr(m, k)}
-    bounds = bounds or {k: v for k, v in (err.get("ctx") or {}).items() if k in dict(_BOUNDS)}
-    low = next(((k, bounds[k]) for k in ("gt", "ge") if k in bounds), None)
-    high = next(((k, bounds[k]) for k in ("lt", "le") if k in bounds), None)
-    if low and high:
-        return f"in {'(' if low[0] == 'gt' else '['}{low[1]}, {high[1]}{')' if high[0] == 'lt' else ']'}"
-    return " and ".join(dict(_BOUNDS)[b[0]].format(b[1]) for b in (low, high) if b) or "in range"
 
 
 def _show(x: Any) -> str:
@@ -544,14 +522,27 @@ def validate(data: dict[str, Any]) -> RunSpec:
     return spec
 
 
-def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
-    """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first."""
+_SECTION_TYPES: dict[str, type[BaseModel]] = {"model": ModelSpec, "dataset": DatasetSpec}
+
+
+def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+              notes: list[str] | None = None) -> RunSpec:
+    """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first. An override of
+    model.path or dataset.path without one of its id renames the run's model or data after the path
+    (follow_paths); `notes`, when given, receives a line saying so."""
     if isinstance(spec, dict):
         data = json.loads(json.dumps(spec))
     else:
         data = read_spec_file(find_spec_file(str(spec)))
     for assignment in overrides:
         apply_override(data, assignment)
+    keys = {a.split("=", 1)[0].strip() for a in overrides}
+    changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
+    changed -= {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
+    said = follow_paths(data, changed, EMBEDDED_PREFIX,
+                        {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
+    if notes is not None:
+        notes += said
     return validate(data)
 
 

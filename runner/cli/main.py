@@ -167,9 +167,20 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def load_spec_noting(spec: Any, overrides: list[str]) -> Any:
+    """load_spec, with a `note:` line on stderr for each id renamed after its new path (runner.naming)."""
+    from runner.spec import load_spec
+
+    notes: list[str] = []
+    loaded = load_spec(spec, overrides, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return loaded
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner.cli.session import resume_headless, run_headless
-    from runner.spec import load_spec, resolve, spec_warnings
+    from runner.spec import resolve, spec_warnings
 
     if args.resume is not None:
         if args.spec:
@@ -178,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                node_rank=args.node_rank, force=args.force)
     if not args.spec:
         raise UserError("runner run needs a SPEC (a recipe name such as tiny-cpu, or a YAML/JSON path)")
-    spec = resolve(load_spec(args.spec, args.overrides))
+    spec = resolve(load_spec_noting(args.spec, args.overrides))
     for warning in spec_warnings(spec):
         print(f"warning: {warning}", file=sys.stderr)
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
@@ -189,9 +200,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from runner.events.paths import RunPaths
     from runner.launch.jobs import build_sbatch
     from runner.launch.command import new_run_id, write_spec
-    from runner.spec import load_spec
 
-    spec = load_spec(args.spec, args.overrides)
+    spec = load_spec_noting(args.spec, args.overrides)
     if spec.hardware.nproc_per_node == "auto":
         raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
                         "from here; e.g. --set hardware.nproc_per_node=8")
@@ -207,10 +217,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from runner.plan import estimate, parse_sweep, sweep
-    from runner.spec import load_spec
 
     parsed = [parse_sweep(s) for s in args.sweep]
-    spec = load_spec(args.spec, args.overrides)
+    spec = load_spec_noting(args.spec, args.overrides)
     if parsed:
         rows = sweep(spec, parsed)
         if args.json:
@@ -386,9 +395,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
-    from runner.spec import load_spec
 
-    print(yaml.safe_dump(load_spec(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
+    print(yaml.safe_dump(load_spec_noting(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
     return EXIT_OK
 
 

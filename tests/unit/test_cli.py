@@ -233,3 +233,29 @@ def test_long_documents_tokenise_without_the_indexing_warning(capfd: pytest.Capt
     ids, _ = tokenize_text(tok, [("word " * 6000, True)])
     assert len(ids) > tok.model_max_length
     assert "indexing errors" not in capfd.readouterr().err
+
+
+def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from runner.record.compare import dataset_name
+
+    data = REPO / "tests" / "fixtures" / "data" / "alpaca_en_demo.json"
+    model = tmp_path / "my-llama"
+    __import__("shutil").copytree(REPO / "recipes" / "embedded" / "model", model)
+    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", f"model.path={model}"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    spec = yaml.safe_load(out)
+    assert spec["dataset"]["id"] == "local/alpaca_en_demo" and spec["model"]["id"] == "local/my-llama"
+    assert dataset_name(spec) == "local/alpaca_en_demo"  # what `runner list` and the records show
+    assert err.splitlines() == [
+        "note: dataset.id is now local/alpaca_en_demo (named after dataset.path; it was sft-tui/tiny-chat); set "
+        "dataset.id to name it otherwise",
+        "note: model.id is now local/my-llama (named after model.path; it was sft-tui/tiny-qwen3); set model.id to "
+        "name it otherwise"]
+    # An id given with the path, or no path change, keeps the id; nothing is said.
+    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "dataset.id=mine"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["dataset"]["id"] == "mine" and err == ""
+    assert main(["show", "tiny-cpu"]) == EXIT_OK
+    assert yaml.safe_load(capsys.readouterr().out)["dataset"]["id"] == "sft-tui/tiny-chat"
