@@ -102,6 +102,10 @@ def _report(console: Console, active: run_mod.ActiveRun) -> None:
         f = rec["failure"]
         console.print(f"[red]rank {f['rank']} failed at step {f['last_step']}: {f['cause']}: {f['message']}[/red] "
                       f"(log: {f['log']})")
+    export = m.get("export") or {}
+    if export.get("dir"):
+        # output.save wrote it into the run folder: say where, it is what the user came for.
+        console.print(f"export ({export.get('kind')}): {export['dir']}", highlight=False)
     console.print(f"record: {active.record_path}", highlight=False)
 
 

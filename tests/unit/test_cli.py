@@ -259,3 +259,22 @@ def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.Capture
     assert yaml.safe_load(out)["dataset"]["id"] == "mine" and err == ""
     assert main(["show", "tiny-cpu"]) == EXIT_OK
     assert yaml.safe_load(capsys.readouterr().out)["dataset"]["id"] == "sft-tui/tiny-chat"
+
+
+def test_the_run_report_says_where_the_export_went() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from runner.cli.session import _report
+
+    rec = {"status": "succeeded", "metrics": {"steps": 3, "first_loss": 6.2, "final_loss": 5.0, "tokens_per_s": 9.0,
+                                              "export": {"dir": "runs/x/export", "kind": "full", "files": {}}}}
+    console = Console(width=200, color_system=None)
+    with console.capture() as cap:
+        _report(console, SimpleNamespace(record=rec, record_path=Path("records/x.json"), run_id="x"))
+    assert "export (full): runs/x/export\nrecord: records/x.json" in cap.get()
+    with console.capture() as cap:
+        _report(console, SimpleNamespace(record={**rec, "metrics": {"steps": 3}}, record_path=Path("r.json"),
+                                         run_id="x"))
+    assert "export" not in cap.get()
