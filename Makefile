@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
-	@echo "setting up $(VENV)/ (first time only, about a minute): torch, transformers, trl, peft, textual and the"
+	@echo "setting up $(VENV)/ (first time only, about 2 minutes on 2 cores): torch, transformers, trl, peft, textual and the"
 	@echo "pinned versions from .ci/constraints.txt, then sft-tui itself (editable)"
 	@test -x $(PY) || $(PYTHON) -m venv $(if $(shell command -v nvidia-smi),--system-site-packages,) $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
