@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml .ci/constraints.txt
-	@echo "setting up $(VENV)/ (first time only, about a minute): torch, transformers, trl, peft, textual and the"
+	@echo "setting up $(VENV)/ (first time only, about 2 minutes on 2 cores): torch, transformers, trl, peft, textual and the"
 	@echo "pinned versions from .ci/constraints.txt, then sft-tui itself (editable)"
 	@test -x $(PY) || $(PYTHON) -m venv $(if $(shell command -v nvidia-smi),--system-site-packages,) $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
@@ -25,11 +25,16 @@ $(STAMP): pyproject.toml .ci/constraints.txt
 	@touch $(STAMP)
 	@echo "installed: $(VENV)/bin/runner and $(VENV)/bin/sft-tui (put them on PATH with: source $(VENV)/bin/activate)"
 
+# The hint names the run only when one was recorded: quitting the wizard without launching records nothing.
 demo: $(STAMP)
-	@if [ -t 1 ] && [ -z "$$CI" ]; then $(VENV)/bin/sft-tui --recipe tiny-cpu; \
-	else $(VENV)/bin/runner run tiny-cpu; fi
-	@echo "next: source $(VENV)/bin/activate, then runner list, runner verify <id>, runner replay <id>"
-	@echo "      (or without activating: make runner ARGS='verify <id>')"
+	@before=$$(ls records/*.json 2>/dev/null | wc -l); \
+	if [ -t 1 ] && [ -z "$$CI" ]; then $(VENV)/bin/sft-tui --recipe tiny-cpu; \
+	else $(VENV)/bin/runner run tiny-cpu; fi; code=$$?; \
+	if [ "$$(ls records/*.json 2>/dev/null | wc -l)" -gt "$$before" ]; then \
+		id=$$(basename "$$(ls -t records/*.json | head -n 1)" .json); \
+		echo "next: source $(VENV)/bin/activate, then runner list, runner verify $$id, runner replay $$id"; \
+		echo "      (or without activating: make runner ARGS='verify $$id')"; \
+	else echo "no run was recorded (nothing was launched)"; fi; exit $$code
 
 # `make runner ARGS="list"`: the runner command from .venv without activating it.
 runner: $(STAMP)

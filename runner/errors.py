@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,28 @@ class RunFailed(Exception):
     """A run ended with a failed rank (exit code 1)."""
 
     exit_code = 1
+
+
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"))
+
+
+def range_text(schema: Any, err: dict[str, Any]) -> str:
+    """'in (0, 1)'-style text for the field the error is about: both bounds from its schema when the field is a
+    plain one, else the bound the error names ('> 0')."""
+    from pydantic import BaseModel
+
+    model: Any = schema
+    info = None
+    for part in map(str, err["loc"]):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            info = None
+            break
+        info = model.model_fields[part]
+        model = info.annotation
+    bounds = {k: getattr(m, k) for m in (info.metadata if info else ()) for k, _ in _BOUNDS if hasattr(m, k)}
+    bounds = bounds or {k: v for k, v in (err.get("ctx") or {}).items() if k in dict(_BOUNDS)}
+    low = next(((k, bounds[k]) for k in ("gt", "ge") if k in bounds), None)
+    high = next(((k, bounds[k]) for k in ("lt", "le") if k in bounds), None)
+    if low and high:
+        return f"in {'(' if low[0] == 'gt' else '['}{low[1]}, {high[1]}{')' if high[0] == 'lt' else ']'}"
+    return " and ".join(dict(_BOUNDS)[b[0]].format(b[1]) for b in (low, high) if b) or "in range"

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.errors import Problem, SpecError
+from runner.naming import follow_paths
+from runner.errors import Problem, SpecError, range_text
 
 EMBEDDED_PREFIX = "embedded:"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -368,7 +369,7 @@ def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
     msg = err["msg"]
     fix = ""
     if kind.startswith(("greater_than", "less_than")):
-        fix = "use a value in range"
+        fix = f"use a value {range_text(RunSpec, err)}"
     elif kind == "literal_error":
         fix = "choose one of the listed values"
     elif kind.endswith("_type") or kind.endswith("_parsing"):
@@ -529,14 +530,27 @@ def validate(data: dict[str, Any]) -> RunSpec:
     return spec
 
 
-def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
-    """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first."""
+_SECTION_TYPES: dict[str, type[BaseModel]] = {"model": ModelSpec, "dataset": DatasetSpec}
+
+
+def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+              notes: list[str] | None = None) -> RunSpec:
+    """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first. An override of
+    model.path or dataset.path without one of its id renames the run's model or data after the path
+    (follow_paths); `notes`, when given, receives a line saying so."""
     if isinstance(spec, dict):
         data = json.loads(json.dumps(spec))
     else:
         data = read_spec_file(find_spec_file(str(spec)))
     for assignment in overrides:
         apply_override(data, assignment)
+    keys = {a.split("=", 1)[0].strip() for a in overrides}
+    changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
+    changed -= {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
+    said = follow_paths(data, changed, EMBEDDED_PREFIX,
+                        {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
+    if notes is not None:
+        notes += said
     return validate(data)
 
 

@@ -13,7 +13,7 @@ from runner.spec import RunSpec, resolve_embedded
 SAMPLE_ROWS_MAX = 2000
 SAMPLE_BLOCKS = 8  # sample until this many blocks' worth of tokens, so the padded last block weighs little
 SAMPLE_BUDGET_S = 3.0
-PREVIEW_TOKENS_MAX = 400
+PREVIEW_TOKENS_MAX = 800  # a tool-calling row with its tools block runs to about 410 tokens on the embedded tokenizer
 DETECT_ROWS = 16
 
 

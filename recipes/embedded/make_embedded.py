@@ -29,15 +29,35 @@ SPLIT_PATTERN = (
 
 # The assistant turn's content *and* its closing "<|im_end|>\n" sit inside the
 # generation markers, so the assistant mask teaches the model when to stop.
+# ChatML; tools (a system block listing them) and tool calls (<tool_call> JSON in the assistant turn) render too,
+# so tool-calling data trains on the calls it holds.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
+    '{%- if tools %}'
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call the functions whose signatures are within <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- (tool['function'] if tool['function'] is defined else tool) | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, reply with a JSON object of the name and arguments within <tool_call></tool_call> tags.<|im_end|>\\n' }}"
+    '{%- endif %}'
+    '{%- for message in messages %}'
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
-    "{%- generation %}{{- message['content'] + '<|im_end|>\\n' }}{%- endgeneration %}"
-    "{%- else %}"
+    '{%- generation %}'
+    "{{- message['content'] or '' }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn[\'name\'] + \'", "arguments": \' }}'
+    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    '{%- endfor %}'
+    "{{- '<|im_end|>\\n' }}"
+    '{%- endgeneration %}'
+    '{%- else %}'
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
+    '{%- endif %}'
+    '{%- endfor %}'
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 

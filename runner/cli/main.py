@@ -43,8 +43,15 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
 
 
+RECORDS_DIR_HELP = "the records folder: where records go and ids are looked up (default: records)"
+
+
+def _add_records_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records-dir", type=Path, default=Path("records"), help=RECORDS_DIR_HELP)
+
+
 def _add_dirs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records-dir", type=Path, default=Path("records"), help="where records go (default: records)")
+    _add_records_dir(p)
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
 
 
@@ -87,15 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="check that a record's lock matches its content (exit 4 when it does not)")
     p.add_argument("record", metavar="RECORD", help="record path or id")
-    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    _add_records_dir(p)
 
     p = sub.add_parser("diff", help="show what differs between two records")
     p.add_argument("a", metavar="RECORD_A")
     p.add_argument("b", metavar="RECORD_B")
-    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    _add_records_dir(p)
 
     p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take)")
-    p.add_argument("--records-dir", type=Path, default=Path("records"))
+    _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per record")
 
     p = sub.add_parser("bench", help="benchmark engines side by side; results under benchmarks/")
@@ -115,13 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
 
     p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
-    p.add_argument("--records-dir", type=Path, default=Path("records"))
-    p.add_argument("--json", action="store_true")
+    _add_records_dir(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list, one row per record")
 
     p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
     _add_spec_args(p)
 
-    sub.add_parser("fields", help="every spec field with its default and meaning")
+    p = sub.add_parser("fields", help="every spec field with its default and meaning")
+    p.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
+                   help="only the fields whose name starts with it, e.g. `runner fields train.`")
     sub.add_parser("recipes", help="the recipes shipped with the package")
     return parser
 
@@ -158,9 +167,20 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def load_spec_noting(spec: Any, overrides: list[str]) -> Any:
+    """load_spec, with a `note:` line on stderr for each id renamed after its new path (runner.naming)."""
+    from runner.spec import load_spec
+
+    notes: list[str] = []
+    loaded = load_spec(spec, overrides, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return loaded
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner.cli.session import resume_headless, run_headless
-    from runner.spec import load_spec, resolve, spec_warnings
+    from runner.spec import resolve, spec_warnings
 
     if args.resume is not None:
         if args.spec:
@@ -169,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                node_rank=args.node_rank, force=args.force)
     if not args.spec:
         raise UserError("runner run needs a SPEC (a recipe name such as tiny-cpu, or a YAML/JSON path)")
-    spec = resolve(load_spec(args.spec, args.overrides))
+    spec = resolve(load_spec_noting(args.spec, args.overrides))
     for warning in spec_warnings(spec):
         print(f"warning: {warning}", file=sys.stderr)
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
@@ -180,9 +200,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from runner.events.paths import RunPaths
     from runner.launch.jobs import build_sbatch
     from runner.launch.command import new_run_id, write_spec
-    from runner.spec import load_spec
 
-    spec = load_spec(args.spec, args.overrides)
+    spec = load_spec_noting(args.spec, args.overrides)
     if spec.hardware.nproc_per_node == "auto":
         raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
                         "from here; e.g. --set hardware.nproc_per_node=8")
@@ -198,10 +217,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from runner.plan import estimate, parse_sweep, sweep
-    from runner.spec import load_spec
 
     parsed = [parse_sweep(s) for s in args.sweep]
-    spec = load_spec(args.spec, args.overrides)
+    spec = load_spec_noting(args.spec, args.overrides)
     if parsed:
         rows = sweep(spec, parsed)
         if args.json:
@@ -250,17 +268,17 @@ def _print_estimate(spec: Any, est: Any) -> None:
     table.add_column("GiB", justify="right")
     for k, v in est.breakdown.items():
         table.add_row(k, f"{v:.2f}")
+    # One wording for the figure the verdict is about, as the wizard and the summary say it: GiB needed per unit.
+    unit = "GPU" if est.device == "cuda" else "rank"
+    table.add_row(f"[bold]needed per {unit}[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
     if est.device == "cuda":
-        table.add_row("[bold]total (needed)[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
         table.add_row("allocated peak", f"{est.per_gpu_allocated_gib:.2f}")
-    else:
-        table.add_row("[bold]peak RSS per rank[/bold]", f"[bold]{est.per_gpu_gib:.2f}[/bold]")
     if est.per_gpu_reserved_gib > est.per_gpu_gib:
         table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
     console.print(table)
     style = VERDICT_STYLE[est.verdict]
-    console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.1f} of {est.gpu_memory_gib:.1f} GiB "
-                  f"(headroom {est.headroom_gib:.1f} GiB)")
+    console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.2f} GiB needed per {unit} of "
+                  f"{est.gpu_memory_gib:.1f} GiB (headroom {est.headroom_gib:.1f} GiB)")
     console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "
                   f"{_hours(est.total_s)} with setup ({est.tokens_per_step:,} tokens/step, "
                   f"{est.flops_per_step:.3g} FLOP/step, "
@@ -311,9 +329,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runner.record.records import find_record, verify
+    from runner.record.records import RecordError, find_record, verify
 
-    ok, reason = verify(find_record(args.record, args.records_dir))
+    path = find_record(args.record, args.records_dir)  # no such id or file: bad input (exit 2)
+    if not path.is_file():
+        raise UserError(f"{path}: no such record file")
+    try:
+        ok, reason = verify(path)
+    except RecordError as e:  # the file is there but is not an intact record: it does not verify
+        ok, reason = False, str(e)
     print(reason, file=sys.stdout if ok else sys.stderr)
     return EXIT_OK if ok else EXIT_NOT_VERIFIED
 
@@ -371,16 +395,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
-    from runner.spec import load_spec
 
-    print(yaml.safe_dump(load_spec(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
+    print(yaml.safe_dump(load_spec_noting(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
     return EXIT_OK
 
 
-def cmd_fields(_: argparse.Namespace) -> int:
+def cmd_fields(args: argparse.Namespace) -> int:
     from runner.spec import field_choices, field_docs
 
-    rows = field_docs()
+    rows = [r for r in field_docs() if r[0].startswith(args.prefix)]
+    if not rows:
+        sections = sorted({p.split(".")[0] + "." for p, _, _ in field_docs() if "." in p})
+        raise UserError(f"no spec field starts with '{args.prefix}'; sections: {', '.join(sections)}")
     width = max(len(p) for p, _, _ in rows)
     text_width = max(40, min(shutil_columns(), 120) - 6)
     for path, doc, default in rows:

@@ -47,8 +47,10 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
                         f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
                         "pass --force to launch anyway")
     if console is not None and result.get("verdict") == "tight":
-        console.print(f"[yellow]tight: {result.get('per_gpu_gib')} of {result.get('gpu_memory_gib')} GiB per GPU "
-                      f"predicted ({result.get('headroom_gib')} GiB headroom)[/yellow]")
+        unit = "GPU" if spec.hardware.device == "cuda" else "rank"
+        console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "
+                      f"{result.get('gpu_memory_gib')} GiB predicted ({result.get('headroom_gib')} GiB headroom)"
+                      "[/yellow]")
     return result
 
 
@@ -100,6 +102,10 @@ def _report(console: Console, active: run_mod.ActiveRun) -> None:
         f = rec["failure"]
         console.print(f"[red]rank {f['rank']} failed at step {f['last_step']}: {f['cause']}: {f['message']}[/red] "
                       f"(log: {f['log']})")
+    export = m.get("export") or {}
+    if export.get("dir"):
+        # output.save wrote it into the run folder: say where, it is what the user came for.
+        console.print(f"export ({export.get('kind')}): {export['dir']}", highlight=False)
     console.print(f"record: {active.record_path}", highlight=False)
 
 

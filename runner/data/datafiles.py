@@ -64,10 +64,11 @@ def open_binary(path: Path) -> IO[bytes]:
 
 
 def open_text(path: Path, errors: str = "strict", newline: str | None = None) -> IO[str]:
-    """The file as UTF-8 text, decompressed on the fly when it ends in .gz."""
+    """The file as UTF-8 text, decompressed on the fly when it ends in .gz. A leading byte-order mark is dropped
+    (utf-8-sig), as `datasets` and pandas do: editors on Windows write one, and the first row is a good row."""
     if is_gzip(path):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors, newline=newline)
-    return open(path, encoding="utf-8", errors=errors, newline=newline)
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors=errors, newline=newline)
+    return open(path, encoding="utf-8-sig", errors=errors, newline=newline)
 
 
 def _jsonl_row(line: str, path: Path, n: int) -> Any:

@@ -189,11 +189,11 @@ def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
     try:
         AutoTokenizer = from_transformers("AutoTokenizer")
 
-        from runner.train.model import model_source
+        from runner.train.model import model_source, quiet_length_warning
 
         src, rev = model_source(spec)
-        tok = AutoTokenizer.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code,
-                                            local_files_only=True)
+        tok = quiet_length_warning(AutoTokenizer.from_pretrained(
+            src, revision=rev, trust_remote_code=spec.model.trust_remote_code, local_files_only=True))
     except Exception:  # noqa: BLE001 - hub tokenizer not cached: checked when the ranks load it
         return []
     chat = [s for s in sampled if s.messages is not None]
@@ -214,20 +214,59 @@ def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
                         f"the chat template yields no assistant tokens on {len(picked)} sample row(s): "
                         "nothing would be trained",
                         "use a template that renders assistant turns (or wraps them in {% generation %} markers)")]
-    return _block_problems(spec, examples)
+    return _tool_problems(spec, tok, [s for s in sampled if s.messages is not None]) + _block_problems(spec, examples)
+
+
+def _tool_problems(spec: RunSpec, tok: Any, chat: list[Sample]) -> list[Problem]:
+    """Rows with tool calls or a tools list need a template that renders them: many templates ignore both, and
+    the run would train on empty assistant turns with no tool list. One sampled row of each kind is rendered with
+    and without them; the same text, or a call's or tool's name missing from it, means they were dropped."""
+    field = "model.path" if spec.model.path else "model.id"
+    fix = ("use a chat template that renders `tools` and the messages' `tool_calls` (chat_template.jinja in the "
+           "model folder; recipes/embedded/tokenizer/chat_template.jinja is one), or give data without tool calls")
+
+    def render(messages: list[dict[str, Any]], tools: Any) -> str:
+        return tok.apply_chat_template(messages, tools=tools, tokenize=False)
+
+    out = []
+    called = next((s for s in chat if any(m.get("tool_calls") for m in s.messages or [])), None)
+    if called is not None:
+        names = [c["function"]["name"] for m in called.messages or [] for c in m.get("tool_calls") or []]
+        plain = [{k: v for k, v in m.items() if k != "tool_calls"} for m in called.messages or []]
+        try:
+            text, without = render(called.messages, called.tools), render(plain, called.tools)
+        except Exception as e:  # noqa: BLE001 - a template that rejects tool_calls drops them as surely
+            text, without = "", str(e)
+        if text == without or not all(n in text for n in names):
+            out.append(Problem(field, f"the chat template drops tool calls: a sampled row calls {names[0]!r} but "
+                                      "the rendered text has no call, so its assistant turn trains empty", fix))
+    listed = next((s for s in chat if s.tools), None)
+    if listed is not None:
+        names = [t["function"].get("name", "") for t in listed.tools or []]
+        try:
+            text, without = render(listed.messages, listed.tools), render(listed.messages, None)
+        except Exception as e:  # noqa: BLE001
+            text, without = "", str(e)
+        if text == without or not all(n in text for n in names):
+            out.append(Problem(field, f"the chat template drops the tools list: a sampled row offers {names[0]!r} "
+                                      "but the rendered text does not list it", fix))
+    return out
 
 
 def _block_problems(spec: RunSpec, examples: list[tuple[list[int], list[bool]]]) -> list[Problem]:
-    """A block too short to hold any sampled row's prompt and its first trained token trains nothing: every
-    target would sit in a later piece of a cut document, without its prompt (and the run would stop at step 0)."""
+    """A block too short to hold any sampled row's prompt and its first trained token: conversations are cut into
+    pieces, and every reply would train in a later piece, without the prompt it answers."""
     # A block's first token is never a target (nothing predicts it), so a row needs its first trained index + 1.
     firsts = [max(mask.index(True), 1) + 1 for _, mask in examples if any(mask)]
     n = spec.train.seq_len
     if not firsts or n >= min(firsts):
         return []
+    need = min(firsts)
+    whole = 1 << (max(len(ids) for ids, _ in examples) - 1).bit_length()  # a power of two that holds every row
     return [Problem("train.seq_len", f"{n} tokens per block cannot hold any sampled row's prompt and its first "
-                                     f"trained token (the shortest needs {min(firsts)}): no target token survives",
-                    f"use train.seq_len={max(512, min(firsts))} or more")]
+                                     f"trained token (the shortest needs {need}): conversations would be cut into "
+                                     f"{n}-token pieces and every reply trained without the prompt it answers",
+                    f"use train.seq_len={need} or more ({max(whole, need)} holds each sampled row whole)")]
 
 
 def _packing_problems(spec: RunSpec, config: Any) -> list[Problem]:
@@ -285,7 +324,25 @@ def _attention_problems(spec: RunSpec, config: Any = None) -> list[Problem]:
                     refusal[1])]
 
 
+def _gpu_name_problems(spec: RunSpec) -> list[Problem]:
+    """A hardware.gpu that names no known GPU type is a typo on any device: refused with the closest name, on CPU
+    too (where the name is otherwise unused), rather than passing silently there and losing the estimate on GPU."""
+    from runner.errors import UserError
+    from runner.facts.gpus import gpu_type
+
+    if spec.hardware.gpu == "auto":
+        return []
+    try:
+        gpu_type(spec.hardware.gpu)
+    except UserError as e:
+        return list(e.problems)
+    return []
+
+
 def _hardware_problems(spec: RunSpec) -> list[Problem]:
+    gpu_name = _gpu_name_problems(spec)
+    if gpu_name:
+        return gpu_name
     if _device(spec) != "cuda" or spec.hardware.nproc_per_node == "auto" or spec.hardware.nodes != 1:
         return []
     import torch

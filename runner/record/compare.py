@@ -26,7 +26,16 @@ def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
         "final_eval_loss": m.get("final_eval_loss"),
         "tokens_per_s": m.get("tokens_per_s"),
         "replay_of": rec.get("replay_of"),
+        "resumes": len(rec.get("resumes") or []),
     }
+
+
+def origin(row: dict[str, Any]) -> str:
+    """How a run came to be, for `runner list`: a replay names the record it re-ran, a resumed run its launches."""
+    parts = [f"replay of {row['replay_of']}"] if row.get("replay_of") else []
+    if row.get("resumes"):
+        parts.append(f"resumed ×{row['resumes']}")
+    return ", ".join(parts) or "-"
 
 
 def dataset_name(spec: dict[str, Any]) -> str | None:
@@ -47,11 +56,11 @@ def print_list(recs: list[dict[str, Any]], console: Console | None = None) -> No
     table = Table(show_edge=False)
     # The id is what replay, verify and diff take: never wrapped or cut, whatever the terminal's width.
     table.add_column("id", no_wrap=True, min_width=max(len(str(r["id"])) for r in rows))
-    for col in ("created", "status", "model", "dataset", "method", "steps", "final loss", "tokens/s"):
+    for col in ("created", "status", "origin", "model", "dataset", "method", "steps", "final loss", "tokens/s"):
         table.add_column(col, justify="right" if col in {"steps", "final loss", "tokens/s"} else "left",
                          overflow="fold")
     for r in rows:
-        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], r["model"], r["dataset"] or "-", r["method"],
+        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], origin(r), r["model"], r["dataset"] or "-", r["method"],
                       str(r["steps"] or 0),
                       "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
                       "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}")

@@ -43,6 +43,17 @@ def load_tokenizer(spec: RunSpec) -> Any:
     tok = AutoTokenizer.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    return quiet_length_warning(tok)
+
+
+def quiet_length_warning(tok: Any) -> Any:
+    """Silence the tokenizer's "longer than the specified maximum sequence length ... will result in indexing
+    errors" warning: documents longer than model_max_length are tokenised on purpose here, and packing cuts them
+    into seq_len blocks, so no sequence that long ever reaches the model. (transformers warns once per tokenizer;
+    marking it as already given is its own way to skip it.)"""
+    warned = getattr(tok, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tok
 
 

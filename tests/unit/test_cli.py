@@ -155,3 +155,126 @@ def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None
                           capture_output=True, text=True, timeout=60).stdout
     assert "setting up .venv/" in make and "source .venv/bin/activate" in make
     assert ".venv/bin/runner list" in make
+
+
+def test_verify_of_a_corrupt_record_exits_4_and_a_missing_one_2(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = recs / f"{RUN_ID}.json"
+    path.write_text(path.read_text()[:200])  # truncated, as a full disk leaves it
+    assert main(["verify", RUN_ID]) == EXIT_NOT_VERIFIED
+    assert "not valid JSON" in capsys.readouterr().err
+    assert main(["verify", str(recs / "gone.json")]) == EXIT_BAD_INPUT
+    assert "no such record file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("setting", "fix"), [("train.lr=-1", "use a value > 0"),
+                                              ("dataset.eval_fraction=2", "use a value in [0.0, 1.0)"),
+                                              ("hardware.nodes=0", "use a value >= 1")])
+def test_range_errors_say_the_range(setting: str, fix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "tiny-cpu", "--set", setting]) == EXIT_BAD_INPUT
+    assert f"(fix: {fix})" in capsys.readouterr().err
+
+
+def test_an_unknown_gpu_name_is_refused_on_cpu_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, records_dir = tmp_path / "runs", tmp_path / "records"
+    code = main(["run", "tiny-cpu", "--set", "hardware.gpu=RTX-9999", "--runs-dir", str(runs),
+                 "--records-dir", str(records_dir)])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT and "hardware.gpu" in err and "did you mean" in err and "Traceback" not in err
+    assert not runs.exists() and not records_dir.exists()
+
+
+def test_cpu_estimate_says_gib_needed_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "tiny-cpu"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "needed per rank" in out and "GiB needed per rank of" in out
+    assert "RSS" not in out and "per GPU" not in out and "per-GPU" not in out
+
+
+def test_list_marks_replays_and_resumed_runs(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = recs / f"{RUN_ID_B}.json"
+    rec = json.loads(path.read_text())
+    rec["replay_of"], rec["resumes"] = RUN_ID, [{"at": "2026-01-01T00:20:00+00:00"}]
+    path.write_text(json.dumps(rec))
+    out = runner("list", cwd=recs.parent).stdout
+    [line_b] = [ln for ln in out.splitlines() if ln.split()[:1] == [RUN_ID_B]]
+    [line_a] = [ln for ln in out.splitlines() if ln.split()[:1] == [RUN_ID]]
+    assert f"replay of {RUN_ID}, resumed ×1" in line_b and "replay of" not in line_a
+    assert main(["list", "--json"]) == EXIT_OK
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[RUN_ID_B]["resumes"] == 1 and rows[RUN_ID]["resumes"] == 0
+
+
+def test_every_records_dir_option_has_help() -> None:
+    from runner.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    with_dir = {name: p for name, p in sub.choices.items()
+                if any("--records-dir" in a.option_strings for a in p._actions)}
+    assert {"run", "replay", "verify", "diff", "list", "calibrate", "bench"} <= set(with_dir)
+    for name, p in with_dir.items():
+        [opt] = [a for a in p._actions if "--records-dir" in a.option_strings]
+        assert opt.help and "records" in opt.help, name
+
+
+def test_fields_takes_a_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fields", "train."]) == EXIT_OK
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith(" ")]
+    assert names and all(n.startswith("train.") for n in names) and "train.seq_len" in names
+    assert main(["fields", "trian."]) == EXIT_BAD_INPUT
+    assert "no spec field starts with 'trian.'" in capsys.readouterr().err
+
+
+def test_long_documents_tokenise_without_the_indexing_warning(capfd: pytest.CaptureFixture[str]) -> None:
+    from runner.spec import load_spec
+    from runner.train.data import tokenize_text
+    from runner.train.model import load_tokenizer
+
+    tok = load_tokenizer(load_spec("tiny-cpu"))
+    ids, _ = tokenize_text(tok, [("word " * 6000, True)])
+    assert len(ids) > tok.model_max_length
+    assert "indexing errors" not in capfd.readouterr().err
+
+
+def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from runner.record.compare import dataset_name
+
+    data = REPO / "tests" / "fixtures" / "data" / "alpaca_en_demo.json"
+    model = tmp_path / "my-llama"
+    __import__("shutil").copytree(REPO / "recipes" / "embedded" / "model", model)
+    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", f"model.path={model}"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    spec = yaml.safe_load(out)
+    assert spec["dataset"]["id"] == "local/alpaca_en_demo" and spec["model"]["id"] == "local/my-llama"
+    assert dataset_name(spec) == "local/alpaca_en_demo"  # what `runner list` and the records show
+    assert err.splitlines() == [
+        "note: dataset.id is now local/alpaca_en_demo (named after dataset.path; it was sft-tui/tiny-chat); set "
+        "dataset.id to name it otherwise",
+        "note: model.id is now local/my-llama (named after model.path; it was sft-tui/tiny-qwen3); set model.id to "
+        "name it otherwise"]
+    # An id given with the path, or no path change, keeps the id; nothing is said.
+    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "dataset.id=mine"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["dataset"]["id"] == "mine" and err == ""
+    assert main(["show", "tiny-cpu"]) == EXIT_OK
+    assert yaml.safe_load(capsys.readouterr().out)["dataset"]["id"] == "sft-tui/tiny-chat"
+
+
+def test_the_run_report_says_where_the_export_went() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from runner.cli.session import _report
+
+    rec = {"status": "succeeded", "metrics": {"steps": 3, "first_loss": 6.2, "final_loss": 5.0, "tokens_per_s": 9.0,
+                                              "export": {"dir": "runs/x/export", "kind": "full", "files": {}}}}
+    console = Console(width=200, color_system=None)
+    with console.capture() as cap:
+        _report(console, SimpleNamespace(record=rec, record_path=Path("records/x.json"), run_id="x"))
+    assert "export (full): runs/x/export\nrecord: records/x.json" in cap.get()
+    with console.capture() as cap:
+        _report(console, SimpleNamespace(record={**rec, "metrics": {"steps": 3}}, record_path=Path("r.json"),
+                                         run_id="x"))
+    assert "export" not in cap.get()

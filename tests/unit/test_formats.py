@@ -158,6 +158,32 @@ def test_sharegpt_tools_reach_the_template_and_calls_train_only_when_asked():
                                              '\n</tool_call><|im_end|>\n|The word apple has 5 letters.<|im_end|>\n')
 
 
+def test_the_embedded_template_renders_tools_and_trains_calls_when_asked():
+    """The default tokenizer's own template: the tool list in a system block, the call as <tool_call> JSON inside
+    the assistant turn's generation markers, so assistant+tool_calls puts the call's tokens in the loss."""
+    tok = _tokenizer()
+    ids, mask = tokenize_sample(tok, _sample("glaive_toolcall_en_demo.json"))
+    text = tok.decode(ids)
+    assert text.startswith('<|im_start|>system\n# Tools\n\n') and '<tools>\n{"name": "get_word_length", ' in text
+    call = '<tool_call>\n{"name": "get_word_length", "arguments": {"word": "apple"}}\n</tool_call><|im_end|>\n'
+    assert f"<|im_start|>assistant\n{call}<|im_start|>tool\n" in text
+    assert _trained_text(tok, ids, mask) == "The word apple has 5 letters.<|im_end|>\n"
+    ids, mask = tokenize_sample(tok, _sample("glaive_toolcall_en_demo.json", RowFormat(train_on="assistant+tool_calls")))
+    assert _trained_text(tok, ids, mask) == f"{call}|The word apple has 5 letters.<|im_end|>\n"
+
+
+def test_the_wizard_preview_shows_the_call_and_the_tool_list():
+    from tui.preview import tokenizer_preview
+
+    spec = load_spec("tiny-cpu", [f"dataset.path={DATA / 'glaive_toolcall_en_demo.json'}",
+                                  "dataset.train_on=assistant+tool_calls"])
+    preview = tokenizer_preview(spec)
+    shown = "".join(t for t, _ in preview["tokens"])
+    trained = "".join(t for t, m in preview["tokens"] if m)
+    assert '<tools>\n{"name": "get_word_length"' in shown
+    assert '<tool_call>\n{"name": "get_word_length", "arguments": {"word": "apple"}}\n</tool_call>' in trained
+
+
 def test_sharegpt_tool_calls_under_the_llama3_1_template():
     tok = _tokenizer("llama3_1")
     calls = RowFormat(train_on="assistant+tool_calls")

@@ -86,7 +86,11 @@ def test_malformed_jsonl_line_is_named_with_its_file_and_line(tmp_path, bad_line
 def test_seq_len_too_short_for_any_target_is_refused(tmp_path):
     [p] = [p for p in preflight_problems(load_spec(_spec(tmp_path, train={"seq_len": 7})))
            if p.field == "train.seq_len"]
-    assert "no target token survives" in p.message and "train.seq_len=512" in p.fix
+    # The embedded data's shortest prompt + first reply token is 14 tokens; the advice says that number.
+    assert p.message == ("7 tokens per block cannot hold any sampled row's prompt and its first trained token (the "
+                         "shortest needs 14): conversations would be cut into 7-token pieces and every reply "
+                         "trained without the prompt it answers")
+    assert p.fix.startswith("use train.seq_len=14 or more (") and "holds each sampled row whole" in p.fix
     assert not [p for p in preflight_problems(load_spec(_spec(tmp_path, train={"seq_len": 64})))
                 if p.field == "train.seq_len"]
 
@@ -196,7 +200,7 @@ def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsy
         needle = f"{data}: line 100 is not valid JSON"
     elif case == "seq_len":
         train["seq_len"] = 7
-        needle = "no target token survives"
+        needle = "every reply trained without the prompt it answers"
     elif case == "format":
         chat = [json.dumps({"question": "q", "answer": "a"})]
         needle = "columns (answer, question)"
@@ -218,3 +222,47 @@ def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not runs.exists() and not records.exists()
+
+
+GLAIVE = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "glaive_toolcall_en_demo.json"
+# The embedded ChatML template as it was before it learnt tools: assistant content only, no tools block.
+PLAIN_CHATML = ("{%- for message in messages %}{%- if message['role'] == 'assistant' %}"
+                "{{- '<|im_start|>assistant\\n' }}{%- generation %}{{- message['content'] + '<|im_end|>\\n' }}"
+                "{%- endgeneration %}{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                "'<|im_end|>\\n' }}{%- endif %}{%- endfor %}")
+
+
+def test_a_template_that_drops_tool_calls_is_refused_before_launch(tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED / "model", model)
+    (model / "chat_template.jinja").write_text(PLAIN_CHATML)
+    spec = _spec(tmp_path, model={"path": str(model)}, dataset={"path": str(GLAIVE), "train_on": "assistant+tool_calls"})
+    problems = [p for p in preflight_problems(load_spec(spec)) if p.field == "model.path"]
+    assert [p.message for p in problems] == [
+        "the chat template drops tool calls: a sampled row calls 'get_word_length' but the rendered text has no "
+        "call, so its assistant turn trains empty",
+        "the chat template drops the tools list: a sampled row offers 'get_word_length' but the rendered text does "
+        "not list it"]
+    assert "tool_calls" in problems[0].fix and "chat_template.jinja" in problems[0].fix
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
+    err = capsys.readouterr().err
+    assert code == 2 and "drops tool calls" in err and "Traceback" not in err
+    assert not runs.exists() and not records.exists()
+    # The embedded template renders both: the same data passes.
+    ok = _spec(tmp_path, dataset={"path": str(GLAIVE), "train_on": "assistant+tool_calls"})
+    assert preflight_problems(load_spec(ok)) == []
+
+
+def test_a_bom_jsonl_reads_its_first_row(tmp_path):
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
+            for i in range(3)]
+    data = tmp_path / "bom.jsonl"
+    data.write_bytes(b"\xef\xbb\xbf" + ("\n".join(rows) + "\n").encode())
+    assert preflight_problems(load_spec(_spec(tmp_path, dataset={"path": str(data)}))) == []
+    from runner.data.datafiles import read_rows
+
+    assert read_rows(data, 5)[0]["messages"][0]["content"] == "q0"
+    csv = tmp_path / "bom.csv"
+    csv.write_bytes(b"\xef\xbb\xbfinstruction,output\nq,a\n")
+    assert read_rows(csv, 5) == [{"instruction": "q", "output": "a"}]

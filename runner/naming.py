@@ -1,0 +1,34 @@
+"""Names that follow the data: a model's or dataset's id derived from its local path when only the path changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def path_name(path: str) -> str:
+    """`local/<name>` for a local path: the folder's name, or the file's without its data suffixes (.jsonl.gz)."""
+    p = Path(str(path).rstrip("/"))
+    name = p.name
+    for suffix in (".gz", ".jsonl", ".json", ".parquet", ".csv"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return f"local/{name or 'data'}"
+
+
+def follow_paths(data: dict[str, Any], sections: set[str], embedded_prefix: str,
+                 default_ids: dict[str, Any]) -> list[str]:
+    """Rename `model` / `dataset` after its new path when the path changed and the id did not: the id is the
+    name `runner list`, the records and the pins show, and the recipe's (sft-tui/tiny-chat) would make every run
+    on other data look the same. A path set to the recipe's own embedded asset keeps its id. One note each."""
+    notes = []
+    for section in sorted(sections):
+        body = data.get(section)
+        path = body.get("path") if isinstance(body, dict) else None
+        if not path or str(path).startswith(embedded_prefix):
+            continue
+        old = body.get("id", default_ids.get(section))
+        body["id"] = path_name(str(path))
+        notes.append(f"{section}.id is now {body['id']} (named after {section}.path; it was {old}); "
+                     f"set {section}.id to name it otherwise")
+    return notes
