@@ -77,3 +77,13 @@ def range_text(schema: Any, err: dict[str, Any]) -> str:
     if low and high:
         return f"in {'(' if low[0] == 'gt' else '['}{low[1]}, {high[1]}{')' if high[0] == 'lt' else ']'}"
     return " and ".join(dict(_BOUNDS)[b[0]].format(b[1]) for b in (low, high) if b) or "in range"
+
+
+def shown(x: object) -> str:
+    """A value as an error message quotes it: JSON where it has a JSON form."""
+    import json
+
+    try:
+        return json.dumps(x)
+    except TypeError:
+        return repr(x)

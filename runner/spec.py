@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner.naming import follow_paths
-from runner.errors import Problem, SpecError, range_text
+from runner.precision import optimizer_precision, precision_problems, weights_dtype
+from runner.errors import Problem, SpecError, range_text, shown
 
 EMBEDDED_PREFIX = "embedded:"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -374,14 +375,7 @@ def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
         fix = "choose one of the listed values"
     elif kind.endswith("_type") or kind.endswith("_parsing"):
         fix = "give a value of the right type"
-    return Problem(loc, f"{msg}, got {_show(got)}", fix)
-
-
-def _show(x: Any) -> str:
-    try:
-        return json.dumps(x)
-    except TypeError:
-        return repr(x)
+    return Problem(loc, f"{msg}, got {shown(got)}", fix)
 
 
 # A git ref name as the hub accepts it: no whitespace, no '..', none of ~^:?*[\ and not ending in '/' or '.lock'.
@@ -487,7 +481,7 @@ def _problems_from_validation(e: ValidationError) -> list[Problem]:
             if want not in wants:
                 wants.append(want)
         loc = ".".join(str(p) for p in errs[0]["loc"])
-        out.append(Problem(loc, f"should be {' or '.join(wants)}, got {_show(errs[0].get('input'))}",
+        out.append(Problem(loc, f"should be {' or '.join(wants)}, got {shown(errs[0].get('input'))}",
                            "give a value of one of these kinds"))
     return out
 
@@ -587,46 +581,6 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
     data["model"]["dtype"] = dtype
     data["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision, dtype)
     return RunSpec.model_validate(data)
-
-
-BF16_PRECISIONS = ("bf16_stochastic", "bf16")
-
-
-def weights_dtype(spec: RunSpec, device: str) -> str:
-    """model.dtype resolved: as set, else what train.optimizer_precision needs, else bf16 on GPU and fp32 on CPU
-    (CPU runs are exact and reproducible)."""
-    if spec.model.dtype != "auto":
-        return spec.model.dtype
-    if spec.engine == "native" and spec.train.optimizer_precision != "auto":
-        return "bfloat16" if spec.train.optimizer_precision in BF16_PRECISIONS else "float32"
-    return "bfloat16" if device == "cuda" else "float32"
-
-
-def optimizer_precision(engine: str, requested: str, dtype: str) -> str:
-    """train.optimizer_precision resolved for the weights' dtype: never plain bf16 unless asked for."""
-    if engine != "native":
-        return "fp32_master"  # TRL's trainable weights are made fp32 and computed in bf16 under autocast
-    if requested != "auto":
-        return requested
-    return "bf16_stochastic" if dtype == "bfloat16" else "fp32_master"
-
-
-def precision_problems(spec: RunSpec) -> list[Problem]:
-    """train.optimizer_precision against model.dtype and the engine."""
-    want = spec.train.optimizer_precision
-    if want == "auto":
-        return []
-    if spec.engine != "native" and want != "fp32_master":
-        return [Problem("train.optimizer_precision", f"the {spec.engine} engine keeps fp32 master weights, got {want}",
-                        "use train.optimizer_precision=auto (or engine=native)")]
-    dtype = spec.model.dtype
-    if dtype == "bfloat16" and want == "fp32_master":
-        return [Problem("train.optimizer_precision", "fp32_master needs fp32 weights, got model.dtype=bfloat16",
-                        "set model.dtype=auto or float32, or train.optimizer_precision=bf16_stochastic")]
-    if dtype == "float32" and want in BF16_PRECISIONS:
-        return [Problem("train.optimizer_precision", f"{want} needs bf16 weights, got model.dtype=float32",
-                        "set model.dtype=auto or bfloat16, or train.optimizer_precision=fp32_master")]
-    return []
 
 
 def field_docs(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[tuple[str, str, Any]]:

@@ -1,0 +1,47 @@
+"""train.optimizer_precision and model.dtype resolved together, and the rules between them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.errors import Problem
+
+
+BF16_PRECISIONS = ("bf16_stochastic", "bf16")
+
+
+def weights_dtype(spec: Any, device: str) -> str:
+    """model.dtype resolved: as set, else what train.optimizer_precision needs, else bf16 on GPU and fp32 on CPU
+    (CPU runs are exact and reproducible)."""
+    if spec.model.dtype != "auto":
+        return spec.model.dtype
+    if spec.engine == "native" and spec.train.optimizer_precision != "auto":
+        return "bfloat16" if spec.train.optimizer_precision in BF16_PRECISIONS else "float32"
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def optimizer_precision(engine: str, requested: str, dtype: str) -> str:
+    """train.optimizer_precision resolved for the weights' dtype: never plain bf16 unless asked for."""
+    if engine != "native":
+        return "fp32_master"  # TRL's trainable weights are made fp32 and computed in bf16 under autocast
+    if requested != "auto":
+        return requested
+    return "bf16_stochastic" if dtype == "bfloat16" else "fp32_master"
+
+
+def precision_problems(spec: Any) -> list[Problem]:
+    """train.optimizer_precision against model.dtype and the engine."""
+    want = spec.train.optimizer_precision
+    if want == "auto":
+        return []
+    if spec.engine != "native" and want != "fp32_master":
+        return [Problem("train.optimizer_precision", f"the {spec.engine} engine keeps fp32 master weights, got {want}",
+                        "use train.optimizer_precision=auto (or engine=native)")]
+    dtype = spec.model.dtype
+    if dtype == "bfloat16" and want == "fp32_master":
+        return [Problem("train.optimizer_precision", "fp32_master needs fp32 weights, got model.dtype=bfloat16",
+                        "set model.dtype=auto or float32, or train.optimizer_precision=bf16_stochastic")]
+    if dtype == "float32" and want in BF16_PRECISIONS:
+        return [Problem("train.optimizer_precision", f"{want} needs bf16 weights, got model.dtype=float32",
+                        "set model.dtype=auto or bfloat16, or train.optimizer_precision=fp32_master")]
+    return []
