@@ -1,7 +1,5 @@
 """Native `auto` precision against pure bf16 and TRL's best at equal learning, on one H200: runs and checks the rows.
 
-NOT RUN YET: no GPU was in reach when this was written; the rows and figures it makes are not in the repository.
-
 What it measures, for the Llama-3.2-3B layout and the 1.72B Qwen3 (the bench recipes, on their long-chat data), at
 8,192 and 32,768 tokens per block, 30 steps (3 warm-up + 27 timed) at constant lr 1e-5 from the same random init,
 seed and blocks:
@@ -12,10 +10,11 @@ seed and blocks:
   * at 32,768 a second call for TRL wrapped in FSDP2 on its one GPU (`train.fsdp_one_rank=true`), its best there;
   * then the acceptance, per model and length: native auto's loss at step 30 within 3% of TRL's best (the faster of
     its rows), its tokens/s within 2% of pure bf16's, and its peak allocated memory no higher than TRL's best.
-Native runs as its recipe says (compiled layers, fused loss; at 8k `train.recompute_layers=8` as in
+`hardware.gpu=auto` lets the same rows run on an H100 (80 GB) as on the H200 they were planned for; each row names
+the GPU it ran on. Native runs as its recipe says (compiled layers, fused loss; at 8k `train.recompute_layers=8` as in
 throughput-h200.md's latest rows).
 
-Run on one H200 from the repository root, with the wheels the image lacks installed first (as throughput-h200.md's
+Run on one H200 (or H100) from the repository root, with the wheels the image lacks installed first (benchmarks/device_wheels.sh;
 commands say), one model and length per device call if the 10-minute limit bites:
 
     python3 benchmarks/precision_h200.py --only llama-3.2-3b:32768 --out $OUT
@@ -29,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +42,7 @@ LOSS_WITHIN, SPEED_WITHIN = 0.03, 0.02
 def bench(recipe: str, name: str, out: Path, args: list[str]) -> None:
     cmd = [sys.executable, "-m", "runner", "bench", recipe, *args, "--set", "train.lr=1e-5",
            "--set", "train.schedule=constant", "--warmup", str(WARMUP), "--steps", str(STEPS),
-           "--runs-dir", "/tmp/runs", "--records-dir", "/tmp/records", "--out", str(out), "--name", name]
+           "--set", "hardware.gpu=auto", "--runs-dir", "/tmp/runs", "--records-dir", "/tmp/records", "--out", str(out), "--name", name]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -52,7 +52,7 @@ def measure(model: str, seq: int, out: Path) -> None:
     extra = ["--set", "train.recompute_layers=8"] if seq == 8192 else []
     bench(recipe, f"precision-{model}-{seq}", out, ["--engines", "native,trl", "--sweep", f"train.seq_len={seq}",
                                                      "--sweep", "train.optimizer_precision=auto,bf16", *extra])
-    if seq == 32768:
+    if seq == 32768 and not os.environ.get("PRECISION_SKIP_WRAPPED"):
         bench(recipe, f"precision-{model}-{seq}-trl-wrapped", out,
               ["--engines", "trl", "--sweep", f"train.seq_len={seq}", "--set", "train.fsdp_one_rank=true"])
 
