@@ -14,8 +14,9 @@ seed and blocks:
 the GPU it ran on. Native runs as its recipe says (compiled layers, fused loss; at 8k `train.recompute_layers=8` as in
 throughput-h200.md's latest rows).
 
-Run on one H200 (or H100) from the repository root, with the wheels the image lacks installed first (benchmarks/device_wheels.sh;
-commands say), one model and length per device call if the 10-minute limit bites:
+Run on one H200 (or H100) from the repository root, with the wheels the image lacks installed first (downloaded by
+benchmarks/device_wheels.sh, whose header has the install line), one model and length per device call if the
+10-minute limit bites (PRECISION_SKIP_WRAPPED=1 leaves out the wrapped TRL row):
 
     python3 benchmarks/precision_h200.py --only llama-3.2-3b:32768 --out $OUT
     python3 benchmarks/precision_h200.py --out $OUT          # all four, then the summary
