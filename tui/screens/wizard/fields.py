@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import typing
 from typing import Any
 
-from runner.spec import RunSpec
 from tui.widgets.fields import Kind
 
 STEPS = (("model", "Model"), ("dataset", "Dataset"), ("hardware", "Hardware"), ("method", "Method"),
          ("plan", "Plan"), ("launch", "Launch"))
 STEP_IDS = [s for s, _ in STEPS]
 
-# (dotted path, label, kind) per step; options of selects come from the schema's Literal types.
+# (dotted path, label, kind) per step; options of selects come from the schema's Literal types (field_choices).
 FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
     "model": [
         ("model.id", "hub id / name", "text"),
@@ -84,23 +82,6 @@ STEP_HELP = {
     "plan": "↑/↓, PgUp/PgDn, Home/End: scroll the plan (the torchrun command is at its end) · ^n: on to Launch",
     "launch": "^l: launch · ^s: save these choices as a recipe · ^o: load a recipe · tab: run name, description",
 }
-
-
-def literal_options(path: str) -> list[Any]:
-    """The allowed values of a Literal-typed spec field, from the schema itself."""
-    model: Any = RunSpec
-    ann: Any = None
-    for part in path.split("."):
-        ann = model.model_fields[part].annotation
-        if isinstance(ann, type) and hasattr(ann, "model_fields"):
-            model = ann
-    out: list[Any] = []
-    for arg in typing.get_args(ann) or ():
-        out += list(typing.get_args(arg)) if typing.get_origin(arg) is typing.Literal else []
-    if typing.get_origin(ann) is typing.Literal:
-        out = list(typing.get_args(ann))
-    return out
-
 
 
 def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:

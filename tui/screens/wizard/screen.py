@@ -20,7 +20,7 @@ from runner.spec import field_choices, field_docs
 from tui import format as fmt
 from tui.screens.wizard.checks import WizardChecks
 from tui.screens.wizard.fields import (ALL_FIELDS, ARCH_INPUTS, DATA_INPUTS, FIELDS, HELP_HINT, LORA_FIELDS, STEP_HELP,
-                                       STEP_IDS, STEP_OF_FIELD, STEP_OF_SECTION, STEPS, literal_options, spec_key)
+                                       STEP_IDS, STEP_OF_FIELD, STEP_OF_SECTION, STEPS, spec_key)
 from tui.screens.wizard.launch import WizardLaunch
 from tui.specform import field_of, get_path, problems_of, set_path
 from tui.widgets.fields import SpecField
@@ -144,7 +144,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
             doc, default = self.docs.get(path, ("", None))
             options: list[Any] | None = None
             if kind == "select":
-                options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else literal_options(path)
+                options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else field_choices(path)
             choices = field_choices(path) if kind != "select" else []
             hint = f"; one of {', '.join(map(str, choices))}" if choices else ""
             # One paragraph: the schema's line breaks are for `runner fields`, the help line wraps by itself.
