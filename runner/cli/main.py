@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from runner.cli.job import add_job_args, cmd_job
 from runner.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
@@ -73,10 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
     p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
 
-    p = sub.add_parser("slurm", help="write an sbatch script that runs SPEC on hardware.nodes nodes")
-    _add_spec_args(p)
-    _add_dirs(p)
-    p.add_argument("--out", type=Path, help="script path (default: runs/<id>/sbatch.sh)")
+    p = sub.add_parser("job", help="write the job file that runs SPEC on a scheduler: slurm, skypilot or kubeflow")
+    add_job_args(p, with_target=True)
+    p = sub.add_parser("slurm", help="write an sbatch script that runs SPEC (runner job --to slurm)")
+    add_job_args(p, with_target=False)
 
     p = sub.add_parser("estimate", help="predict per-GPU memory and time before launch")
     _add_spec_args(p)
@@ -194,25 +195,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
                         node_rank=args.node_rank, run_id=args.run_id, force=args.force)
-
-
-def cmd_slurm(args: argparse.Namespace) -> int:
-    from runner.events.paths import RunPaths
-    from runner.launch.jobs import build_sbatch
-    from runner.launch.command import new_run_id, write_spec
-
-    spec = load_spec_noting(args.spec, args.overrides)
-    if spec.hardware.nproc_per_node == "auto":
-        raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
-                        "from here; e.g. --set hardware.nproc_per_node=8")
-    run_id = new_run_id(spec.name, args.runs_dir, args.records_dir)
-    paths = RunPaths(args.runs_dir / run_id)
-    write_spec(paths, spec)
-    script = build_sbatch(spec, paths.spec, run_id, args.runs_dir, args.records_dir)
-    out = args.out or paths.run_dir / "sbatch.sh"
-    out.write_text(script)
-    print(f"wrote {out}: submit with `sbatch {out}`")
-    return EXIT_OK
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -446,7 +428,8 @@ def cmd_recipes(_: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "estimate": cmd_estimate,
-    "slurm": cmd_slurm,
+    "job": cmd_job,
+    "slurm": cmd_job,
     "replay": cmd_replay,
     "verify": cmd_verify,
     "diff": cmd_diff,
