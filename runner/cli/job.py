@@ -50,24 +50,22 @@ def add_job_args(p: argparse.ArgumentParser, with_target: bool) -> None:
                                     "or on kubeflow, the image's python -m runner)")
 
 
-def load_job_spec(ref: str, overrides: list[str], records_dir: Path) -> tuple[RunSpec, str | None]:
-    """The spec to run and, when SPEC is a record, its id: a record is run again with its own resolved spec."""
-    from runner.cli.main import load_spec_noting
+def record_spec(ref: str, overrides: list[str], records_dir: Path) -> RunSpec | None:
+    """When SPEC is a record (a path or an id), its own resolved spec (a record's job runs it again); else None."""
     from runner.record.records import load, verify
     from runner.record.replay import spec_from_record
     from runner.spec import apply_override, validate
 
     path = Path(ref) if Path(ref).suffix == ".json" else records_dir / f"{ref}.json"
     if not path.is_file() or not _is_record(path):
-        return load_spec_noting(ref, overrides), None
+        return None
     ok, reason = verify(path)
     if not ok:
         raise UserError(f"refusing to write a job from {path}: {reason}")
-    rec = load(path)
-    data = spec_from_record(rec).to_dict()
+    data = spec_from_record(load(path)).to_dict()
     for assignment in overrides:
         apply_override(data, assignment)
-    return validate(data), rec["id"]
+    return validate(data)
 
 
 def _is_record(path: Path) -> bool:
@@ -140,13 +138,13 @@ def job_options(args: argparse.Namespace, target: str, run_id: str) -> JobOption
 _DEFAULTS: dict[str, Any] = {"time": "24:00:00", "warn_s": 300, "mount": "/sft-tui", "port": 29500}
 
 
-def cmd_job(args: argparse.Namespace) -> int:
+def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
+    """`runner job` once SPEC is loaded: check everything, then allocate the run id, write its spec and the file."""
     from runner.events.paths import RunPaths
     from runner.launch.command import new_run_id, write_spec
     from runner.spec import resolve
 
     target = getattr(args, "to", None) or "slurm"
-    spec, _ = load_job_spec(args.spec, args.overrides, args.records_dir)
     check_job(spec, target, args.image, args.volume, args.time, args.warn_s)
     if target == "slurm":
         check_paths(args.runs_dir.resolve(), args.records_dir.resolve())

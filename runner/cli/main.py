@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from runner.cli.job import add_job_args, cmd_job
+from runner.cli.job import add_job_args, record_spec, write_job
 from runner.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a record that needs trust_remote_code")
+    p.add_argument("--here", action="store_true",
+                   help="replay on this machine a record that a scheduler job wrote (default: print that job)")
 
     p = sub.add_parser("verify", help="check that a record's lock matches its content (exit 4 when it does not)")
     p.add_argument("record", metavar="RECORD", help="record path or id")
@@ -195,6 +197,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     return run_headless(spec, args.runs_dir, args.records_dir, as_json=args.json, plain=args.plain,
                         node_rank=args.node_rank, run_id=args.run_id, force=args.force)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    spec = record_spec(args.spec, args.overrides, args.records_dir)
+    return write_job(args, spec or load_spec_noting(args.spec, args.overrides))
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -307,7 +314,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(f"{ref} is a recipe (a spec), not a record: train it with `runner run {ref}`; "
                         "replay takes a record that a run wrote (`runner list` shows their ids)")
     return replay_headless(args.record, args.runs_dir, args.records_dir, strict=args.strict, as_json=args.json,
-                           plain=args.plain, trust_remote_code=args.trust_remote_code)
+                           plain=args.plain, trust_remote_code=args.trust_remote_code, here=args.here)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -165,13 +165,15 @@ def _print_node_commands(console: Console, spec: RunSpec) -> None:
 
 
 def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
-                    plain: bool = False, trust_remote_code: bool = False) -> int:
+                    plain: bool = False, trust_remote_code: bool = False, here: bool = False) -> int:
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     path = records.find_record(ref, records_dir)
     ok, reason = records.verify(path)
     if not ok:
         raise UserError(f"refusing to replay: {reason}")
     original = records.load(path)
+    if not here and print_job_rerun(console, original, path, as_json):
+        return EXIT_OK
     spec = spec_from_record(original, trust_remote_code)
     spec = resolve(spec)
     rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
@@ -216,3 +218,24 @@ def print_drift(console: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
     console.print(table)
+
+
+def print_job_rerun(console: Console, rec: dict[str, Any], path: Path, as_json: bool) -> bool:
+    """A record a scheduler job wrote is replayed where it ran: print the commands that write and submit the same
+    job (the nodes it needs are there, not here). False when the record ran on this kind of machine."""
+    from runner.cli.job import rerun_lines
+
+    lines = rerun_lines(rec, path)
+    if lines is None:
+        return False
+    where = (rec.get("launch") or {}).get("scheduler") or {}
+    ran = f" (job {where.get('job_id')} on {where.get('node_count') or '?'} node(s): {where.get('nodes')})" \
+        if where.get("job_id") else ""
+    console.print(f"{rec['id']} ran as a {rec['launch']['job']['target']} job{ran}; rerun it there with:")
+    for line in lines:
+        console.print(f"  {line}", markup=False)
+    console.print(f"then `runner diff {rec['id']} <the new run id>` compares them; `runner replay --here` replays "
+                  "it on this machine instead", markup=False)
+    if as_json:
+        print(json.dumps({"replay_of": rec["id"], "job": rec["launch"]["job"]["target"], "commands": lines}))
+    return True

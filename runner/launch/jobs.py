@@ -116,6 +116,6 @@ def check_paths(*paths: Path) -> None:
 
 def job_warnings(spec: RunSpec, target: str) -> list[str]:
     if target != "slurm" and spec.train.checkpoint_every == 0:
-        return [f"train.checkpoint_every is 0: a {target} node lost without warning (a spot preemption) restarts "
-                "the run from step 0; e.g. --set train.checkpoint_every=200"]
+        return [f"train.checkpoint_every is 0: when {target} restarts a job whose node was lost (a preempted spot "
+                "node), the run starts again from step 0; e.g. --set train.checkpoint_every=200"]
     return []

@@ -12,10 +12,10 @@ from runner.spec import RunSpec
 # the next start finds the checkpoint and resumes the same run id. `wait` returns early when a trapped signal
 # lands, so it is called again until srun is gone.
 TAIL = """\
+PREEMPTED=0
+trap 'PREEMPTED=1; [ -z "${{SRUN_PID:-}}" ] || kill -USR1 "$SRUN_PID" 2>/dev/null || true' USR1
 srun --kill-on-bad-exit=1{container} bash -c {script} &
 SRUN_PID=$!
-PREEMPTED=0
-trap 'PREEMPTED=1; kill -USR1 "$SRUN_PID" 2>/dev/null || true' USR1
 STATUS=0
 while :; do
   wait "$SRUN_PID" && STATUS=0 || STATUS=$?
