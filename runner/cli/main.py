@@ -33,6 +33,7 @@ examples:
   runner run --resume runs/<id> --set train.max_steps=400   # continue from the latest checkpoint
   runner replay records/<id>.json           # re-run and compare the loss curves (a path or an id)
   runner verify <id>                        # check the record's lock (exit 4 when it does not match)
+  runner job my.yaml --to slurm --set hardware.nodes=2 --set hardware.nproc_per_node=8   # an sbatch script
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
 """

@@ -69,9 +69,15 @@ def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, ex
     sets = "".join(f" --set {s}" for s in (f"hardware.rdzv_endpoint={endpoint}", *extra_sets))
     tail = f"--node-rank {node_rank} --records-dir {q(str(o.records_dir))}{sets} --plain"
     run_dir = q(str(o.run_dir))
+    # A restart before the first checkpoint starts the run again: node 0 sets the attempt's rank events aside
+    # first (ranks write none before every node has joined), so the record counts each step once.
     return (f"if ls {run_dir}/checkpoints/step*/meta.json >/dev/null 2>&1; then\n"
             f"  exec {o.runner} run --resume {run_dir} {tail}\n"
             "else\n"
+            f"  if [ {node_rank} = 0 ] && ls {run_dir}/events/rank*.jsonl >/dev/null 2>&1; then\n"
+            f"    old={run_dir}/events.before-$(date +%s) && mkdir -p \"$old\" && mv {run_dir}/events/rank*.jsonl "
+            "\"$old\"/\n"
+            "  fi\n"
             f"  exec {o.runner} run {q(spec_file)} --run-id {q(o.run_id)} --runs-dir {q(str(o.runs_dir))} {tail}\n"
             "fi")
 

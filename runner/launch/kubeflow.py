@@ -4,6 +4,7 @@ folder on a PersistentVolumeClaim every node mounts."""
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from runner.launch.jobs import JOB_ENV, NODE_SPEC_FILE, SPEC_ENV, JobOptions, gpus_per_node, job_name, node_script
@@ -23,7 +24,7 @@ def build_trainjob(spec: RunSpec, o: JobOptions, spec_json: dict[str, Any]) -> s
     its rank and rendezvous from them."""
     gpus = gpus_per_node(spec)
     name = job_name(spec, o.run_id, "kubeflow")
-    script = (f"mkdir -p {o.runs_dir} {o.records_dir}\n"
+    script = (f"mkdir -p {shlex.quote(str(o.runs_dir))} {shlex.quote(str(o.records_dir))}\n"
               f'printf "%s" "${SPEC_ENV}" > {NODE_SPEC_FILE}\n'
               + node_script(NODE_SPEC_FILE, o, '"$PET_NODE_RANK"', '"$PET_MASTER_ADDR:$PET_MASTER_PORT"'))
     trainer: dict[str, Any] = {

@@ -166,8 +166,14 @@ def test_sbatch_starts_fresh_then_resumes_from_a_checkpoint(tmp_path):
     script, run_dir = _fake_job(tmp_path)
     env = _script_env(tmp_path)
     subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    (run_dir / "events" / "rank1.jsonl").write_text("{}\n")  # the first attempt's steps
+    (run_dir / "events" / "node1.jsonl").write_text("{}\n")
     (run_dir / "checkpoints" / "step3").mkdir(parents=True)  # incomplete (no meta.json): not resumed from
     subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    # Started again from step 0: the old rank events went aside, so the new record does not count them twice.
+    [aside] = run_dir.glob("events.before-*")
+    assert [p.name for p in aside.iterdir()] == ["rank1.jsonl"]
+    assert sorted(p.name for p in (run_dir / "events").iterdir()) == ["node1.jsonl"]
     (run_dir / "checkpoints" / "step3" / "meta.json").write_text("{}")
     subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
     lines = sorted((tmp_path / "fake.log").read_text().splitlines())
