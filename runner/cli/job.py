@@ -145,7 +145,7 @@ def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
     from runner.spec import resolve
 
     target = getattr(args, "to", None) or "slurm"
-    check_job(spec, target, args.image, args.volume, args.time, args.warn_s)
+    check_job(spec, target, args.image, args.volume, args.time, args.warn_s, args.port)
     if target == "slurm":
         check_paths(args.runs_dir.resolve(), args.records_dir.resolve())
     if target == "skypilot" and not args.image:

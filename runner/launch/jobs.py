@@ -94,7 +94,8 @@ def job_name(spec: RunSpec, run_id: str, target: str) -> str:
     return label[:63].rstrip("-")
 
 
-def check_job(spec: RunSpec, target: str, image: str | None, volume: str | None, time: str, warn_s: int) -> None:
+def check_job(spec: RunSpec, target: str, image: str | None, volume: str | None, time: str, warn_s: int,
+              port: int = 29500) -> None:
     """Every reason not to write the job, as one line with the fix; runs before any file or folder is made."""
     if target not in TARGETS:
         raise UserError(f"--to expects one of {', '.join(TARGETS)}, got '{target}'")
@@ -112,6 +113,8 @@ def check_job(spec: RunSpec, target: str, image: str | None, volume: str | None,
         raise UserError(f"--time expects SLURM's [D-]HH:MM:SS (or MM, HH:MM), got '{time}'; e.g. --time 24:00:00")
     if warn_s <= 0:
         raise UserError(f"--warn-s expects seconds > 0 before the time limit, got {warn_s}; e.g. --warn-s 300")
+    if not 0 < port < 65536:
+        raise UserError(f"--port expects a TCP port (1-65535) for the rendezvous, got {port}; e.g. --port 29500")
 
 
 def check_paths(*paths: Path) -> None:

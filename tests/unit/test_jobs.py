@@ -121,6 +121,7 @@ def test_kubeflow_trainjob_for_two_nodes_of_eight(tmp_path):
     (["--to", "kubeflow", "--image", "i"], "--to kubeflow needs --volume"),
     (["--to", "skypilot", "--repo", "r"], "--to skypilot needs --volume"),
     (["--to", "slurm", "--time", "1 day"], "--time expects SLURM's [D-]HH:MM:SS"),
+    (["--to", "slurm", "--port", "0"], "--port expects a TCP port (1-65535)"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, expected):
     code, out, err = run_cli(["job", RECIPE, *TWO_BY_EIGHT, *args, "--runs-dir", str(tmp_path / "runs"),
