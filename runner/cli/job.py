@@ -9,11 +9,13 @@ import os
 import shlex
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
 from runner.launch.jobs import DEFAULT_FILE, SUBMIT, TARGETS, JobOptions, check_job, check_paths, job_warnings
-from runner.spec import RunSpec
+
+if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
+    from runner.spec import RunSpec
 
 # Options that shape the job file, as (flag, attribute): what `runner replay` passes again to write the same job.
 RERUN_OPTIONS = (("--image", "image"), ("--time", "time"), ("--warn-s", "warn_s"), ("--volume", "volume"),

@@ -14,9 +14,12 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from runner.errors import UserError
-from runner.spec import RunSpec
+
+if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
+    from runner.spec import RunSpec
 
 TARGETS = ("slurm", "skypilot", "kubeflow")
 # What submits each target's file, for the messages that say how to launch (and rerun) a job.
