@@ -237,5 +237,7 @@ def print_job_rerun(console: Console, rec: dict[str, Any], path: Path, as_json: 
     console.print(f"then `runner diff {rec['id']} <the new run id>` compares them; `runner replay --here` replays "
                   "it on this machine instead", markup=False)
     if as_json:
-        print(json.dumps({"replay_of": rec["id"], "job": rec["launch"]["job"]["target"], "commands": lines}))
+        # The keys of a replay's result, empty: nothing ran here.
+        print(json.dumps({"id": None, "status": None, "record": None, "replay_of": rec["id"], "reproduced": None,
+                          "job": rec["launch"]["job"]["target"], "commands": lines}))
     return True

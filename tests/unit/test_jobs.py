@@ -20,7 +20,7 @@ from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.launch.slurm import build_sbatch
 from runner.record import records
 from runner.spec import load_spec
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, last_json, run_cli
 
 STUBS = REPO / "tests" / "fixtures" / "slurm_stub"
 TWO_BY_EIGHT = ["--set", "hardware.nodes=2", "--set", "hardware.nproc_per_node=8"]
@@ -234,6 +234,9 @@ def test_replay_of_a_job_record_prints_the_job_command(tmp_path, capsys):
     assert code == 0
     assert "r9 ran as a slurm job (job 4242 on 2 node(s): gpu[1-2])" in out
     assert f"runner job {path} --to slurm --time 01:00:00 -o r9-rerun.sh" in out and "sbatch r9-rerun.sh" in out
+    code, out, _ = run_cli(["replay", "r9", "--json", "--records-dir", str(tmp_path / "records")], capsys)
+    result = last_json(out)
+    assert code == 0 and result["reproduced"] is None and result["commands"][1] == "sbatch r9-rerun.sh"
     # The printed command writes the same job from the record: its spec, its options.
     code = run_cli(["job", str(path), "--to", "slurm", "--time", "01:00:00", "-o", str(tmp_path / "again.sh"),
                     "--runs-dir", str(tmp_path / "runs2"), "--records-dir", str(tmp_path / "records")])[0]
