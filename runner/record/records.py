@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import END, START, events_of, first_event, read_events, step_lines
+from runner.events.lines import EndEvent, Event, StartEvent, events_of, first_event, latest_evals, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
 
@@ -37,7 +37,6 @@ class RankMetrics(TypedDict, total=False):
     export: Any
     trainable_params: int
     params: int
-    attn: str
     fsdp_sharded: bool
 
 
@@ -247,37 +246,35 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
-        by_step = {e["step"]: e for e in step_lines(evs)}
-        steps = [by_step[s] for s in sorted(by_step)]
-        ends = events_of(evs, END)
-        start = first_event(evs, START)
-        curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
+        steps = latest_steps(evs)  # a resumed run's repeated steps: the last line counts (StepIndex)
+        ends: list[EndEvent] = events_of(evs, EndEvent)
+        start: StartEvent | None = first_event(evs, StartEvent)
+        curves[str(r)] = [[e.step, e.loss] for e in steps]
         if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
             doc_len_sq += sum(e["doc_len_sq"] for e in steps)
         else:
             doc_len_sq = None
-        info: RankMetrics = {"last_step": steps[-1]["step"] if steps else 0,
-                                "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
+        info: RankMetrics = {"last_step": steps[-1].step if steps else 0,
+                             "peak_mem_gib": max((e.mem_gib or 0 for e in steps), default=None)}
         if ends:
             end = ends[-1]
             # Each launch (the first, then every resume) reports its own tokens and time.
-            info["train_s"] = round(sum(e.get("train_s") or 0.0 for e in ends), 3)
-            info["tokens"] = sum(e.get("tokens") or 0 for e in ends)
-            info["data"] = _without_histogram(end.get("data"), doc_hists, str(r))
+            info["train_s"] = round(sum(e.train_s or 0.0 for e in ends), 3)
+            info["tokens"] = sum(e.tokens or 0 for e in ends)
+            info["data"] = _without_histogram(end.data, doc_hists, str(r))
             info["peak_mem"] = end.get("peak_mem_gib")
-            for key in ("export", "trainable_params", "params", "attn", "fsdp_sharded"):
-                if end.get(key) is not None:
-                    info[key] = end[key]
+            for key in ("export", "trainable_params", "params", "fsdp_sharded"):
+                if getattr(end, key) is not None:
+                    info[key] = getattr(end, key)
             tokens_total += info["tokens"]
             if info["train_s"]:
                 wall.append(info["train_s"])
-            if end.get("data"):
-                fingerprint.update(str(end["data"].get("fingerprint")).encode())
+            if end.data:
+                fingerprint.update(str(end.data.get("fingerprint")).encode())
         elif steps:
-            tokens_total += sum(e.get("tokens") or 0 for e in steps)
-            if start:
-                wall.append(steps[-1]["t"] - start["t"])
+            tokens_total += sum(e.tokens or 0 for e in steps)
+            if start and start.t is not None and steps[-1].t is not None:
+                wall.append(steps[-1].t - start.t)
         per_rank[str(r)] = info
     rank0 = [point for point in curves.get("0") or [] if point[1] is not None]
     train_s = max(wall) if wall else None
@@ -316,25 +313,23 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     return out
 
 
-def eval_metrics(rank0_events: list[dict[str, Any]], per_rank: dict[str, Any]) -> dict[str, Any]:
+def eval_metrics(rank0_events: list[Event], per_rank: dict[str, Any]) -> dict[str, Any]:
     """eval_curve (step → global eval loss, as a string-keyed map), eval_accuracy, the best and last eval, and
     whether the run stopped early; empty when the run evaluated nothing."""
-    # A resumed run evaluates again from its checkpoint: the last line of each step counts, as for steps.
-    evals = {int(e["step"]): e for e in rank0_events if e.get("event") == "eval" and "step" in e}
+    evals = latest_evals(rank0_events)  # a resumed run evaluates again: the last line of a step counts
     if not evals:
         return {}
-    steps = sorted(evals)
-    curve = {str(s): evals[s].get("loss") for s in steps}
-    finite = [(s, evals[s]["loss"]) for s in steps if evals[s].get("loss") is not None]
+    curve = {str(e.step): e.loss for e in evals}
+    finite = [(e.step, e.loss) for e in evals if e.loss is not None]
     out: dict[str, Any] = {"eval_curve": curve,
-                           "eval_accuracy": {str(s): evals[s].get("accuracy") for s in steps},
-                           "final_eval_loss": curve[str(steps[-1])],
-                           "eval_target_tokens": evals[steps[-1]].get("target_tokens")}
+                           "eval_accuracy": {str(e.step): e.accuracy for e in evals},
+                           "final_eval_loss": evals[-1].loss,
+                           "eval_target_tokens": evals[-1].target_tokens}
     if finite:
         best = min(finite, key=lambda x: x[1])
         out["best_eval_loss"], out["best_eval_step"] = best[1], best[0]
-    ends = [e for e in rank0_events if e.get("event") == "end"]
-    stopped = ends[-1].get("stopped_early") if ends else None
+    ends: list[EndEvent] = events_of(rank0_events, EndEvent)
+    stopped = ends[-1].stopped_early if ends else None
     out["stopped_early"] = stopped  # the step where early stopping ended the run, or None
     return out
 
@@ -370,18 +365,10 @@ def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None =
     return out
 
 
-def global_loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+def global_loss_curve(events: list[Event]) -> list[tuple[int, float]]:
     """(step, global loss) of the steps that had a target on some rank; a non-finite one is kept as NaN."""
-    by_step: dict[int, float] = {}
-    for e in events:
-        if "event" in e or "step" not in e or "global_loss" not in e:
-            continue
-        value = e["global_loss"]
-        if value is None and "global_loss" in (e.get("nonfinite") or {}):
-            value = math.nan
-        if isinstance(value, (int, float)):
-            by_step[e["step"]] = float(value)
-    return sorted(by_step.items())
+    return [(e.step, v if math.isfinite(v) else math.nan) for e in latest_steps(events)
+            if (v := e.number("global_loss")) is not None]
 
 
 def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:
