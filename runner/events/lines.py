@@ -120,13 +120,14 @@ class TrainBeginEvent(Event):
     attn_kernel: str | None = None
     loss_impl: str | None = None
     fsdp: str | None = None
+    fsdp_sharded: bool | None = None
     optimizer_precision: str | None = None
     params: int | None = None
     trainable_params: int | None = None
     resumed_from: str | None = None
 
     DECISIONS: ClassVar[tuple[str, ...]] = (
-        "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp",
+        "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
         "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism")
     """The train_begin keys that say what the engine decided (rather than what it counted)."""
 

@@ -15,11 +15,11 @@ from typing import Any, TypedDict
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, events_of, first_event, latest_evals, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
+from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
 
-SCHEMA = "sft-tui.record/1"
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
 
@@ -78,6 +78,10 @@ class RunRecord(TypedDict, total=False):
     failure: Failure | None
     run_dir: str
     replay_of: str
+    decisions: dict[str, Any]
+    """What the engine decided at run time (schema 2; runner.record.schema), pinned by replay."""
+    migrated_from: str
+    """The schema the record was stored in, when load() migrated it (never stored)."""
     exit_code: int
     lock: str
 
@@ -117,6 +121,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     """Redact, lock and write a record atomically; returns what was written."""
     record = redact(json.loads(json.dumps(_finite(record))))
+    record.pop("migrated_from", None)  # what load() read it as; once saved it is in the current schema
     record["lock"] = compute_lock(record)
     atomic_write_json(path, record)
     return record
@@ -163,7 +168,13 @@ class RecordError(UserError):
 
 
 def load(path: Path) -> RunRecord:
-    """Read a record, with a one-line reason for anything that is not one."""
+    """Read a record in the current schema (an older one is migrated, in memory: runner.record.schema), with a
+    one-line reason for anything that is not one."""
+    return migrate(load_stored(path))  # type: ignore[return-value]
+
+
+def load_stored(path: Path) -> dict[str, Any]:
+    """A record as stored, in whatever known schema it was written; a one-line reason for anything that is not one."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -177,13 +188,17 @@ def load(path: Path) -> RunRecord:
             from None
     if not isinstance(rec, dict) or "schema" not in rec:
         raise RecordError(f"{path}: not a run record (no 'schema' field)")
-    if rec["schema"] != SCHEMA:
-        raise RecordError(f"{path}: unknown record schema {rec['schema']!r} (this runner reads {SCHEMA!r})")
+    version = version_of(rec["schema"])
+    if version is None or version > VERSION:
+        newer = " (written by a newer sft-tui: upgrade it)" if version else ""
+        raise RecordError(f"{path}: unknown record schema {rec['schema']!r}{newer}; this runner reads "
+                          f"{PREFIX}1 to {SCHEMA}")
     return rec
 
 
 def verify(path: Path) -> tuple[bool, str]:
-    rec = load(path)
+    """The lock is over the content as written: check it on the stored record, then that the record migrates."""
+    rec = load_stored(path)
     lock = rec.get("lock")
     if not lock:
         return False, f"{path}: record has no lock (it was not finished)"
@@ -191,7 +206,9 @@ def verify(path: Path) -> tuple[bool, str]:
     if actual != lock:
         return False, (f"{path}: lock mismatch: content changed after it was locked "
                        f"(sha256 {actual[:12]}… ≠ {lock[:12]}…)")
-    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…)"
+    migrate(rec)
+    old = f", schema {rec['schema']}, read as {SCHEMA}" if rec["schema"] != SCHEMA else ""
+    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…{old})"
 
 
 def list_records(records_dir: Path) -> list[dict[str, Any]]:
@@ -310,6 +327,19 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
         # MFU (runner/facts/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
         done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
         out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
+    return out
+
+
+def decisions_from_events(events_dir: Path) -> dict[str, Any]:
+    """What the engine decided (rank 0's first train_begin: `TrainBeginEvent.decisions`, every rank decides the
+    same), with whether FSDP2 sharded the model from its end event when the train_begin line does not say (a run
+    resumed from events an older version wrote). Empty when rank 0 never began training."""
+    evs = read_events(events_dir / "rank0.jsonl")
+    begin: TrainBeginEvent | None = first_event(evs, TrainBeginEvent)
+    out = begin.decisions() if begin else {}
+    ends: list[EndEvent] = events_of(evs, EndEvent)
+    if begin and "fsdp_sharded" not in out and ends and ends[-1].fsdp_sharded is not None:
+        out["fsdp_sharded"] = ends[-1].fsdp_sharded
     return out
 
 

@@ -180,7 +180,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
-            else "none (one rank)"}
+            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule)}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info}
 

@@ -515,6 +515,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
+                 fsdp_sharded=bool(fsdp),
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  optimizer_precision=t.optimizer_precision,
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
