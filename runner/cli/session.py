@@ -13,7 +13,7 @@ from rich.table import Table
 from runner.record import records
 from runner.launch import run as run_mod
 from runner.errors import PredictedNotToFit, UserError
-from runner.record.replay import compare, current_pins, drift, spec_from_record, tolerance
+from runner.record.replay import compare, current_pins, drift, pinned_decisions, spec_from_record, tolerance
 from runner.spec import RunSpec, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
@@ -174,6 +174,10 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     original = records.load(path)
     spec = spec_from_record(original, trust_remote_code)
     spec = resolve(spec)
+    pinned = pinned_decisions(original)
+    console.print("engine decisions pinned from the record: " + (
+        ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
+        "decide)"))
     rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
@@ -199,7 +203,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
-                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code
