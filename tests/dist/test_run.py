@@ -61,7 +61,10 @@ def test_replay_reproduces_bit_for_bit(tiny_run, capsys):
     assert original["decisions"]["attn"] == "sdpa" and original["decisions"]["fsdp_sharded"] is True
     assert result["pinned"] == {"model.attn_implementation": "sdpa", "train.loss_impl": "chunked",
                                 "train.optimizer_precision": "fp32_master"}
-    assert replay["decisions"] == original["decisions"]
+    # The same decisions; their reasons now say they were set (by the pins).
+    assert replay["decisions"]["attn_reason"] == "set by model.attn_implementation"
+    assert {k: v for k, v in replay["decisions"].items() if not k.endswith("_reason")} == \
+        {k: v for k, v in original["decisions"].items() if not k.endswith("_reason")}
 
 
 def test_replay_reports_drift_and_strict_refuses(tiny_run, monkeypatch, capsys):
