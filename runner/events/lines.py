@@ -9,11 +9,12 @@ it. The JSON on disk is the contract and does not change; keys may be added.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -86,8 +87,6 @@ class StepEvent(Event):
     tokens: int | None = None
     step_s: float | None = None
     mem_gib: float | None = None
-
-    KEYS: ClassVar[tuple[str, ...]] = ("t", "rank", "step", "loss", "lr", "grad_norm", "tokens", "step_s", "mem_gib")
 
     @classmethod
     def from_line(cls, line: dict[str, Any]) -> StepEvent:
@@ -208,16 +207,19 @@ assert set(TYPES) == set(EVENT_KINDS)
 E = TypeVar("E", bound=Event)
 
 
+# Exact type checks (a bool is not a number here), fast: every line of a long run goes through them.
 def _int(v: Any) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return int(v)
+    kind = type(v)
+    if kind is int:
+        return v
+    return int(v) if kind is float and math.isfinite(v) else None
 
 
 def _float(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
+    kind = type(v)
+    if kind is float:
+        return v
+    return float(v) if kind is int else None
 
 
 def _str(v: Any) -> str | None:
@@ -236,9 +238,20 @@ _COERCE = {"int | None": _int, "float | None": _float, "str | None": _str, "bool
            "dict[str, Any] | None": _dict}
 
 
+def _as_is(v: Any) -> Any:
+    return v
+
+
+@functools.cache
+def _readers(cls: type[Event]) -> dict[str, Callable[[Any], Any]]:
+    """The keys a type names, each with the function that reads its value (by the field's annotation)."""
+    return {f.name: _COERCE.get(str(f.type), _as_is) for f in dataclasses.fields(cls)
+            if f.name not in ("extra", "line", "name")}
+
+
 def _build(cls: type[E], line: dict[str, Any]) -> E:
-    named = {f.name: f.type for f in dataclasses.fields(cls) if f.name not in ("extra", "line", "name")}
-    values = {k: _COERCE.get(str(t), lambda v: v)(line.get(k)) for k, t in named.items()}
+    named = _readers(cls)
+    values = {k: read(line.get(k)) for k, read in named.items()}
     extra = {k: v for k, v in line.items() if k not in named and k != "event"}
     if cls is OtherEvent:
         values["name"] = _str(line.get("event"))
@@ -251,7 +264,8 @@ def parse_event(obj: Any) -> Event | None:
     if not isinstance(obj, dict):
         return None
     if "event" in obj:
-        return _build(TYPES.get(obj["event"], OtherEvent), obj)  # type: ignore[arg-type]
+        kind = obj["event"]
+        return _build(TYPES.get(kind, OtherEvent) if isinstance(kind, str) else OtherEvent, obj)  # type: ignore[arg-type]
     if "step" in obj:
         return _build(StepEvent, obj)
     return _build(OtherEvent, obj)

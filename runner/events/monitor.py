@@ -141,8 +141,8 @@ class RunView:
     """State of a run, from its `events/` files: `poll()` reads what was appended, `apply()` folds one record in.
 
     Idempotent: a rank's step is kept once, its last line (`StepIndex`: after a resume, the resumed run's), so
-    duplicated lines or a file read twice change nothing. Unknown keys and event kinds are ignored (an unknown event still counts as a
-    heartbeat for the stall check).
+    duplicated lines or a file read twice change nothing. Unknown keys and event kinds are ignored (an unknown event
+    still counts as a heartbeat for the stall check).
     """
 
     def __init__(
@@ -188,7 +188,7 @@ class RunView:
         if m is None:
             return False
         if m.group(1) == "node":
-            return self._apply_node(int(m.group(2)), dict(record.line if isinstance(record, Event) else record))
+            return self._apply_node(int(m.group(2)), record.line if isinstance(record, Event) else record)
         event = record if isinstance(record, Event) else parse_event(record)
         if event is None:
             return False
