@@ -170,7 +170,15 @@ class RecordError(UserError):
 def load(path: Path) -> RunRecord:
     """Read a record in the current schema (an older one is migrated, in memory: runner.record.schema), with a
     one-line reason for anything that is not one."""
-    return migrate(load_stored(path))  # type: ignore[return-value]
+    return _migrated(path, load_stored(path))
+
+
+def _migrated(path: Path, rec: dict[str, Any]) -> RunRecord:
+    try:
+        return migrate(rec)  # type: ignore[return-value]
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of the wrong shape for its schema
+        raise RecordError(f"{path}: a {rec['schema']} record whose content does not migrate to {SCHEMA} "
+                          f"({type(e).__name__}: {e}); is it hand-edited?") from None
 
 
 def load_stored(path: Path) -> dict[str, Any]:
@@ -206,7 +214,7 @@ def verify(path: Path) -> tuple[bool, str]:
     if actual != lock:
         return False, (f"{path}: lock mismatch: content changed after it was locked "
                        f"(sha256 {actual[:12]}… ≠ {lock[:12]}…)")
-    migrate(rec)
+    _migrated(path, rec)
     old = f", schema {rec['schema']}, read as {SCHEMA}" if rec["schema"] != SCHEMA else ""
     return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…{old})"
 

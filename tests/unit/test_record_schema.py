@@ -58,6 +58,18 @@ def test_unknown_schemas_are_refused_in_one_line(tmp_path, value, message):
     assert "\n" not in str(e.value)
 
 
+def test_a_record_that_does_not_migrate_is_refused_in_one_line(tmp_path, capsys):
+    rec = json.loads(OLD.read_text())
+    rec["metrics"]["per_rank"] = ["not", "a", "map"]
+    path = tmp_path / "odd.json"
+    records.save(path, rec)  # locked as it is: only the migration can find it wrong
+    with pytest.raises(records.RecordError, match="does not migrate to sft-tui.record/2"):
+        records.load(path)
+    assert runner_main(["verify", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "does not migrate" in err and len(err.strip().splitlines()) == 1
+
+
 def test_verify_checks_the_stored_lock_then_migrates(tmp_path, capsys):
     assert runner_main(["verify", str(OLD)]) == 0
     out = capsys.readouterr().out
