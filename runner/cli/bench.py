@@ -104,11 +104,11 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
             per_rank.append(steps)
     if not per_rank:
         return {"error": "no steps after warm-up"}
-    step_s = [statistics.median(e["step_s"] for e in s) for s in per_rank]
+    step_s = [statistics.median(e.step_s for e in s) for s in per_rank]
     rank0 = per_rank[0]
-    times = [e["step_s"] for e in rank0]
-    tokens = [e["tokens"] for e in rank0]
-    tokens_per_s_gpu = statistics.mean(sum(e["tokens"] for e in s) / sum(e["step_s"] for e in s) for s in per_rank)
+    times = [e.step_s for e in rank0]
+    tokens = [e.tokens for e in rank0]
+    tokens_per_s_gpu = statistics.mean(sum(e.tokens for e in s) / sum(e.step_s for e in s) for s in per_rank)
     data_s = [e.get("data_s") for e in rank0 if e.get("data_s") is not None]
     row: dict[str, Any] = {
         "steps_measured": len(rank0),
@@ -122,7 +122,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         "mfu": None,
         "final_loss": final_loss,
         # Speed means little without learning: the loss at the last measured step, to compare rows at equal steps.
-        "last_step": rank0[-1]["step"],
+        "last_step": rank0[-1].step,
         "last_loss": _loss(rank0[-1].get("loss")),
         # What the engine chose, as its train_begin event says.
         "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp",
