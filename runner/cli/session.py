@@ -14,7 +14,7 @@ from runner.record import records
 from runner.launch import run as run_mod
 from runner.errors import PredictedNotToFit, UserError
 from runner.launch.replay import prepare_replay
-from runner.record.replay import compare, tolerance
+from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
@@ -175,8 +175,12 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
             raise UserError(f"refusing to replay: {reason}")
         if print_job_rerun(console, records.load(path), path, as_json):
             return EXIT_OK
-    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)
+    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
+    pinned = pinned_decisions(original)
+    console.print("engine decisions pinned from the record: " + (
+        ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
+        "decide)"))
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
     if strict and strict_rows:
@@ -201,7 +205,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
-                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code

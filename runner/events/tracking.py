@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem
+from runner.events.lines import EvalEvent, StepEvent, parse_event
 from runner.events.tail import JsonlTail
 
 PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
@@ -157,17 +158,19 @@ class _Trackio:
 BACKENDS = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB, "trackio": _Trackio}
 
 
-def step_metrics(e: dict[str, Any], world_size: int) -> dict[str, float]:
+def step_metrics(e: StepEvent | dict[str, Any], world_size: int) -> dict[str, float]:
     """Tracker metrics of one of rank 0's step events."""
+    if not isinstance(e, StepEvent):
+        e = StepEvent.from_line(e)
     out: dict[str, float] = {}
-    loss = e.get("global_loss", e.get("loss"))
-    for key, value in (("train/loss", loss), ("train/lr", e.get("lr")), ("train/grad_norm", e.get("grad_norm")),
-                       ("train/mem_gib", e.get("mem_gib"))):
+    loss = e.get("global_loss", e.loss)
+    for key, value in (("train/loss", loss), ("train/lr", e.lr), ("train/grad_norm", e.grad_norm),
+                       ("train/mem_gib", e.mem_gib)):
         if isinstance(value, (int, float)) and value == value:
             out[key] = float(value)
-    if e.get("step_s") and e.get("tokens") is not None:
+    if e.step_s and e.tokens is not None:
         # Rank 0's rate times the ranks: the ranks' blocks are the same size, so this is the run's rate.
-        out["train/tokens_per_s"] = e["tokens"] * world_size / e["step_s"]
+        out["train/tokens_per_s"] = e.tokens * world_size / e.step_s
     return out
 
 
@@ -222,13 +225,14 @@ class Trackers:
                 self._call(name, b.log, metrics, step)
 
     def update(self) -> None:
-        for e in self._rank0.read_new():
-            if "event" not in e and "step" in e:
-                self._step = int(e["step"])
+        # Lines are logged as they come: a step logged again after a resume is logged again, last, so what a tracker
+        # shows for it is the resumed run's line (the rule of runner.events.lines StepIndex).
+        for e in map(parse_event, self._rank0.read_new()):
+            if isinstance(e, StepEvent) and e.step is not None:
+                self._step = e.step
                 self._log(step_metrics(e, self.world_size), self._step)
-            elif e.get("event") == "eval" and e.get("loss") is not None:
-                self._log({"eval/loss": float(e["loss"]), "eval/accuracy": float(e.get("accuracy") or 0.0)},
-                          int(e["step"]))
+            elif isinstance(e, EvalEvent) and e.loss is not None and e.step is not None:
+                self._log({"eval/loss": e.loss, "eval/accuracy": e.accuracy or 0.0}, e.step)
         for sample in self._node0.read_new():
             gpus = {}
             for g in sample.get("gpus") or []:

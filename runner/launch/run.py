@@ -66,6 +66,7 @@ class ActiveRun:
         rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
                                                      _run_flops(self.spec))
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        rec["decisions"] = records.decisions_from_events(self.paths.events)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
