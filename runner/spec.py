@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner.engines import ENGINES, LEVERS, engine_for
 from runner.naming import follow_paths
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
@@ -399,20 +400,21 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
-    # Recompute levers of the native engine: each is set when it differs from the value that switches it off.
+    # Recompute levers: each is set when it differs from the value that switches it off (runner.engines.LEVERS).
     t = spec.train
-    for field, is_set, off, trl_says in (
-            ("recompute_layers", t.recompute_layers is not None, "null",
-             "the trl engine checkpoints every layer or none"),
-            ("offload_activations", t.offload_activations, "false", "the trl engine does not offload activations"),
-            ("recompute_attention", not t.recompute_attention, "true", "the trl engine recomputes whole layers")):
+    engine = engine_for(spec.engine)
+    for field, is_set in (("recompute_layers", t.recompute_layers is not None),
+                          ("offload_activations", t.offload_activations),
+                          ("recompute_attention", not t.recompute_attention)):
         if not is_set:
             continue
+        off = LEVERS[f"train.{field}"].off
         if not t.activation_checkpointing:
             out.append(Problem(f"train.{field}", "only applies with activation checkpointing",
                                f"set train.activation_checkpointing=true, or train.{field}={off}"))
-        if spec.engine != "native":
-            out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
+        if not engine.honours(f"train.{field}"):
+            able = " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(f"train.{field}"))
+            out.append(Problem(f"train.{field}", engine.lacks[f"train.{field}"], f"use {able}, or train.{field}={off}"))
     out += eval_problems(spec)
     out += precision_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):

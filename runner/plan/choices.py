@@ -20,6 +20,7 @@ from runner.facts.decisions import (
 )
 from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
+from runner.engines import engine_for
 from runner.facts.gpus import GpuType, detect_gpu, gpu_type
 from runner.spec import RunSpec, weights_dtype
 
@@ -135,14 +136,15 @@ def gdn_kernels_installed() -> bool:
 def offloads_activations(spec: RunSpec, device: str) -> bool:
     """Recomputed layers' inputs go to host memory: the native engine on a GPU with train.offload_activations."""
     t = spec.train
-    return t.offload_activations and t.activation_checkpointing and spec.engine == "native" and device == "cuda"
+    return t.offload_activations and t.activation_checkpointing and engine_for(spec.engine).offloads_activations \
+        and device == "cuda"
 
 
 def keeps_attention_outputs(spec: RunSpec, attn: str, device: str) -> bool:
     """Recomputed layers keep their varlen attention outputs instead of running the kernel again
     (train.recompute_attention=false; the native engine's selective checkpoint policy, runner.train.model)."""
     t = spec.train
-    return (not t.recompute_attention and spec.engine == "native" and attn == "varlen" and device == "cuda"
+    return (not t.recompute_attention and engine_for(spec.engine).selective_recompute and attn == "varlen" and device == "cuda"
             and t.activation_checkpointing and not offloads_activations(spec, device))
 
 

@@ -23,6 +23,9 @@ class DataSize:
     """Tokens of each sampled row, in file order (what the packing preview packs)."""
     row_format: dict[str, Any] | None = None
     """The rows' format as runner.data.formats detects it (format, variant, columns, detected)."""
+    row_lengths: tuple[int, ...] = ()
+    """Tokens of every row in file order (0 for a row that trains nothing), when the sample holds every row of one file:
+    what each rank's shard holds, hence the exact steps (runner.plan.timing.shard_steps). Empty otherwise."""
 
     def attention_len(self, seq_len: int) -> int | None:
         """Σ piece² / Σ piece over the sampled rows cut into pieces of at most seq_len (what packing makes of them):
@@ -111,8 +114,20 @@ def _local_size(path: str, row_format: Any, model_dir: str) -> DataSize:
     for i, n in zip(owner, counts):
         lengths[i] += n
     per_row = sum(lengths) / len(rows)
+    every_row = len(rows) == n_rows and Path(path).is_file()
+    # The packer skips a row that trains nothing (no trained turn): it makes no block.
+    trained = tuple(n if _has_targets(r, row_format) else 0 for r, n in zip(rows, lengths)) if every_row else ()
     return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows",
-                    tuple(n for n in lengths if n), detected)
+                    tuple(n for n in lengths if n), detected, trained)
+
+
+def _has_targets(row: Any, row_format: Any) -> bool:
+    from runner.data.formats import FormatError, detect, to_sample
+
+    try:
+        return isinstance(row, dict) and to_sample(row, detect([row], row_format), row_format).has_targets
+    except FormatError:
+        return False
 
 
 def _count_tokens(texts: list[str], model_dir: str) -> tuple[list[int], str]:
@@ -128,3 +143,31 @@ def _count_tokens(texts: list[str], model_dir: str) -> tuple[list[int], str]:
             pass
     return [int(len(x) / CHARS_PER_TOKEN) for x in texts], "chars/4"
 
+
+
+def _without_nulls(value: Any) -> Any:
+    """A row as a stable key: the streaming reader fills keys missing from a row with None, the sample does not."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def reader_lengths(spec: RunSpec, data: DataSize, readers: int) -> list[list[int]] | None:
+    """Tokens of the rows each of `readers` reads, in its order, through the rank's own reader (so a plan shards
+    and shuffles as the run does); None when a row it reads is not one the sample measured."""
+    from runner.spec import resolve_embedded
+    from runner.train.data import load_examples
+
+    path = resolve_embedded(spec.dataset.path)
+    rows, _ = _sample_rows(str(path))
+    length = {json.dumps(_without_nulls(r), sort_keys=True, default=str): n for r, n in zip(rows, data.row_lengths)}
+    out = []
+    for reader in range(readers):
+        ds = load_examples(path, None, None, spec.dataset.split, reader, readers, spec.train.seed)
+        keys = [json.dumps(_without_nulls(dict(r)), sort_keys=True, default=str) for r in ds]
+        if any(k not in length for k in keys):
+            return None
+        out.append([length[k] for k in keys if length[k]])
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
+from runner.engines import engine_for
 from runner.spec import RunSpec
 
 
@@ -38,10 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rt = runtime.init(spec.hardware.device)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
-        if spec.engine == "trl":
-            from runner.train.trl_engine import train
-        else:
-            from runner.train.native import train
+        train = importlib.import_module(engine_for(spec.engine).entry).train
         summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.end(step=step, **summary)
