@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner.engines import ENGINES, LEVERS, engine_for
+from runner.machine import Machine, ranks_per_node, run_device
 from runner.naming import follow_paths
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
@@ -557,22 +558,19 @@ def resolve_embedded(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None) -> RunSpec:
-    """Fill the `auto` values that depend on the machine, so the record holds what actually ran."""
-    if cuda_available is None or gpu_count is None:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-        gpu_count = torch.cuda.device_count() if cuda_available else 0
-    device = spec.hardware.device
-    if device == "auto":
-        device = "cuda" if cuda_available else "cpu"
-    if device == "cuda" and not cuda_available:
+def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,
+            machine: Machine | None = None) -> RunSpec:
+    """Fill the `auto` values that depend on the machine the run will see (runner.machine; here by default, or
+    `gpu_count` GPUs when cuda_available), so the record holds what actually ran."""
+    if machine is None:
+        machine = Machine.here() if cuda_available is None or gpu_count is None else \
+            Machine(gpu_count if cuda_available else 0)
+    gpu_count = machine.gpus
+    device = run_device(spec, machine)
+    if device == "cuda" and not gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.device", "cuda was asked for but no GPU is visible",
                                                  "use hardware.device=cpu or run on a GPU machine")])
-    nproc = spec.hardware.nproc_per_node
-    if nproc == "auto":
-        nproc = gpu_count if device == "cuda" else 2
+    nproc = ranks_per_node(spec, device, machine)
     if device == "cuda" and spec.hardware.nodes == 1 and nproc > gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
                                                  f"{nproc} ranks but only {gpu_count} GPUs visible",

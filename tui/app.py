@@ -130,7 +130,7 @@ class SftApp(App):
         from runner.cli.session import preflight_estimate
 
         try:
-            resolved, planned = plan_resolve(spec, len(self.detected_gpus()))
+            resolved, planned = plan_resolve(spec, self.detected_gpus())
             if planned:
                 raise UserError("this spec plans GPUs this machine does not have: save it and launch it there")
             if original is not None:

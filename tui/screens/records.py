@@ -178,7 +178,7 @@ class RecordsScreen(Screen):
                 raise UserError(f"refusing to replay: {reason}")
             original = load(path)
             spec = spec_from_record(original)
-            spec, planned = plan_resolve(spec, len(self.app.detected_gpus()))
+            spec, planned = plan_resolve(spec, self.app.detected_gpus())
             if planned:
                 raise UserError(f"{record_id} ran on GPUs this machine does not have: replay it there "
                                 f"(`runner replay {path}`)")

@@ -564,7 +564,7 @@ class WizardScreen(Screen):
     def _data_preflight(self, spec: RunSpec) -> list[Problem]:
         """Preflight's model and dataset findings: what `runner run` would say about the same input."""
         try:
-            resolved, _ = plan_resolve(spec, len(self.app.detected_gpus()))
+            resolved, _ = plan_resolve(spec, self.app.detected_gpus())
             problems = self.app.backends.preflight(resolved)
         except Exception:  # noqa: BLE001 - then the preview's own error is shown
             return []
@@ -596,7 +596,7 @@ class WizardScreen(Screen):
         try:
             spec = validate(data)
             gpus = self.app.detected_gpus()
-            resolved, planned = plan_resolve(spec, len(gpus))
+            resolved, planned = plan_resolve(spec, gpus)
         except UserError as e:
             self.post_message(self.PlanReady(key, {"error": str(e)}))
             return
