@@ -204,11 +204,12 @@ class TrainSpec(_Section):
     less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+TRACKERS = typing.get_args(TrackerName)  # the trackers, named once (runner.events.tracking keys its packages by them)
 
 
 class ReportSpec(_Section):
-    to: list[Literal["tensorboard", "mlflow", "wandb", "trackio"]] = Field(default_factory=list)
+    to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers to log to (from the launcher, never prompting): tensorboard (runs/<id>/tensorboard),
     mlflow (MLFLOW_TRACKING_URI, or a file store in runs/<id>/mlruns), wandb (WANDB_MODE, WANDB_PROJECT as set),
     trackio (local). Each needs its package installed: pip install 'sft-tui[tensorboard]' and so on."""

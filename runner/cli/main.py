@@ -11,10 +11,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UserError
+from runner.errors import (EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_VERIFIED,
+                           EXIT_OK, UserError)
 from runner.engines import ENGINES
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
 # Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
 # need every character (a run id, a field name), so it gets a width no line reaches.
 PIPE_COLUMNS = "100000"

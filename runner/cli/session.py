@@ -12,11 +12,9 @@ from rich.table import Table
 
 from runner.record import records
 from runner.launch import run as run_mod
-from runner.errors import PredictedNotToFit, UserError
+from runner.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, PredictedNotToFit, UserError
 from runner.record.replay import compare, current_pins, drift, spec_from_record, tolerance
 from runner.spec import RunSpec, resolve
-
-EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
 
 
 def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:

@@ -148,3 +148,16 @@ def test_report_to_rejects_unknown_and_repeated_trackers():
     with pytest.raises(SpecError) as e:
         load_spec("tiny-cpu", ["report.to=[mlflow, mlflow]"])
     assert "twice" in str(e.value)
+
+
+def test_every_tracker_is_named_once_and_has_its_package_and_extra():
+    import tomllib
+
+    from runner.events.tracking import PACKAGES
+    from runner.spec import TRACKERS
+
+    assert list(PACKAGES) == list(TRACKERS)
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = extras["project"]["optional-dependencies"]
+    for name, (_, package) in PACKAGES.items():
+        assert any(req.startswith(package) for req in extras[name]), (name, extras.get(name))
