@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from runner.events.paths import RunPaths
 from runner.launch import run as run_mod
 from runner.engines import LEVERS, engine_for
 from runner.errors import UserError
@@ -92,7 +93,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
     begin: dict[str, Any] = {}
     final_loss = None
     for r in range(spec.world_size):
-        evs = read_events(events_dir / f"rank{r}.jsonl")
+        evs = read_events(RunPaths.of_events(events_dir).rank_events(r))
         steps = [e for e in step_lines(evs) if e["step"] > warmup]
         end = first_event(evs, END) or {}
         if r == 0:

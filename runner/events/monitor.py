@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.events.paths import RunPaths
 from runner.events.tail import DirTail
 
 # Weight of the newest loss in the smoothed loss. 0.1 averages over roughly the last 10 logged steps: enough to
@@ -165,7 +166,7 @@ class RunView:
         # Eval loss and token accuracy by step: global numbers (every rank writes the same), taken from the
         # lowest rank that reports each step.
         self.evals: dict[int, tuple[float | None, float | None]] = {}
-        self._tail = DirTail(self.run_dir / "events")
+        self._tail = DirTail(RunPaths(self.run_dir).events)
         self._world_size: int | None = None
 
     @property

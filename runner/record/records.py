@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
+from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
@@ -246,7 +247,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     fingerprint = hashlib.sha256()
     doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
-        evs = read_events(events_dir / f"rank{r}.jsonl")
+        evs = read_events(RunPaths.of_events(events_dir).rank_events(r))
         # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
         by_step = {e["step"]: e for e in step_lines(evs)}
         steps = [by_step[s] for s in sorted(by_step)]
@@ -299,7 +300,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     for key in ("export", "trainable_params", "params"):
         if key in rank0_info:
             out[key] = rank0_info[key]
-    rank0_events = read_events(events_dir / "rank0.jsonl")
+    rank0_events = read_events(RunPaths.of_events(events_dir).rank_events(0))
     global_losses = global_loss_curve(rank0_events)
     if global_losses:
         # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.

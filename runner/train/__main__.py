@@ -12,6 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from runner.events.paths import RunPaths
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
 from runner.engines import engine_for
@@ -31,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from runner.train import runtime
 
-    runtime.redirect_output(run_dir / "logs" / f"rank{rank}.log")
-    events = EventWriter(run_dir / "events" / f"rank{rank}.jsonl", rank)
+    paths = RunPaths(run_dir)
+    runtime.redirect_output(paths.rank_log(rank))
+    events = EventWriter(paths.rank_events(rank), rank)
     events.start(local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
                  world_size=int(os.environ["WORLD_SIZE"]), pid=os.getpid(), host=socket.gethostname(),
                  max_steps=spec.train.max_steps)
