@@ -128,6 +128,17 @@ def save_recipe(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def sweep_target(spec: RunSpec, resolved: RunSpec) -> RunSpec:
+    """What the wizard's what-if sweep plans: the resolved run; for a CPU run (the what-if is about GPUs) the same
+    run on as many GPUs per node as it has ranks, resolved by the same rule as any run."""
+    if resolved.hardware.device != "cpu":
+        return resolved
+    n = resolved.hardware.nproc_per_node
+    d = spec.to_dict()
+    d["hardware"].update(device="cuda", nproc_per_node=n)
+    return resolve(RunSpec.model_validate(d), machine=Machine(n, declared=True))
+
+
 def plan_resolve(spec: RunSpec, gpus: list[dict[str, Any]] | int) -> tuple[RunSpec, bool]:
     """The spec with its `auto` values filled for planning, and whether it is only a plan for other hardware:
     resolved for the machine its run will see (runner.machine.target_machine), as the launcher and the estimator

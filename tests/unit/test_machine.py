@@ -9,7 +9,7 @@ from runner.machine import Machine, target_machine
 from runner.plan.choices import make_plan
 from runner.plan.sweep import sweep
 from runner.spec import load_spec, resolve
-from tui.specform import plan_resolve
+from tui.specform import plan_resolve, sweep_target
 
 H200 = {"name": "NVIDIA H200", "mem_total_gib": 140.4}
 H100 = {"name": "NVIDIA H100 80GB HBM3", "mem_total_gib": 79.6}
@@ -33,7 +33,9 @@ def test_launch_plan_wizard_and_sweep_agree_on_ranks(machine, case, monkeypatch)
         return  # nothing to plan for: the estimator asks for a GPU type (test_estimate)
     wizard, declared = plan_resolve(spec, gpus)
     plan = make_plan(spec)
-    rows = sweep(wizard, [("train.seq_len", [256, 512])])
+    target = sweep_target(spec, wizard)  # the wizard's what-if: a CPU run is swept on as many GPUs
+    assert target.hardware.device == "cuda" and target.hardware.nproc_per_node == wizard.hardware.nproc_per_node
+    rows = sweep(target, [("train.seq_len", [256, 512]), ("hardware.gpu", ["H200", "B300"])])
     assert plan.nproc == wizard.hardware.nproc_per_node, (plan.nproc, wizard.hardware)
     assert {r["world_size"] for r in rows} == {plan.nproc * spec.hardware.nodes}
     if not declared:  # a run that can start here: the launcher resolves it the same way
@@ -50,3 +52,6 @@ def test_the_rules_themselves():
     assert target_machine(cuda, Machine(0)) == Machine(8, "H200", declared=True)
     cpu = load_spec("tiny-cpu", ["hardware.nproc_per_node=auto"])
     assert resolve(cpu, machine=Machine(4)).hardware.nproc_per_node == 2
+    # The what-if of a CPU run: its GPU twin takes the GPU defaults (bf16 weights, bf16_stochastic for native).
+    twin = sweep_target(cpu, resolve(cpu, machine=Machine(0)))
+    assert (twin.model.dtype, twin.train.optimizer_precision) == ("bfloat16", "bf16_stochastic")

@@ -25,10 +25,10 @@ from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
 from runner.plan.preflight import precision_advice
-from runner.spec import RunSpec, field_choices, field_docs, optimizer_precision, spec_warnings, validate, weights_dtype
+from runner.spec import RunSpec, field_choices, field_docs, spec_warnings, validate
 from tui import format as fmt
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
-from tui.specform import field_of, get_path, plan_resolve, problems_of, set_path
+from tui.specform import field_of, get_path, plan_resolve, problems_of, set_path, sweep_target
 from tui.widgets.fields import Kind, SpecField
 from tui.widgets.membar import MemoryBar
 
@@ -663,16 +663,7 @@ class WizardScreen(Screen):
             gpu_types.append(resolved.hardware.gpu)
         seq_lens = sorted({*SWEEP_SEQ_LENS, resolved.train.seq_len})
         axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
-        target = resolved
-        if resolved.hardware.device == "cpu":
-            # The what-if is about GPUs: the same run on as many GPUs per node as it has ranks.
-            d = resolved.to_dict()
-            d["hardware"]["device"] = "cuda"
-            if spec.model.dtype == "auto":
-                d["model"]["dtype"] = weights_dtype(spec, "cuda")
-            d["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision,
-                                                                    d["model"]["dtype"])
-            target = RunSpec.model_validate(d)
+        target = sweep_target(spec, resolved)
         try:
             rows = self.app.backends.sweep(target, axes)
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title
