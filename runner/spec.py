@@ -179,7 +179,8 @@ class TrainSpec(_Section):
     """torch.compile each decoder layer (GPU only). With activation_checkpointing the checkpoint sits inside the
     compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
-    """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
+    """Pack documents into exact seq_len blocks (both engines; TRL through padding-free); false: one document per
+    block, padded."""
     packing_strategy: Literal["bfd", "wrapped"] = "bfd"
     """bfd = best-fit decreasing within a bounded buffer: conversations stay whole (one longer than seq_len is
     split into seq_len pieces); wrapped = concatenate and cut every seq_len tokens, a conversation cut at a block
