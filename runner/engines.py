@@ -29,7 +29,7 @@ LEVERS = {lever.field: lever for lever in (
 """Every engine-specific lever; an engine that lacks one says what it does instead (`Engine.lacks`)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one record per engine, compared and hashed by identity (`lacks` is a dict)
 class Engine:
     """What one engine does with a spec: the facts the planner, validation and the ranks must agree on."""
 

@@ -36,9 +36,10 @@ def precision_problems(spec: Any) -> list[Problem]:
     want = spec.train.optimizer_precision
     if want == "auto":
         return []
-    fixed = engine_for(spec.engine).fixed_optimizer_precision
+    engine = engine_for(spec.engine)
+    fixed = engine.fixed_optimizer_precision
     if fixed and want != fixed:
-        return [Problem("train.optimizer_precision", f"the {spec.engine} engine keeps {fixed} weights, got {want}",
+        return [Problem("train.optimizer_precision", f"{engine.lacks['train.optimizer_precision']}, got {want}",
                         "use train.optimizer_precision=auto (or engine=native)")]
     dtype = spec.model.dtype
     if dtype == "bfloat16" and want == "fp32_master":
