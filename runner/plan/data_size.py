@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.facts.catalog import LoadedArch
-from runner.plan.constants import CHARS_PER_TOKEN, DATASET_SAMPLE_ROWS, KNOWN_DATASETS, TEMPLATE_TOKENS_PER_MESSAGE
+from runner.plan.constants import (CHARS_PER_TOKEN, DATASET_SAMPLE_ROWS, KNOWN_DATASETS, TEMPLATE_TOKENS_PER_MESSAGE,
+                                   WHOLE_FILE_ROWS)
 from runner.spec import RunSpec
 
 
@@ -50,8 +51,8 @@ def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
     return DataSize(None, None, None, "")
 
 
-def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
-    """The first rows of each local data file (a sample) and the number of rows in all of them."""
+def _sample_rows(path: str, limit: int = DATASET_SAMPLE_ROWS) -> tuple[list[dict[str, Any]], int]:
+    """The first `limit` rows of each local data file (a sample) and the number of rows in all of them."""
     from runner.data.datafiles import data_suffix, is_gzip, open_binary
 
     p = Path(path)
@@ -64,7 +65,7 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
                 # A .gz is read decompressed; past 64 MB its rows are estimated from text compressing about 4×.
                 size = f.stat().st_size * (4 if is_gzip(f) else 1)
                 with open_binary(f) as fh:
-                    head = [line for _, line in zip(range(DATASET_SAMPLE_ROWS), fh) if line.strip()]
+                    head = [line for _, line in zip(range(limit), fh) if line.strip()]
                 rows += [json.loads(x) for x in head]
                 if f.stat().st_size <= 64 << 20:
                     with open_binary(f) as fh:
@@ -75,14 +76,14 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
                 with open_binary(f) as fh:
                     data = json.loads(fh.read())
                 data = data if isinstance(data, list) else data.get("data", [])
-                rows += data[:DATASET_SAMPLE_ROWS]
+                rows += data[:limit]
                 n_rows += len(data)
             else:
                 import pyarrow.parquet as pq
 
                 meta = pq.ParquetFile(f)
                 n_rows += meta.metadata.num_rows
-                rows += meta.read_row_group(0).slice(0, DATASET_SAMPLE_ROWS).to_pylist()
+                rows += meta.read_row_group(0).slice(0, limit).to_pylist()
         except Exception:
             continue
     return rows, n_rows
@@ -91,6 +92,8 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
 @functools.lru_cache(maxsize=16)
 def _local_size(path: str, row_format: Any, model_dir: str) -> DataSize:
     rows, n_rows = _sample_rows(path)
+    if Path(path).is_file() and len(rows) < n_rows <= WHOLE_FILE_ROWS:
+        rows, n_rows = _sample_rows(path, n_rows)
     if not rows or not n_rows:
         return DataSize(None, None, None, "")
     from runner.data.formats import FormatError, detect, row_texts
@@ -158,16 +161,25 @@ def reader_lengths(spec: RunSpec, data: DataSize, readers: int) -> list[list[int
     """Tokens of the rows each of `readers` reads, in its order, through the rank's own reader (so a plan shards
     and shuffles as the run does); None when a row it reads is not one the sample measured."""
     from runner.spec import resolve_embedded
-    from runner.train.data import load_examples
 
     path = resolve_embedded(spec.dataset.path)
-    rows, _ = _sample_rows(str(path))
-    length = {json.dumps(_without_nulls(r), sort_keys=True, default=str): n for r, n in zip(rows, data.row_lengths)}
+    out = _reader_lengths(str(path), path.stat().st_mtime_ns, spec.dataset.split, spec.train.seed, readers,
+                          data.row_lengths)
+    return None if out is None else [list(x) for x in out]
+
+
+@functools.lru_cache(maxsize=16)
+def _reader_lengths(path: str, mtime_ns: int, split: str, seed: int, readers: int,
+                    row_lengths: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+    from runner.train.data import load_examples
+
+    rows, _ = _sample_rows(path, len(row_lengths))
+    length = {json.dumps(_without_nulls(r), sort_keys=True, default=str): n for r, n in zip(rows, row_lengths)}
     out = []
     for reader in range(readers):
-        ds = load_examples(path, None, None, spec.dataset.split, reader, readers, spec.train.seed)
+        ds = load_examples(Path(path), None, None, split, reader, readers, seed)
         keys = [json.dumps(_without_nulls(dict(r)), sort_keys=True, default=str) for r in ds]
         if any(k not in length for k in keys):
             return None
-        out.append([length[k] for k in keys if length[k]])
-    return out
+        out.append(tuple(length[k] for k in keys if length[k]))
+    return tuple(out)
