@@ -185,17 +185,57 @@ def fixed_python(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- Pilot helpers ------------------------------------------------------------------------------------
 
 
-async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout_s: float, what: str,
-                   step_s: float = 0.1) -> None:
+POLL_S = 0.05  # how often a condition is looked at again while the app runs; never a wait for something to happen
+
+
+async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Let the app run until `predicate()` holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
+        await pilot.pause()  # the messages queued for the app and the screen are handled, then the app is idle
         if predicate():
             # Let a screen that just appeared finish mounting (Header sets its title in a task of its own).
-            await pilot.pause(0.05)
+            await pilot.pause()
             return
-        await pilot.pause(step_s)
-    assert predicate(), f"timed out after {timeout_s:.0f} s waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        await asyncio.sleep(POLL_S)  # workers and timers run meanwhile
+
+
+def quiet(app: Any) -> bool:
+    """Nothing pending could still change what the screen shows: its panes are mounted, no debounce timer is armed,
+    no worker is running, and on the Plan or Launch step the plan, sweep and preflight are in."""
+    screen = app.screen
+    if getattr(screen, "_debounce", None) or not getattr(screen, "ready", True):
+        return False
+    if getattr(screen, "step", None) in ("plan", "launch") and not screen.plan_complete:
+        return False
+    return all(worker.is_finished for worker in app.workers)
+
+
+async def settle(pilot: Any, timeout_s: float = 60) -> None:
+    """Wait until the app is quiet three looks in a row (a worker's result can schedule more work): what an action
+    could have caused has happened by then, so a check that something did not happen means it."""
+    deadline = time.monotonic() + timeout_s
+    looks = 0
+    while looks < 3:
+        await pilot.pause()
+        looks = looks + 1 if quiet(pilot.app) else 0
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for the app to settle"
+        if not looks:
+            await asyncio.sleep(POLL_S)
+
+
+def record_notices(app: Any) -> list[tuple[str, str]]:
+    """Every notification the app shows from now on, as (title, message): kept after its toast times out."""
+    seen: list[tuple[str, str]] = []
+    notify = app.notify
+
+    def recorded(message: str, *, title: str = "", **kw: Any) -> Any:
+        seen.append((title, message))
+        return notify(message, title=title, **kw)
+
+    app.notify = recorded
+    return seen
 
 
 async def ready(pilot: Any) -> Any:
