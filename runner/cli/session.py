@@ -166,9 +166,16 @@ def _print_node_commands(console: Console, spec: RunSpec) -> None:
 
 
 def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
-                    plain: bool = False, trust_remote_code: bool = False) -> int:
+                    plain: bool = False, trust_remote_code: bool = False, here: bool = False) -> int:
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    prepared = prepare_replay(records.find_record(ref, records_dir), trust_remote_code=trust_remote_code)
+    path = records.find_record(ref, records_dir)
+    if not here:  # a job's record is rerun where it ran: print how (after checking its lock)
+        ok, reason = records.verify(path)
+        if not ok:
+            raise UserError(f"refusing to replay: {reason}")
+        if print_job_rerun(console, records.load(path), path, as_json):
+            return EXIT_OK
+    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
@@ -211,3 +218,26 @@ def print_drift(console: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
     console.print(table)
+
+
+def print_job_rerun(console: Console, rec: dict[str, Any], path: Path, as_json: bool) -> bool:
+    """A record a scheduler job wrote is replayed where it ran: print the commands that write and submit the same
+    job (the nodes it needs are there, not here). False when the record ran on this kind of machine."""
+    from runner.cli.job import rerun_lines
+
+    lines = rerun_lines(rec, path)
+    if lines is None:
+        return False
+    where = (rec.get("launch") or {}).get("scheduler") or {}
+    ran = f" (job {where.get('job_id')} on {where.get('node_count') or '?'} node(s): {where.get('nodes')})" \
+        if where.get("job_id") else ""
+    console.print(f"{rec['id']} ran as a {rec['launch']['job']['target']} job{ran}; rerun it there with:")
+    for line in lines:
+        console.print(f"  {line}", markup=False)
+    console.print(f"then `runner diff {rec['id']} <the new run id>` compares them; `runner replay --here` replays "
+                  "it on this machine instead", markup=False)
+    if as_json:
+        # The keys of a replay's result, empty: nothing ran here.
+        print(json.dumps({"id": None, "status": None, "record": None, "replay_of": rec["id"], "reproduced": None,
+                          "job": rec["launch"]["job"]["target"], "commands": lines}))
+    return True
