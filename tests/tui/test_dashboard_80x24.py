@@ -1,0 +1,57 @@
+"""The dashboard in an 80×24 terminal as a new user first sees it: a run line on one row, one precision on the loss
+axis and in the rank table, a log title on one row and a log tail that shows what a terminal would (one line for a
+progress bar that redrew itself dozens of times)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.tui.conftest import CLOCK_T, DASH_ID, fixed_backends, run_async, wait_for
+from tests.tui.helpers import table_rows, terminal_text, text_of
+from tui.app import make_app
+from tui.screens.dashboard import DashboardScreen, terminal_lines
+
+# What transformers' weight loading leaves in a rank's log: one tqdm bar redrawn with carriage returns.
+TQDM = "".join(f"\rLoading weights: {p:3d}%|{'█' * (p // 10):<10}| {p * 46 // 100}/46" for p in range(0, 101, 4))
+
+
+def test_dashboard_at_80x24_keeps_its_lines_and_one_precision(synth: Path) -> None:
+    log = synth / "runs" / DASH_ID / "logs" / "rank0.log"
+    log.write_text(TQDM + "\n" + log.read_text())
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
+                       backends=fixed_backends(), clock=lambda: CLOCK_T, poll_s=60.0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.view.ranks, 10,
+                           "the dashboard's ranks")
+            await pilot.pause(0.3)
+            screen = app.screen
+            rows = terminal_text(app).splitlines()
+            assert len(rows) == 24
+            # The run line is one row that ends with the ranks count (it used to wrap "ranks 2/2" onto a row alone).
+            run_line = [r for r in rows if "step 37/100" in r]
+            assert len(run_line) == 1 and "ranks 2/2" in run_line[0] and "tok/s" in run_line[0]
+            assert screen.query_one("#run-line").size.height == 1
+            # Every y label of the chart has 4 decimals, as the rank table's loss and smooth columns do.
+            labels = re.findall(r"^ *(-?\d+(?:\.\d+)?) ┤", "\n".join(rows), re.M)
+            assert len(labels) == 3 and all(re.fullmatch(r"\d+\.\d{4}", x) for x in labels), labels
+            for row in table_rows(screen.query_one("#ranks")):
+                assert re.fullmatch(r"\d+\.\d{4}", row[3]) and re.fullmatch(r"\d+\.\d{4}", row[4]), row
+            # The log title is one row; the progress bar is one line, its last state.
+            assert screen.query_one("#log-title").size.height == 1
+            assert "log of rank 0" in text_of(screen.query_one("#log-title"))
+            shown = text_of(screen.query_one("#log")).splitlines()
+            assert [s for s in shown if "Loading weights" in s] == ["Loading weights: 100%|██████████| 46/46"]
+            assert shown[1:] == ["[rank 0] loading sft-tui/tiny-qwen3 (4 layers)",
+                                 "[rank 0] fully_shard: 4 decoder layers + root",
+                                 "[rank 0] data: 2,500 conversations, packing into 512-token blocks",
+                                 "[rank 0] training"]
+
+    run_async(go())
+
+
+def test_terminal_lines_keep_what_was_drawn_last() -> None:
+    assert terminal_lines("a\rb\rc\nplain\r\n\rdone\n") == ["c", "plain", "done"]
+    assert terminal_lines("x\n\ny") == ["x", "", "y"]
