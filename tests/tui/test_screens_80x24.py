@@ -1,6 +1,6 @@
-"""The dashboard in an 80×24 terminal as a new user first sees it: a run line on one row, one precision on the loss
-axis and in the rank table, a log title on one row and a log tail that shows what a terminal would (one line for a
-progress bar that redrew itself dozens of times)."""
+"""Screens in an 80×24 terminal as a new user first sees them. The dashboard: a run line on one row, one precision
+on the loss axis and in the rank table, a log title on one row and a log tail that shows what a terminal would (one
+line for a progress bar that redrew itself dozens of times). The plan's memory bar: one row however far over."""
 
 from __future__ import annotations
 
@@ -55,3 +55,29 @@ def test_dashboard_at_80x24_keeps_its_lines_and_one_precision(synth: Path) -> No
 def test_terminal_lines_keep_what_was_drawn_last() -> None:
     assert terminal_lines("a\rb\rc\nplain\r\n\rdone\n") == ["c", "plain", "done"]
     assert terminal_lines("x\n\ny") == ["x", "", "y"]
+
+
+def test_a_plan_many_times_too_big_keeps_its_memory_bar_on_one_row() -> None:
+    """The capacity marker of a plan 10,000 times over its memory fell at column -1 and the bar was drawn twice
+    over, onto a second row: the bar is one row of the pane's width, the marker at its first column."""
+    from textual.app import App
+
+    from tui.widgets.membar import MemoryBar
+
+    class One(App):
+        def compose(self):
+            yield MemoryBar(id="bar")
+
+    async def go() -> None:
+        app = One()
+        async with app.run_test(size=(78, 6)) as pilot:
+            bar = app.query_one(MemoryBar)
+            for cap in (11.8, 0.0001, 5000.0):
+                bar.set_estimate({"activations": 114796.2, "process": 0.5}, 132016.19, cap, "host RAM")
+                await pilot.pause(0.1)
+                rows = bar.render().plain.splitlines()
+                assert 0 < len(rows[0]) <= 78 and rows[0].count("│") == 1, (cap, rows[0])
+                assert rows[1:] == ["■ activations 114796.2  ■ process 0.50"]
+                assert bar.size.height == 2
+
+    run_async(go())
