@@ -81,3 +81,26 @@ def test_a_plan_many_times_too_big_keeps_its_memory_bar_on_one_row() -> None:
                 assert bar.size.height == 2
 
     run_async(go())
+
+
+def test_the_diff_gives_a_long_value_the_room_its_neighbour_leaves(synth: Path) -> None:
+    """Two records compared at 80 columns: B's column needs 9 cells, so A's failure message and most of its log
+    path show (each column got half and both were cut at 23 cells), and the head is one row."""
+    from tui.screens.records import DiffScreen
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.3)
+            for key in ("down", "space", "down", "space", "d"):
+                await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen), 10, "the diff")
+            rows = {r[0]: r[1:] for r in table_rows(app.screen.query_one("#diff"))}
+            assert rows["failure.message"] == ["killed by signal 9 (SIGKILL)", "-"]
+            log = rows["failure.log"][0]
+            assert log.startswith("runs/20260101-001500-demo-3d4e5f/logs") and len(log) > 30
+            assert rows["status"] == ["failed", "succeeded"]
+            assert app.screen.query_one("#diff-head").size.height == 1
+            assert "(9 differ)" in text_of(app.screen.query_one("#diff-head"))
+
+    run_async(go())
