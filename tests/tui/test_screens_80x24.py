@@ -104,3 +104,13 @@ def test_the_diff_gives_a_long_value_the_room_its_neighbour_leaves(synth: Path) 
             assert "(9 differ)" in text_of(app.screen.query_one("#diff-head"))
 
     run_async(go())
+
+
+def test_a_record_names_the_data_it_trained_on() -> None:
+    from tui.screens.records import dataset_line
+
+    spec = {"dataset": {"id": "local/qa", "path": "qa.json", "format": "alpaca",
+                        "columns": {"instruction": "question", "output": "answer"}}}
+    assert dataset_line(spec) == "local/qa (qa.json) · alpaca · instruction=question, output=answer"
+    assert dataset_line({"dataset": {"id": "sft-tui/tiny-chat", "path": "embedded:data/chat.jsonl",
+                                     "format": "auto", "columns": {}}}) == "sft-tui/tiny-chat"

@@ -299,6 +299,7 @@ class RecordScreen(Screen):
                                       Content(f"✗ {reason}").stylize("$text-error")),
             Content(f"  status   {row['status']}"),
             Content(f"  model    {row['model']}   method {row['method']}"),
+            Content(f"  dataset  {dataset_line(self.record.get('spec') or {})}"),
             Content(f"  steps    {row['steps']}   final loss {fmt.num(row['final_loss'])}   tok/s "
                     f"{fmt.num(row['tokens_per_s'], ',.0f')}"),
         ]
@@ -317,6 +318,23 @@ class RecordScreen(Screen):
 
     def action_back(self) -> None:
         self.app.back_from(self)
+
+
+def dataset_line(spec: dict[str, Any]) -> str:
+    """The data a record trained on, as a new user set it: its name, the file, and the format and columns when
+    they were set (`local/qa (qa.json) · alpaca · instruction=question, output=answer`)."""
+    from runner.record.compare import dataset_name
+
+    ds = spec.get("dataset") or {}
+    parts = [str(dataset_name(spec) or "-")]
+    path = ds.get("path")
+    if path and not str(path).startswith("embedded:"):
+        parts[0] += f" ({fmt.show_path(path)})"
+    if ds.get("format") not in (None, "auto"):
+        parts.append(str(ds["format"]))
+    if ds.get("columns"):
+        parts.append(", ".join(f"{k}={v}" for k, v in ds["columns"].items()))
+    return " · ".join(parts)
 
 
 class DiffScreen(Screen):
