@@ -13,7 +13,8 @@ from rich.table import Table
 from runner.record import records
 from runner.launch import run as run_mod
 from runner.errors import PredictedNotToFit, UserError
-from runner.record.replay import compare, current_pins, drift, spec_from_record, tolerance
+from runner.launch.replay import prepare_replay
+from runner.record.replay import compare, tolerance
 from runner.spec import RunSpec, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
@@ -167,14 +168,8 @@ def _print_node_commands(console: Console, spec: RunSpec) -> None:
 def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
                     plain: bool = False, trust_remote_code: bool = False) -> int:
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    path = records.find_record(ref, records_dir)
-    ok, reason = records.verify(path)
-    if not ok:
-        raise UserError(f"refusing to replay: {reason}")
-    original = records.load(path)
-    spec = spec_from_record(original, trust_remote_code)
-    spec = resolve(spec)
-    rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
+    prepared = prepare_replay(records.find_record(ref, records_dir), trust_remote_code=trust_remote_code)
+    original, spec, rows = prepared.original, prepared.spec, prepared.drift
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
     if strict and strict_rows:

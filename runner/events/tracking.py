@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +189,8 @@ def open_trackers(spec: Any, run_id: str, run_dir: Path) -> Trackers | None:
 
 
 class Trackers:
-    """The trackers of one run: open at launch, `update()` on every poll, `finish()` with the locked record."""
+    """The trackers of one run: open at launch, fed by `update()` from their own thread (`start()`), `finish()`
+    with the locked record."""
 
     def __init__(self, names: list[str], run_id: str, run_dir: Path, spec: dict[str, Any], world_size: int):
         self.world_size = world_size
@@ -197,6 +199,8 @@ class Trackers:
         self._node0 = JsonlTail(run_dir / "events" / "node0.jsonl")
         self._step = 0
         self.errors: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._feeder: threading.Thread | None = None
 
     @property
     def idents(self) -> dict[str, dict[str, Any]]:
@@ -233,7 +237,30 @@ class Trackers:
                         gpus[f"gpu{g.get('index', 0)}/{key}"] = float(g[key])
             self._log(gpus, self._step)
 
+    def start(self, interval_s: float = 0.5) -> None:
+        """Feed the trackers every `interval_s` from a daemon thread: a tracker's server that answers slowly (W&B,
+        MLflow) then delays only its own logging, never the loop that watches the run (the dashboard's, the
+        headless display's)."""
+        if self._feeder is None:
+            self._feeder = threading.Thread(target=self._feed, args=(interval_s,), name="trackers", daemon=True)
+            self._feeder.start()
+
+    def _feed(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.update()
+            except Exception:  # noqa: BLE001 - an unreadable event line now is read again by the next update
+                pass
+
+    def stop(self) -> None:
+        """Stop the feeding thread (after the update it is in): the caller updates from then on."""
+        self._stop.set()
+        if self._feeder is not None:
+            self._feeder.join()
+            self._feeder = None
+
     def finish(self, record_path: Path | None, status: str) -> None:
+        self.stop()
         self.update()
         for name, b in self.backends.items():
             self._call(name, b.finish, record_path, status)

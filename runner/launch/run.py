@@ -39,8 +39,6 @@ class ActiveRun:
     trackers: Trackers | None = None
 
     def poll(self) -> int | None:
-        if self.trackers is not None:
-            self.trackers.update()
         return self.launcher.poll()
 
     def cancel(self) -> None:
@@ -77,6 +75,7 @@ class ActiveRun:
             rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
         rec["exit_code"] = exit_code
         if self.trackers is not None:
+            self.trackers.stop()
             self.trackers.update()
             rec["trackers"] = self.trackers.idents
         self.record = records.save(self.record_path, rec)
@@ -142,6 +141,8 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         rec = records.save(record_path, {**rec, "trackers": trackers.idents})
     launcher = Launcher(argv, paths, env)
     launcher.start()
+    if trackers is not None:
+        trackers.start()  # their own thread: the watching loop (dashboard or headless) never waits on a tracker
     sampler = NodeSampler(paths.run_dir, node_rank, spec.hardware.sample_interval_s)
     sampler.start()
     return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)
