@@ -1,5 +1,6 @@
 """The wizard's Dataset step sets what its own errors ask for: the format, the columns, the role names and which
-turns train, at 80×24; the data's id follows a new path; no "messages column: messages" for data without one."""
+turns train (a tool call among the trained tokens), at 80×24; the data's id follows a new path; no "messages
+column: messages" for data without one."""
 
 from __future__ import annotations
 
@@ -38,16 +39,11 @@ def test_format_and_columns_set_in_the_wizard_read_the_users_file(tmp_path: Path
     qa = _qa(tmp_path)
 
     async def go() -> None:
-        app = _app(tmp_path, load_recipe_dict("tiny-cpu"))
+        app = _app(tmp_path, load_recipe_dict("tiny-cpu", [f"dataset.path={qa}"]))
         async with app.run_test(size=(80, 24)) as pilot:
             wiz = await ready(pilot)
-            await _detected(pilot, wiz, "✓", "the embedded data")
-            assert "messages column" not in terminal_text(app)
-            fill(wiz, "dataset.path", str(qa))
-            await _detected(pilot, wiz, "cannot tell the dataset's format", "the new file's columns")
-            # The data is named after its file, and the field shows it.
-            assert wiz.data["dataset"]["id"] == "local/qa"
-            assert wiz.query_one("#f-dataset-id Input").value == "local/qa"
+            assert "messages column" not in terminal_text(app) and "format" in terminal_text(app)
+            await _detected(pilot, wiz, "cannot tell the dataset's format", "the file's columns")
             wiz.query_one("#f-dataset-format Select", Select).value = "alpaca"
             await _detected(pilot, wiz, "needs columns 'instruction' and 'output'", "alpaca without its columns")
             assert wiz.data_problems and wiz.query_one("#launch").disabled
@@ -74,25 +70,24 @@ def test_role_names_and_trained_turns_set_in_the_wizard(tmp_path: Path) -> None:
         app = _app(tmp_path, load_recipe_dict("tiny-cpu", [f"dataset.path={chat}", "dataset.format=sharegpt"]))
         async with app.run_test(size=(80, 24)) as pilot:
             wiz = await ready(pilot)
-            await wait_for(pilot, lambda: bool(wiz.data_problems), 60, "the unknown roles")
-            assert "customer" in text_of(wiz.query_one("#data-detect"))
-            fill(wiz, "dataset.roles", "customer=user, bot=assistant")
-            await wait_for(pilot, lambda: "It left the depot today." in text_of(wiz.query_one("#data-preview")),
-                           60, "the preview with the mapped roles")
-            assert wiz.data["dataset"]["roles"] == {"customer": "user", "bot": "assistant"} and not wiz.data_problems
-            # Tool calls: the glaive fixture, its calls trained once `train on` says so.
-            fill(wiz, "dataset.roles", "")
-            fill(wiz, "dataset.path", str(DATA / "glaive_toolcall_en_demo.json"))
+            assert wiz.data["dataset"]["id"] == "local/support"  # `sft-tui --set dataset.path=...` names it too
             preview = wiz.query_one("#data-preview")
-            await wait_for(pilot, lambda: "How many letters" in text_of(preview), 60, "the tool-calling preview")
-            # The tool list and the call are rendered, the call not trained yet.
-            assert "<tools>" in text_of(preview) and "<tool_call>" in text_of(preview)
-            assert "<tool_call>" not in _trained(preview)
+            fill(wiz, "dataset.roles", "customer=user, bot=assistant")
+            await wait_for(pilot, lambda: "It left the depot today." in _trained(preview), 60,
+                           "the preview with the mapped roles")
+            assert wiz.data["dataset"]["roles"] == {"customer": "user", "bot": "assistant"} and not wiz.data_problems
+            # Tool calls: the glaive fixture, its calls trained as `train on` says.
+            fill(wiz, "dataset.roles", "")
             wiz.query_one("#f-dataset-train-on Select", Select).value = "assistant+tool_calls"
-            await wait_for(pilot, lambda: wiz.data["dataset"]["train_on"] == "assistant+tool_calls" and
-                           "first conversation" in text_of(preview) and _trained(preview).startswith("<tool_call>"),
-                           60, "the call among the trained tokens")
-            assert '"arguments": {"word": "apple"}' in _trained(preview)
+            fill(wiz, "dataset.path", str(DATA / "glaive_toolcall_en_demo.json"))
+            await wait_for(pilot, lambda: "How many letters" in text_of(preview), 60, "the tool-calling preview")
+            # The data is named after its new file, and the field shows it.
+            assert wiz.data["dataset"]["id"] == "local/glaive_toolcall_en_demo"
+            assert wiz.query_one("#f-dataset-id Input").value == "local/glaive_toolcall_en_demo"
+            assert wiz.data["dataset"]["train_on"] == "assistant+tool_calls"
+            assert "<tools>" in text_of(preview)  # the tool list is rendered
+            assert _trained(preview).startswith('<tool_call>\n{"name": "get_word_length", "arguments": {"word": '
+                                                '"apple"}}\n</tool_call>'), _trained(preview)
 
     run_async(go())
 
@@ -100,4 +95,6 @@ def test_role_names_and_trained_turns_set_in_the_wizard(tmp_path: Path) -> None:
 def _trained(preview) -> str:
     """The text of the preview's trained tokens (styled bold underline)."""
     content = preview.content
+    if isinstance(content, str):
+        return ""
     return "".join(content.plain[s.start:s.end] for s in content.spans if "underline" in str(s.style))
