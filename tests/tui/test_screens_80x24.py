@@ -114,3 +114,39 @@ def test_a_record_names_the_data_it_trained_on() -> None:
     assert dataset_line(spec) == "local/qa (qa.json) · alpaca · instruction=question, output=answer"
     assert dataset_line({"dataset": {"id": "sft-tui/tiny-chat", "path": "embedded:data/chat.jsonl",
                                      "format": "auto", "columns": {}}}) == "sft-tui/tiny-chat"
+
+
+def test_the_what_if_of_gpu_types_is_for_gpu_plans(tmp_path: Path) -> None:
+    """A GPU plan's what-if table (GiB per GPU by tokens per block × GPU type), whole at 80 columns; a CPU plan
+    shows none (it showed the GPU table there too), only where to ask for it."""
+    from tests.tui.conftest import ready
+    from tui.specform import load_recipe_dict
+
+    async def plan(sets: list[str]):
+        app = make_app(tmp_path / "runs", tmp_path / "records", load_recipe_dict("tiny-cpu", sets), "plan",
+                       backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            await wait_for(pilot, lambda: wiz.sweep is not None, 20, "the what-if")
+            await pilot.pause(0.1)
+            grid_w = wiz.query_one("#sweep")
+            return wiz.sweep, text_of(wiz.query_one("#sweep-title")), grid_w.display, text_of(grid_w), \
+                grid_w.size.width
+
+    async def go() -> None:
+        sweep, title, shown, _, _ = await plan([])
+        assert sweep == {"cpu": True} and not shown and "plan for GPUs" in title
+        sweep, title, shown, text, width = await plan(["hardware.device=cuda", "hardware.gpu=H100-80GB"])
+        assert shown and title.startswith("what-if: GiB needed per GPU, 2 GPU(s) per node"), (sweep, title)
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= width  # whole in the pane
+        grid = [line.split() for line in lines]
+        # the spec's own 512 (marked •), then 2,048 / 8,192 / 32,768 tokens per block
+        assert grid[0] == ["GPU", "512", "•", "2,048", "8,192", "32,768"]
+        rows = {r[0]: [f"{r[i]} {r[i + 1]}" for i in range(1, len(r), 2)] for r in grid[1:]}
+        assert set(rows) == {"H100-80GB", "H200", "B300"}
+        # activations 5, 20 and 80 GiB over 20.7 GiB of the rest
+        assert rows["H100-80GB"][1:] == ["25.7 ✓", "40.7 ✓", "100.7 ✗"]
+        assert rows["B300"][1:] == ["25.7 ✓", "40.7 ✓", "100.7 ✓"]
+
+    run_async(go())

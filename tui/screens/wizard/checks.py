@@ -16,7 +16,7 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
-from runner.spec import RunSpec, optimizer_precision, validate, weights_dtype
+from runner.spec import RunSpec, validate
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.screens.wizard.fields import ARCH_INPUTS, DATA_INPUTS, spec_key
 from tui.screens.wizard.render import (render_arch, render_detect, render_packing, render_plan, render_sweep,
@@ -212,7 +212,7 @@ class WizardChecks(Screen):
         self.post_message(self.PlanReady(key, plan))
         if worker.is_cancelled:
             return
-        self.post_message(self.SweepReady(key, self._sweep(resolved, spec)))
+        self.post_message(self.SweepReady(key, self._sweep(resolved)))
         if worker.is_cancelled:
             return
         self.post_message(self._preflight(key, resolved, planned))
@@ -250,7 +250,7 @@ class WizardChecks(Screen):
         lines += [Content(f"  {p}").stylize("$text-error") for p in message.problems]
         widget.update(Content("\n").join(lines))
 
-    def _sweep(self, resolved: RunSpec, spec: RunSpec) -> dict[str, Any]:
+    def _sweep(self, resolved: RunSpec) -> dict[str, Any]:
         gpu_types = list(SWEEP_GPU_TYPES)
         if resolved.hardware.gpu != "auto" and resolved.hardware.gpu not in gpu_types:
             gpu_types.append(resolved.hardware.gpu)
@@ -258,14 +258,9 @@ class WizardChecks(Screen):
         axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
         target = resolved
         if resolved.hardware.device == "cpu":
-            # The what-if is about GPUs: the same run on as many GPUs per node as it has ranks.
-            d = resolved.to_dict()
-            d["hardware"]["device"] = "cuda"
-            if spec.model.dtype == "auto":
-                d["model"]["dtype"] = weights_dtype(spec, "cuda")
-            d["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision,
-                                                                    d["model"]["dtype"])
-            target = RunSpec.model_validate(d)
+            # The what-if compares GPU types: on a CPU plan a table of GPUs answers a question nobody asked (and
+            # takes the 80×24 pane); it says where to ask it.
+            return {"cpu": True}
         try:
             rows = self.app.backends.sweep(target, axes)
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title
