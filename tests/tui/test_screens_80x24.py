@@ -150,3 +150,31 @@ def test_the_what_if_of_gpu_types_is_for_gpu_plans(tmp_path: Path) -> None:
         assert rows["B300"][1:] == ["25.7 ✓", "40.7 ✓", "100.7 ✓"]
 
     run_async(go())
+
+
+def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None:
+    """Ranks seen before their first step have "-" for a loss; the column must widen when 4 decimals arrive (it kept
+    its width and showed "6.28" beside the smooth column's "6.2656")."""
+    events = synth / "runs" / DASH_ID / "events"
+    later = {r: (events / f"rank{r}.jsonl").read_text().splitlines() for r in (0, 1)}
+    for r, lines in later.items():
+        (events / f"rank{r}.jsonl").write_text(lines[0] + "\n")  # the start event only
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
+                       backends=fixed_backends(), clock=lambda: CLOCK_T, poll_s=60.0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.view.ranks, 10,
+                           "the ranks' start")
+            table = app.screen.query_one("#ranks")
+            assert [row[3] for row in table_rows(table)] == ["-", "-"]
+            for r, lines in later.items():
+                (events / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+            app.screen._tick(reschedule=False)
+            await pilot.pause(0.2)
+            rows = [line for line in terminal_text(app).splitlines() if line.startswith((" 0 ", " 1 "))]
+            assert len(rows) == 2
+            for row, cells in zip(rows, table_rows(table)):
+                assert re.fullmatch(r"\d+\.\d{4}", cells[3]) and f" {cells[3]} " in row and f" {cells[4]} " in row
+
+    run_async(go())

@@ -210,7 +210,9 @@ class DashboardScreen(Screen):
             before = self._row_cache[r]
             for i, (col, value) in enumerate(zip(RANK_COLUMNS, row)):
                 if value != before[i]:
-                    table.update_cell(str(r), col, value)
+                    # A column sized for "-" before the first step must widen to "6.2822": cut to its old width
+                    # the loss read "6.28" beside a 4-decimal smooth.
+                    table.update_cell(str(r), col, value, update_width=True)
             self._row_cache[r] = row
 
     def _update_gpus(self) -> None:

@@ -287,7 +287,8 @@ class RecordScreen(Screen):
                                       Content(f"✗ {reason}").stylize("$text-error")),
             Content(f"  status   {row['status']}"),
             Content(f"  model    {row['model']}   method {row['method']}"),
-            Content(f"  dataset  {dataset_line(self.record.get('spec') or {})}"),
+            *[Content(f"  {'dataset' if i == 0 else '':<7}  {part}") for i, part in enumerate(
+                textwrap.wrap(dataset_line(self.record.get("spec") or {}), 64, break_on_hyphens=False))],
             Content(f"  steps    {row['steps']}   final loss {fmt.num(row['final_loss'])}   tok/s "
                     f"{fmt.num(row['tokens_per_s'], ',.0f')}"),
         ]

@@ -278,11 +278,14 @@ class WizardScreen(WizardLaunch, WizardChecks):
         new = path_name(str(path))
         if get_path(self.data, id_field) == new:
             return
-        old = get_path(self.data, id_field)
         set_path(self.data, id_field, new)
         self.query_one("#f-" + id_field.replace(".", "-").replace("_", "-"), SpecField).set_value(new)
-        self.notify(f"{id_field} is now {new}, named after {path_field} (it was {old}); type an id to name it "
-                    "otherwise", timeout=4)
+        # Said on the help line, which each keystroke of the path rewrites (a toast per keystroke would pile up).
+        self.query_one("#help", Static).update(f"{id_field} is now {new}, named after {path_field} (the recipe's "
+                                               f"was {self.origin_id(id_field)}); type an id to name it otherwise")
+
+    def origin_id(self, id_field: str) -> Any:
+        return get_path(self.origin, id_field)
 
     def on_spec_field_focused(self, event: SpecField.Focused) -> None:
         self.query_one("#help", Static).update(event.doc)
