@@ -158,7 +158,7 @@ def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None
     events = synth / "runs" / DASH_ID / "events"
     later = {r: (events / f"rank{r}.jsonl").read_text().splitlines() for r in (0, 1)}
     for r, lines in later.items():
-        (events / f"rank{r}.jsonl").write_text(lines[0] + "\n")  # the start event only
+        (events / f"rank{r}.jsonl").write_text(lines[0] + "\n" if r == 1 else "")  # rank 1's start event only
 
     async def go() -> None:
         app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
@@ -167,14 +167,19 @@ def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None
             await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.view.ranks, 10,
                            "the ranks' start")
             table = app.screen.query_one("#ranks")
-            assert [row[3] for row in table_rows(table)] == ["-", "-"]
+            assert [row[3] for row in table_rows(table)] == ["-"]
+            (events / "rank0.jsonl").write_text(later[0][0] + "\n")  # rank 0 starts second
+            app.screen._tick(reschedule=False)
+            await pilot.pause(0.2)
+            assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == ["0", "1"]  # listed by rank
             for r, lines in later.items():
                 (events / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
             app.screen._tick(reschedule=False)
             await pilot.pause(0.2)
             rows = [line for line in terminal_text(app).splitlines() if line.startswith((" 0 ", " 1 "))]
             assert len(rows) == 2
-            for row, cells in zip(rows, table_rows(table)):
+            assert [row.split()[0] for row in rows] == ["0", "1"]
+            for row, cells in zip(rows, [[str(c) for c in table.get_row_at(i)] for i in range(2)]):
                 assert re.fullmatch(r"\d+\.\d{4}", cells[3]) and f" {cells[3]} " in row and f" {cells[4]} " in row
 
     run_async(go())

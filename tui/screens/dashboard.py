@@ -190,6 +190,7 @@ class DashboardScreen(Screen):
         table = self.query_one("#ranks", DataTable)
         all_flags = view.rank_flags()
         colors = {k: fmt.theme_color(self.app, k) for k in ("error", "warning", "success")}
+        added = False
         for r in sorted(view.ranks):
             rs = view.ranks[r]
             flags = list(all_flags[r])
@@ -205,6 +206,7 @@ class DashboardScreen(Screen):
             if r not in self._row_keys:
                 table.add_row(*row, key=str(r))
                 self._row_keys.add(r)
+                added = True
                 self._row_cache[r] = row
                 continue
             before = self._row_cache[r]
@@ -214,6 +216,8 @@ class DashboardScreen(Screen):
                     # the loss read "6.28" beside a 4-decimal smooth.
                     table.update_cell(str(r), col, value, update_width=True)
             self._row_cache[r] = row
+        if added:  # ranks appear in the order their first event arrives; the table lists them by rank
+            table.sort("rank", key=int)
 
     def _update_gpus(self) -> None:
         view = self.view
