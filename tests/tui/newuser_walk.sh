@@ -71,9 +71,15 @@ wait_for "cannot tell the dataset's format" 60 "the new file read, its format un
 show "dataset: the user's file typed in"
 key Tab Tab Tab                            # revision, split → format
 focus dataset.format
-key Enter                                  # the format list: auto, messages, sharegpt, alpaca, ...
-wait_for 'prompt_completion' 10 "the format list"
-key Down Down Down Enter
+pick_alpaca() {  # the format list: auto, messages, sharegpt, alpaca, ...; keys sent while it opens can be lost
+    key Enter
+    wait_for 'prompt_completion' 10 "the format list" || return 1
+    key Down Down Down Enter
+    for _ in $(seq 25); do screen | grep -Eq 'format +alpaca' && return 0; sleep 0.2; done
+    screen | grep -q 'prompt_completion' && key Escape
+    return 1
+}
+pick_alpaca 2>/dev/null || pick_alpaca 2>/dev/null || pick_alpaca
 wait_for 'format +alpaca' 10 "format alpaca picked"
 wait_for "needs columns" 60 "the rows read as alpaca without its columns"
 show "dataset: format alpaca picked, the columns not yet mapped"

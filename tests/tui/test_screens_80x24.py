@@ -172,6 +172,8 @@ def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None
             app.screen._tick(reschedule=False)
             await pilot.pause(0.2)
             assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == ["0", "1"]  # listed by rank
+            # The highlighted row is the rank whose log shows.
+            assert str(table.get_row_at(table.cursor_row)[0]) == str(app.screen.log_rank)
             for r, lines in later.items():
                 (events / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
             app.screen._tick(reschedule=False)

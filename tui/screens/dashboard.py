@@ -218,6 +218,8 @@ class DashboardScreen(Screen):
             self._row_cache[r] = row
         if added:  # ranks appear in the order their first event arrives; the table lists them by rank
             table.sort("rank", key=int)
+            if str(self.log_rank) in {k.value for k in table.rows}:  # the cursor stays on the rank whose log shows
+                table.move_cursor(row=table.get_row_index(str(self.log_rank)))
 
     def _update_gpus(self) -> None:
         view = self.view
