@@ -32,8 +32,8 @@ def test_a_new_user_sets_format_and_columns_and_trains_to_a_record(tmp_path: Pat
     record = Path(out.strip().splitlines()[-1].removeprefix("record: "))
     screens = dict(part.split("\n", 1) for part in out.split("--- ")[1:])
     # The Dataset step asked for the columns, then read the file through them.
-    assert "needs columns 'instruction' and 'output'" in screens["dataset: format alpaca picked, the columns not yet "
-                                                                  "mapped"].replace("\n", " ").replace("▕", "")
+    asked = " ".join(screens["dataset: format alpaca picked, the columns not yet mapped"].replace("▕", " ").split())
+    assert "needs columns 'instruction' and 'output'" in asked
     mapped = screens["dataset: format alpaca, columns mapped"]
     assert "alpaca (set): question, context, answer" in mapped and "local/qa" in mapped
     assert "messages column" not in out
