@@ -17,11 +17,12 @@ from runner.launch.process import Launcher
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
+from runner.errors import EXIT_CANCELLED
+from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
-EXIT_CANCELLED = 130
 
 
 @dataclass
@@ -65,6 +66,7 @@ class ActiveRun:
         rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
                                                      _run_flops(self.spec))
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        rec["decisions"] = records.decisions_from_events(self.paths.events)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
@@ -118,7 +120,8 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         rec = records.load(record_path)
         rec.pop("lock", None)
         rec["resumes"] = [*rec.get("resumes", []), {"at": records.now_iso(), "argv": argv,
-                                                    "after_step": (rec.get("metrics") or {}).get("steps")}]
+                                                    "after_step": (rec.get("metrics") or {}).get("steps"),
+                                                    "scheduler": scheduler_facts()}]
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
         rec = records.save(record_path, rec)
     elif node_rank == 0:
@@ -132,7 +135,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
             pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
-                  "env": pins_mod.relevant_env(env)}
+                  "env": pins_mod.relevant_env(env), "scheduler": scheduler_facts(), "job": job_facts()}
         record_path = records_dir / f"{run_id}.json"
         rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
                                                              paths.run_dir, replay_of))

@@ -21,7 +21,7 @@ from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, 
 from tui.screens.wizard.fields import ARCH_INPUTS, DATA_INPUTS, spec_key
 from tui.screens.wizard.render import (render_arch, render_detect, render_packing, render_plan, render_sweep,
                                        render_tokens)
-from tui.specform import plan_resolve
+from tui.specform import plan_resolve, sweep_target
 
 DEBOUNCE_S = 0.4
 
@@ -157,7 +157,7 @@ class WizardChecks(Screen):
     def _data_preflight(self, spec: RunSpec) -> list[Problem]:
         """Preflight's model and dataset findings: what `runner run` would say about the same input."""
         try:
-            resolved, _ = plan_resolve(spec, len(self.app.detected_gpus()))
+            resolved, _ = plan_resolve(spec, self.app.detected_gpus())
             problems = self.app.backends.preflight(resolved)
         except Exception:  # noqa: BLE001 - then the preview's own error is shown
             return []
@@ -189,7 +189,7 @@ class WizardChecks(Screen):
         try:
             spec = validate(data)
             gpus = self.app.detected_gpus()
-            resolved, planned = plan_resolve(spec, len(gpus))
+            resolved, planned = plan_resolve(spec, gpus)
         except UserError as e:
             self.post_message(self.PlanReady(key, {"error": str(e)}))
             return
@@ -212,7 +212,7 @@ class WizardChecks(Screen):
         self.post_message(self.PlanReady(key, plan))
         if worker.is_cancelled:
             return
-        self.post_message(self.SweepReady(key, self._sweep(resolved)))
+        self.post_message(self.SweepReady(key, self._sweep(resolved, spec)))
         if worker.is_cancelled:
             return
         self.post_message(self._preflight(key, resolved, planned))
@@ -250,17 +250,17 @@ class WizardChecks(Screen):
         lines += [Content(f"  {p}").stylize("$text-error") for p in message.problems]
         widget.update(Content("\n").join(lines))
 
-    def _sweep(self, resolved: RunSpec) -> dict[str, Any]:
+    def _sweep(self, resolved: RunSpec, spec: RunSpec) -> dict[str, Any]:
         gpu_types = list(SWEEP_GPU_TYPES)
         if resolved.hardware.gpu != "auto" and resolved.hardware.gpu not in gpu_types:
             gpu_types.append(resolved.hardware.gpu)
         seq_lens = sorted({*SWEEP_SEQ_LENS, resolved.train.seq_len})
         axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
-        target = resolved
         if resolved.hardware.device == "cpu":
             # The what-if compares GPU types: on a CPU plan a table of GPUs answers a question nobody asked (and
             # takes the 80×24 pane); it says where to ask it.
             return {"cpu": True}
+        target = sweep_target(spec, resolved)
         try:
             rows = self.app.backends.sweep(target, axes)
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title
