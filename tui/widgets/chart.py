@@ -54,6 +54,13 @@ def _downsample(points: Sequence[tuple[int, float]], x_of, buckets: int) -> list
     return out
 
 
+def label_decimals(largest: float) -> int:
+    """One precision for every y label, the most that fits LABEL_W beside the largest one's integer digits (4 for
+    losses under 10, as the rank table shows them): labels that mix precisions read as different quantities."""
+    digits = len(str(int(abs(largest)))) + (largest < 0)
+    return max(0, min(4, LABEL_W - 3 - digits))
+
+
 class LossChart(Widget):
     """Set `series` ({rank: [(step, loss), ...]}) with `set_series`; `smoothed` draws the EMA instead."""
 
@@ -135,6 +142,7 @@ class LossChart(Widget):
 
         ranks = list(series)
         lines = [legend]
+        decimals = label_decimals(y_max)
         for row in range(plot_h):
             if row == 0:
                 label = y_max - pad
@@ -144,7 +152,7 @@ class LossChart(Widget):
                 label = (y_max + y_min) / 2
             else:
                 label = None
-            text = f"{label:>{LABEL_W - 2}.4g} ┤" if label is not None else " " * (LABEL_W - 1) + "│"
+            text = f"{label:>{LABEL_W - 2}.{decimals}f} ┤" if label is not None else " " * (LABEL_W - 1) + "│"
             spans: list[Span] = [Span(0, len(text), "$text-muted")]
             chars = []
             start = len(text)
