@@ -33,7 +33,13 @@ from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
 from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
-from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
+from runner.train.masks import (  # noqa: F401
+    PACKED_MASK_HOOK,
+    TEXT_POSITION_ROW,
+    install_packed_mask,
+    install_text_positions,
+    packed_mask_route,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Kernels and what a model class supports
@@ -461,9 +467,10 @@ def keep_documents_apart(model: torch.nn.Module, packing: bool, dtype: torch.dty
     without position_ids. Returns the mechanism installed (None when the model needs none, or without packing)."""
     if not packing:
         return None
+    positions = TEXT_POSITION_ROW if install_text_positions(model) else None
     if recurrent_layer_types(model.config):
         return install_document_reset(model)
     if install_packed_mask(model, dtype):
         return PACKED_MASK_HOOK
-    return None
+    return positions
 
