@@ -308,15 +308,13 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
         try:
             small = shrunk_config(config, setup.seq_len, max(DOC_LENGTHS), widths=widths)
             with torch.device("meta"):
-                params = sum(p.numel() for p in cls.from_config(small, trust_remote_code=setup.trust_remote_code)
-                             .parameters())
+                params = sum(p.numel() for p in _construct(cls, small, setup).parameters())
             if params > PARAM_BUDGET:
                 errors.append(f"{how}: {params / 1e6:.0f}M parameters")
                 continue
             torch.manual_seed(SEED)
             with torch.device(setup.device) if setup.device == "cuda" else contextlib.nullcontext():
-                model = cls.from_config(small, attn_implementation=setup.path, dtype=dtype,
-                                        trust_remote_code=setup.trust_remote_code)
+                model = _construct(cls, small, setup, attn_implementation=setup.path, dtype=dtype)
         except Exception as e:  # noqa: BLE001 - the family's own checks refuse these widths: try the next
             errors.append(f"{how}: {_short(e)}")
             continue
@@ -325,6 +323,13 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
         model.eval()  # no dropout, no router jitter: the two sides must see the same function
         keep_documents_apart(model, True, dtype)
         yield model, f"{_layers(small)} layers, {how}, {params / 1e6:.1f}M parameters"
+
+
+def _construct(cls: Any, config: Any, setup: Setup, **kwargs: Any) -> Any:
+    """An Auto class's from_config, or a model class's own _from_config (tests plant models this way)."""
+    if hasattr(cls, "from_config"):
+        return cls.from_config(config, trust_remote_code=setup.trust_remote_code, **kwargs)
+    return cls._from_config(config, **kwargs)
 
 
 def _layers(config: Any) -> Any:

@@ -1,0 +1,158 @@
+"""The packing check (runner.plan.packcheck): it refuses planted leaks, passes the registry's families, and over more
+than 30 model types the registry does not list each one either matches or is refused before launch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from transformers import AttentionInterface, AutoConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from runner.facts import families
+from runner.facts.decisions import Kernels, choose_attention
+from runner.plan import packcheck
+from runner.plan.packcheck import EXACT, FAILED, MISMATCH, Setup, check_problems, packing_verdict, run_check
+from runner.spec import load_spec, resolve
+from runner.train.attention import packing_support
+from tests.families import family_config
+
+CPU = Setup("native", "sdpa", "", "chunked", "cpu", "float32", 512)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SFT_TUI_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "packcheck.json"
+
+
+def _whole_row_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """Causal attention over the whole packed row: the document boundaries are dropped."""
+    kwargs.pop("is_causal", None)
+    return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+
+class AbsolutePositionLlama(LlamaForCausalLM):
+    """A learned absolute position embedding that counts from the row's start: positions never restart per
+    document, while the attention mask (built from the restarting position_ids) is right."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.positions = nn.Embedding(1024, config.hidden_size)
+        self.model.embed_tokens.register_forward_hook(
+            lambda _m, _a, out: out + self.positions(torch.arange(out.shape[1], device=out.device)))
+
+
+def test_planted_leaks_are_refused_and_the_same_model_without_them_passes():
+    AttentionInterface.register("whole_row_sdpa", _whole_row_sdpa)
+    config = family_config("llama")
+    leaky = run_check(config, Setup(**{**CPU.__dict__, "path": "whole_row_sdpa"}))
+    assert leaky.status == MISMATCH and leaky.ce_nats > 1e-2, leaky
+    unreset = run_check(config, CPU, model_cls=AbsolutePositionLlama)
+    assert unreset.status == MISMATCH and unreset.ce_nats > 1e-2, unreset
+    control = run_check(config, CPU)
+    assert control.status == EXACT and control.ce_nats < 1e-5 and control.grad_rel < 1e-5, control
+    bf16 = run_check(config, Setup(**{**CPU.__dict__, "dtype": "bfloat16"}))
+    assert bf16.status == EXACT, bf16
+
+
+def _cpu_setup(config, engine="native", seq_len=512):
+    from runner.facts.decisions import choose_loss
+
+    path = choose_attention("auto", "cpu", seq_len, None, config, Kernels.assumed("cpu")).impl
+    return Setup(engine, path, "", choose_loss(engine, "auto", config)[0], "cpu", "float32", seq_len)
+
+
+SLOW_GATED_DELTA = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+"""Gated-delta families share qwen3_5's per-document path; on CPU it costs seconds each, so qwen3_5 stands for them
+here (the family matrix, tests/unit/test_families.py, trains qwen3_next packed)."""
+
+
+@pytest.mark.parametrize("model_type", sorted(t for t, f in families.FAMILIES.items()
+                                              if f.attention_paths and t not in SLOW_GATED_DELTA))
+def test_every_registry_family_passes(model_type):
+    # The transformers default config of the family (its real sizes): the check shrinks it itself.
+    config = family_config(model_type) if model_type in families.MATRIX else AutoConfig.for_model(model_type)
+    verdict = run_check(config, _cpu_setup(config))
+    assert verdict.status == EXACT, verdict
+    assert verdict.known and "small widths" in verdict.shrunk
+
+
+UNLISTED = (
+    "afmoe", "apertus", "arcee", "aria_text", "beam", "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm",
+    "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4", "falcon", "glm", "glm4_moe", "gpt_neox",
+    "gpt2", "gptj", "granitemoe", "helium", "hunyuan_v1_dense", "jetmoe", "llama4_text", "minimax_m2", "ministral",
+    "nemotron", "olmo", "olmoe", "opt", "persimmon", "phimoe", "seed_oss", "stablelm", "starcoder2", "biogpt",
+    "bart", "qwen2_5_vl",
+)
+
+
+def test_unlisted_model_types_match_or_are_refused_before_launch():
+    """Every type either trains packed exactly (the check's verdict) or preflight refuses it: none trains on a
+    mismatch. Measured on transformers 5.24: most match; the ones with learned absolute positions that count from
+    the row's start (biogpt, bart, gpt2, opt, ...) do not."""
+    spec = resolve(load_spec({"hardware": {"device": "cpu", "nproc_per_node": 1}}))
+    outcome = {}
+    for mt in UNLISTED:
+        config = AutoConfig.for_model(mt)
+        assert not families.family_of(config).known or mt == "qwen2_5_vl", mt
+        support = packing_support(config)
+        if not support.safe:
+            outcome[mt] = "refused (recurrent)"
+            continue
+        verdict = packing_verdict(spec, config, "cpu")
+        problems = check_problems(spec, config, "cpu")
+        assert verdict is not None, mt
+        if verdict.status == EXACT:
+            assert not problems, (mt, problems)
+        else:
+            assert len(problems) == 1 and problems[0].field == "train.packing", (mt, verdict)
+            assert mt in problems[0].message and verdict.path in problems[0].message, problems[0]
+            assert "train.packing=false" in problems[0].fix
+        outcome[mt] = verdict.status
+    assert len(outcome) >= 30
+    assert sum(s == EXACT for s in outcome.values()) >= 25, outcome
+    for mt in ("biogpt", "bart"):  # learned positions from the row's start: a real leak, refused
+        assert outcome[mt] == MISMATCH, outcome
+    for mt in ("llama4_text", "qwen2_5_vl", "doge"):  # fixed here, or exact within doge's window at seq_len 512
+        assert outcome[mt] == EXACT, outcome
+
+
+def test_doge_past_its_key_window_is_refused():
+    """Doge keeps its top-k keys by a score whose ties depend on the whole row: once a document is longer than
+    keep_window_size, padding and neighbours change what it attends to. A run whose blocks can hold such documents
+    is refused; one whose blocks cannot is checked within the window (above)."""
+    config = AutoConfig.for_model("doge")
+    assert config.keep_window_size < 4096
+    spec = resolve(load_spec({"hardware": {"device": "cpu", "nproc_per_node": 1}, "train": {"seq_len": 4096}}))
+    problems = check_problems(spec, config, "cpu")
+    assert len(problems) == 1 and "doge" in problems[0].message and "sdpa" in problems[0].message, problems
+    assert "train.packing=false" in problems[0].fix
+
+
+def test_llama4_text_trains_in_both_engines():
+    config = AutoConfig.for_model("llama4_text")
+    for engine in ("native", "trl"):
+        assert run_check(config, _cpu_setup(config, engine)).status == EXACT, engine
+
+
+def test_a_loss_that_skips_part_of_the_output_head_is_refused():
+    """The native chunked loss applies lm_head alone; bert-style heads transform the hidden state first."""
+    config = AutoConfig.for_model("bert", is_decoder=True)
+    verdict = run_check(config, CPU)
+    assert verdict.status in (MISMATCH, FAILED) and "output head" in verdict.message, verdict
+
+
+def test_the_verdict_is_cached_per_config_and_path(cache):
+    config = family_config("llama")
+    first = packcheck.checked(config, CPU)
+    assert not first.cached and cache.is_file()
+    again = packcheck.checked(config, CPU)
+    assert again.cached and again.ce_nats == first.ce_nats and again.seconds == first.seconds
+    other = packcheck.checked(config, Setup(**{**CPU.__dict__, "path": "eager"}))
+    assert not other.cached
+    config.rms_norm_eps = 1e-5
+    assert not packcheck.checked(config, CPU).cached
+    assert len(json.loads(cache.read_text())) == 3
