@@ -122,8 +122,8 @@ def _shrink_widths(d: dict[str, Any], multimodal: bool = False) -> None:
             d[k] = 4
     if isinstance(d.get("num_experts_per_tok"), int):
         d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2)
-    for k in ("n_group", "topk_group"):
-        if isinstance(d.get(k), int):
+    for k in ("n_group", "topk_group"):  # expert groups: one group of the 4 experts (None breaks some defaults)
+        if k in d:
             d[k] = 1
     head_dim = d.get("head_dim") if isinstance(d.get("head_dim"), int) else 16
     for k in ("rope_parameters", "rope_scaling"):
