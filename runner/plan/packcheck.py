@@ -27,10 +27,10 @@ CHECK_VERSION = 1
 DOC_LENGTHS = (37, 80, 11, 23)
 """Documents of different lengths: a short one right after the longest (the most of it would be another
 document's tokens if attention leaked), and a long one past the shrunk windows (runner.plan.shrink)."""
-PAD_SEGMENTS = 2
+PAD_SEGMENTS = 1
 BLOCK_EXTRA = 9
-"""Padding after the documents: cut into segments as the run cuts it (runner.train.blocks.PAD_SEGMENT), and the
-block's length a multiple of 8 as GPU runs need."""
+"""Padding after the documents: one full segment and a short one, cut as the run cuts it
+(runner.train.blocks.PAD_SEGMENT); the block's length (288) a multiple of 8 as GPU runs need."""
 SEED = 0
 
 # Tolerances, per compute dtype, on three measures: the largest difference of one target token's cross-entropy
@@ -307,17 +307,19 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
         how = "small widths" if widths else "widths kept"
         try:
             small = shrunk_config(config, setup.seq_len, max(DOC_LENGTHS), widths=widths)
-            with torch.device("meta"):
-                params = sum(p.numel() for p in _construct(cls, small, setup).parameters())
-            if params > PARAM_BUDGET:
-                errors.append(f"{how}: {params / 1e6:.0f}M parameters")
-                continue
+            if not widths:  # the widths kept: counted on the meta device before anything is allocated
+                with torch.device("meta"):
+                    params = sum(p.numel() for p in _construct(cls, small, setup).parameters())
+                if params > PARAM_BUDGET:
+                    errors.append(f"{how}: {params / 1e6:.0f}M parameters")
+                    continue
             torch.manual_seed(SEED)
             with torch.device(setup.device) if setup.device == "cuda" else contextlib.nullcontext():
                 model = _construct(cls, small, setup, attn_implementation=setup.path, dtype=dtype)
         except Exception as e:  # noqa: BLE001 - the family's own checks refuse these widths: try the next
             errors.append(f"{how}: {_short(e)}")
             continue
+        params = sum(p.numel() for p in model.parameters())
         disable_cache(model)
         expose_backbone(model)
         model.eval()  # no dropout, no router jitter: the two sides must see the same function
