@@ -322,6 +322,20 @@ def _patch_targets(module: Any) -> tuple[str, str] | None:
     return None
 
 
+def _own_layout(module: Any) -> bool:
+    """Whether the module's gated-delta layers have the Qwen3.5 layout runner.train.gated_delta computes itself."""
+    from runner.train.gated_delta import LAYER_PARTS
+
+    for cls in _gated_delta_classes(module):
+        try:
+            source = inspect.getsource(cls.__init__)
+        except (OSError, TypeError):
+            continue
+        if all(f"self.{part}" in source for part in LAYER_PARTS):
+            return True
+    return False
+
+
 def packing_support(config: Any) -> PackingSupport:
     """Can a model with this config train on packed blocks here without documents leaking into each other?"""
     recurrent = recurrent_layer_types(config)
@@ -338,6 +352,9 @@ def packing_support(config: Any) -> PackingSupport:
         module = _gated_delta_module(config)
         if all(kernels.values()):
             return PackingSupport(True, "flash-linear-attention + causal-conv1d kernels fed cu_seqlens/seq_idx")
+        if module is not None and _own_layout(module):
+            return PackingSupport(True, f"this project's per-document gated-delta path for the {kinds} layers "
+                                        "(runner.train.gated_delta; exact, slower than the kernels)")
         if module is not None and _patch_targets(module) is not None:
             missing = " and ".join(k for k, ok in kernels.items() if not ok)
             return PackingSupport(True, f"per-document PyTorch path for the {kinds} layers ({missing} not installed:"
@@ -432,8 +449,15 @@ def install_document_reset(model: torch.nn.Module) -> str | None:
     support = packing_support(config)
     if not support.safe:
         raise ValueError(f"{support.reason} (fix: {support.fix})")
-    modules = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")}
+    from runner.train.gated_delta import has_own_path, install_own_path
+
     kernels = gated_delta_kernels()
+    layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    if not all(kernels.values()):
+        for m in layers:
+            if has_own_path(m) and not getattr(m, "_sft_own_gated_delta", False):
+                install_own_path(m)
+    modules = {type(m).__module__ for m in layers if not getattr(m, "_sft_own_gated_delta", False)}
     for name in modules:
         module = sys.modules[name]
         targets = _patch_targets(module)

@@ -475,9 +475,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
-    lora_left_out = lora_notes(model, spec)
-    if spec.method.kind == "lora":
-        model = apply_lora(model, spec)
+    lora_left_out = lora_notes(model, spec)  # before the adapters: what 'all-linear' and LoRA leave out
+    model = apply_lora(model, spec) if spec.method.kind == "lora" else model
     n_params = sum(p.numel() for p in model.parameters())
     from runner.facts.decisions import fsdp_wrapped, precision
 

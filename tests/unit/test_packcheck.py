@@ -169,3 +169,21 @@ def test_the_verdict_is_cached_per_config_and_path(cache):
     config.rms_norm_eps = 1e-5
     assert not packcheck.checked(config, CPU).cached
     assert len(json.loads(cache.read_text())) == 3
+
+
+def test_the_own_gated_delta_rule_is_the_recurrence():
+    """runner.train.gated_delta's chunked form against the rule written token by token (no transformers code)."""
+    from runner.train.gated_delta import chunk_gated_delta
+
+    torch.manual_seed(0)
+    length, heads, dk, dv = 150, 2, 8, 8  # past two 64-token chunks
+    q, k, v = torch.randn(length, heads, dk), torch.randn(length, heads, dk), torch.randn(length, heads, dv)
+    g, beta = -torch.rand(length, heads), torch.rand(length, heads)
+    qn, kn = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    state, expected = torch.zeros(heads, dk, dv), []
+    for t in range(length):
+        state = state * g[t].exp()[:, None, None]
+        delta = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", state, kn[t]))
+        state = state + torch.einsum("hk,hv->hkv", kn[t], delta)
+        expected.append(torch.einsum("hkv,hk->hv", state, qn[t] * dk ** -0.5))
+    assert torch.allclose(chunk_gated_delta(q, k, v, g, beta), torch.stack(expected), atol=1e-5)
