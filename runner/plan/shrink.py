@@ -120,8 +120,8 @@ def _shrink_widths(d: dict[str, Any], multimodal: bool = False) -> None:
     for k in EXPERT_KEYS:
         if isinstance(d.get(k), int) and d[k] > 4:
             d[k] = 4
-    if isinstance(d.get("num_experts_per_tok"), int):
-        d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2)
+    if "num_experts_per_tok" in d and any(isinstance(d.get(k), int) for k in EXPERT_KEYS):
+        d["num_experts_per_tok"] = min(d["num_experts_per_tok"] or 2, 2)  # None in some default configs
     for k in ("n_group", "topk_group"):  # expert groups: one group of the 4 experts (None breaks some defaults)
         if k in d:
             d[k] = 1
