@@ -323,15 +323,15 @@ def _patch_targets(module: Any) -> tuple[str, str] | None:
 
 
 def _own_layout(module: Any) -> bool:
-    """Whether the module's gated-delta layers have the Qwen3.5 layout runner.train.gated_delta computes itself."""
-    from runner.train.gated_delta import LAYER_PARTS
+    """Whether the module's gated-delta layers have a layout runner.train.gated_delta computes itself."""
+    from runner.train.gated_delta import layout_of
 
     for cls in _gated_delta_classes(module):
         try:
             source = inspect.getsource(cls.__init__)
         except (OSError, TypeError):
             continue
-        if all(f"self.{part}" in source for part in LAYER_PARTS):
+        if layout_of(lambda part: f"self.{part} =" in source) is not None:
             return True
     return False
 

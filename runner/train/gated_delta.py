@@ -1,8 +1,8 @@
-"""This project's own per-document forward for Qwen3.5-style gated-delta layers (qwen3_5, qwen3_5_moe): packed
-documents each start from a zero recurrent state and a zero convolution history.
+"""This project's own per-document forward for the gated-delta layers of qwen3_5 / qwen3_5_moe and qwen3_next:
+packed documents each start from a zero recurrent state and a zero convolution history.
 
-It reads only the layer's parameters (in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, conv1d, A_log, dt_bias, the
-gated norm, out_proj) and its sizes, which checkpoints pin, not the module functions transformers' forward calls: a
+It reads only the layer's parameters (its input projections, conv1d, A_log, dt_bias, the gated norm, out_proj) and
+its sizes, which checkpoints pin, not the module functions transformers' forward calls: a
 release that moves or renames those cannot take packing away from the family. The math is the gated delta rule
 (DeltaNet with a per-token decay), computed chunk by chunk as transformers' and flash-linear-attention's PyTorch
 references compute it; the packing check (runner.plan.packcheck) compares it with transformers' own forward of each
@@ -18,14 +18,26 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-LAYER_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
+COMMON_PARTS = ("conv1d", "A_log", "dt_bias", "norm", "out_proj")
+LAYOUTS = {"qwen3_5": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+           "qwen3_next": ("in_proj_qkvz", "in_proj_ba")}
+"""The projections of each layout: Qwen3.5 projects q/k/v, z, b and a apart; Qwen3-Next fuses them per key head."""
+LAYER_PARTS = LAYOUTS["qwen3_5"] + COMMON_PARTS
 SIZES = ("key_dim", "value_dim", "head_k_dim", "head_v_dim", "num_k_heads", "num_v_heads")
 CHUNK = 64
 
 
+def layout_of(parts: Any) -> str | None:
+    """The layout whose parts `parts(name)` says all exist (None when neither)."""
+    for name, projections in LAYOUTS.items():
+        if all(parts(p) for p in projections + COMMON_PARTS):
+            return name
+    return None
+
+
 def has_own_path(module: torch.nn.Module) -> bool:
-    """Whether this gated-delta layer has the Qwen3.5 layout the own path reads."""
-    return all(hasattr(module, n) for n in LAYER_PARTS + SIZES)
+    """Whether this gated-delta layer has a layout the own path reads."""
+    return layout_of(lambda n: hasattr(module, n)) is not None and all(hasattr(module, n) for n in SIZES)
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -81,21 +93,36 @@ def _conv(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.silu(y) if getattr(module, "activation", "silu") in ("silu", "swish") else y
 
 
+def _projections(m: torch.nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(q/k/v before the convolution [T, 2 key_dim + value_dim], z [T, v heads, dv], b, a [T, v heads])."""
+    length = h.shape[0]
+    if hasattr(m, "in_proj_qkv"):
+        return (m.in_proj_qkv(h), m.in_proj_z(h).reshape(length, -1, m.head_v_dim), m.in_proj_b(h),
+                m.in_proj_a(h))
+    # Qwen3-Next: per key head, [q, k, v of its value heads, z of its value heads] and [b, a].
+    per = m.num_v_heads // m.num_k_heads
+    qkvz = m.in_proj_qkvz(h).reshape(length, m.num_k_heads, -1)
+    q, k, v, z = torch.split(qkvz, [m.head_k_dim, m.head_k_dim, per * m.head_v_dim, per * m.head_v_dim], dim=-1)
+    b, a = torch.split(m.in_proj_ba(h).reshape(length, m.num_k_heads, -1), [per, per], dim=-1)
+    qkv = torch.cat([q.reshape(length, -1), k.reshape(length, -1), v.reshape(length, -1)], dim=-1)
+    return qkv, z.reshape(length, -1, m.head_v_dim), b.reshape(length, -1), a.reshape(length, -1)
+
+
 def _document(module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The layer's output for one document's hidden states h [T, hidden]."""
     m = module
     length = h.shape[0]
-    qkv = _conv(m, m.in_proj_qkv(h).transpose(0, 1)).transpose(0, 1)
+    mixed, z, b, a = _projections(m, h)
+    qkv = _conv(m, mixed.transpose(0, 1)).transpose(0, 1)
     q, k, v = torch.split(qkv, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
     q, k = q.reshape(length, -1, m.head_k_dim), k.reshape(length, -1, m.head_k_dim)
     v = v.reshape(length, -1, m.head_v_dim)
     if m.num_v_heads != m.num_k_heads:  # each query/key head serves consecutive value heads
         rep = m.num_v_heads // m.num_k_heads
         q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-    beta = m.in_proj_b(h).sigmoid()
-    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(h).float() + m.dt_bias)
+    beta = b.sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)
     core = chunk_gated_delta(q, k, v, g, beta).to(h.dtype)
-    z = m.in_proj_z(h).reshape(length, -1, m.head_v_dim)
     core = m.norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(length, -1)
     return m.out_proj(core)
 
