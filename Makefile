@@ -49,10 +49,10 @@ lint: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not dist"
 
-# The family matrix and the packing check against the newest transformers release (a second venv, .venv-newest):
-# fails on a release that breaks a family; skipped when PyPI cannot be reached.
-test-newest:
-	@PYTHON=$(PYTHON) .ci/newest.sh
+# The family matrix and the packing check against the newest transformers release (installed into .venv-newest/,
+# first on the path of .venv): fails on a release that breaks a family; skipped when PyPI cannot be reached.
+test-newest: $(STAMP)
+	@VENV_PYTHON=$(PY) .ci/newest.sh
 
 clean:
 	rm -rf $(VENV) .venv-newest runs .pytest_cache
