@@ -102,8 +102,9 @@ UNLISTED = (
 
 def test_unlisted_model_types_match_or_are_refused_before_launch():
     """Every type either trains packed exactly (the check's verdict) or preflight refuses it: none trains on a
-    mismatch. Measured on transformers 5.24: all match but biogpt and opt, whose learned absolute positions count
-    from the row's start (documents after the first see positions they never see alone)."""
+    mismatch. Measured on transformers 5.24: 31 match; opt's learned absolute positions count from the row's start
+    (documents after the first see positions they never see alone): refused by the check; biogpt is refused by the
+    attention choice before it."""
     from runner.train.attention import attention_for
 
     spec = resolve(load_spec({"hardware": {"device": "cpu", "nproc_per_node": 1}}))
