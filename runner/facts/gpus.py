@@ -129,3 +129,8 @@ def ceiling_tflops_here(device: str) -> float | None:
     except Exception:  # noqa: BLE001 - NVML trouble: no MFU, the run goes on
         return None
     return found[0].ceiling_tflops if found else None
+
+
+HOST_RESERVE_BYTES = 4 << 30
+"""Host memory left to everything else (the process, the data loader, the OS) when page-locking buffers for
+activation offload: the engine refuses to lock more, the estimator counts it."""

@@ -21,6 +21,7 @@ from runner.facts.decisions import (
 from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
 from runner.facts.gpus import GpuType, detect_gpu, gpu_type
+from runner.facts.tiling import TiledMlp, tiled_mlp_choice
 from runner.spec import RunSpec, weights_dtype
 
 
@@ -57,6 +58,13 @@ class Plan:
     def loss_chunk_tokens(self) -> int | None:
         """Tokens per chunk of the native engine's chunked or fused loss (None for the others)."""
         return loss_chunk_tokens(self.loss_impl, self.arch.vocab)
+
+    @property
+    def tiled_mlp(self) -> TiledMlp:
+        """Whether the MLP runs in tiles and how long they are, as the native engine decides (runner.facts.tiling)."""
+        t = self.spec.train
+        return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, t.seq_len * t.micro_batch,
+                                t.compile)
 
     @property
     def precision(self) -> Precision:

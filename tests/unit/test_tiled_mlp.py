@@ -1,0 +1,91 @@
+"""Tiled MLP (train.tiled_mlp): exact against the plain MLP for every family of the matrix, both methods, with and
+without activation checkpointing; the choice of `auto`; the estimator's accounting of tiles."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from runner.facts.catalog import parse_arch
+from runner.facts.families import MATRIX
+from runner.facts.tiling import mlp_tile_tokens, tiled_mlp_choice
+from runner.train.data import collate
+from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
+from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.tiling import tile_mlps
+from tests.families import family_config
+from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
+
+TILE = 37  # uneven: the block's last tile is shorter
+
+
+def _full_model(name: str) -> tuple[torch.nn.Module, str]:
+    model, attn, loss_impl = _model(name)  # attention and packing as the engines prepare them
+    base = model.get_base_model()
+    config = family_config(name)
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    full = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    full.load_state_dict({k: v for k, v in base.state_dict().items() if "lora_" not in k}, strict=False)
+    from runner.train.attention import keep_documents_apart
+
+    keep_documents_apart(full, True, torch.float32)
+    return full, loss_impl
+
+
+def _tiled(model: torch.nn.Module, recompute: bool) -> tuple[torch.nn.Module, list[int]]:
+    """A copy with tiled MLPs (and checkpointed layers), and a list that grows by one per tile run."""
+    tiled = copy.deepcopy(model)
+    layers = text_decoder_layers(tiled)
+    calls: list[int] = []
+    for layer in layers:
+        layer.mlp.register_forward_hook(lambda *_: None)  # a hook on the module must not stop the tiling
+        forward = layer.mlp.forward
+
+        def counted(x, _f=forward):
+            calls.append(x.shape[-2])
+            return _f(x)
+
+        layer.mlp.forward = counted
+    assert tile_mlps(layers, TILE) == len(layers)
+    if recompute:
+        tiled.train()
+        enable_recompute(tiled, None)
+    return tiled, calls
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("name", MATRIX)
+def test_tiled_mlp_gives_the_plain_loss_and_gradients(name, method):
+    model, loss_impl = _full_model(name) if method == "full" else _model(name)[::2]
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    fn = full_loss_sum if loss_impl == "full" else LOSS_FUNCTIONS[loss_impl]
+    reference = _grads(model, lambda: fn(model, batch))
+    assert reference[1], "nothing trained"
+    layers = len(text_decoder_layers(model))
+    tiles = -(-SEQ_LEN // TILE)
+    for recompute in (False, True):
+        tiled, calls = _tiled(model, recompute)
+        result = _grads(tiled, lambda m=tiled: fn(m, batch))
+        _assert_same(result, reference, f"{name} {method} tiled, checkpointing={recompute}")
+        # Each tile ran in forward (twice with checkpointing: forward and its recompute) and once in backward.
+        assert set(calls) <= {TILE, SEQ_LEN % TILE} and len(calls) == layers * tiles * (3 if recompute else 2), \
+            (name, calls)
+
+
+def test_auto_tiles_long_gpu_blocks_of_mlp_heavy_models_only():
+    llama = parse_arch(family_config("llama").to_dict())  # intermediate 128 = 2 × hidden, 4 heads of 16
+    assert mlp_tile_tokens(llama, 10_000) == llama.hidden and mlp_tile_tokens(llama, 10) == 10
+    on = tiled_mlp_choice("auto", "native", "cuda", llama, 4096)
+    assert on.on and on.tile_tokens == 64 and "on (auto)" in on.reason
+    assert not tiled_mlp_choice("auto", "native", "cpu", llama, 4096).on  # CPU recipes keep their exact curves
+    assert not tiled_mlp_choice("auto", "trl", "cuda", llama, 4096).on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, compile_layers=True).on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 64).on  # one tile: nothing to gain
+    narrow = parse_arch({**family_config("llama").to_dict(), "intermediate_size": 16})
+    assert not tiled_mlp_choice("auto", "native", "cuda", narrow, 4096).on  # attention keeps more than the MLP
+    assert tiled_mlp_choice(True, "native", "cpu", llama, 4096).on
+    assert not tiled_mlp_choice(False, "native", "cuda", llama, 4096).on
