@@ -159,11 +159,9 @@ class TrainSpec(_Section):
     pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
     and one copy each way per layer, overlapped with compute in forward."""
     tiled_mlp: bool | Literal["auto"] = "auto"
-    """Run each decoder layer's MLP over the block in tiles of tokens (the tile size is chosen from the hidden size,
-    runner.facts.tiling), recomputing each tile in backward: its intermediates are a tile's, not the block's, and it
-    keeps only its input. Exact (the same loss and gradients); costs one more MLP forward per step. auto = on with the
-    native engine on a GPU when the MLP's intermediates are the largest part of a layer's activations (native engine,
-    eager layers)."""
+    """Run each layer's MLP over the block in tiles of hidden-size tokens, each recomputed in backward: exact, its
+    intermediates a tile's, at one more MLP forward (native engine, eager layers). auto = on on a GPU when they
+    bound the block length (runner.facts.tiling)."""
     log_every: int = Field(1, gt=0)
     """Write a step event every N steps."""
     optimizer_precision: Literal["auto", "fp32_master", "bf16_stochastic", "bf16"] = "auto"
@@ -419,7 +417,6 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
                                f"set train.activation_checkpointing=true, or train.{field}={off}"))
         if spec.engine != "native":
             out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
-    out += tiled_mlp_problems(spec)
     out += eval_problems(spec)
     out += precision_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
@@ -431,20 +428,6 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
             out.append(Problem(name, f"no such file or directory: {value}",
                                "give an existing local path, or unset it to use the hub id"))
     return out
-
-
-def tiled_mlp_problems(spec: RunSpec) -> list[Problem]:
-    """train.tiled_mlp=true needs what runs it: the native engine's eager decoder layers."""
-    t = spec.train
-    if t.tiled_mlp is not True:
-        return []
-    if spec.engine != "native":
-        return [Problem("train.tiled_mlp", "the trl engine runs the MLP untiled",
-                        "use engine=native, or train.tiled_mlp=auto")]
-    if t.compile:
-        return [Problem("train.tiled_mlp", "a tiled MLP runs eagerly, its backward inside the layer's backward; "
-                        "train.compile compiles whole layers", "set train.compile=false, or train.tiled_mlp=auto")]
-    return []
 
 
 def eval_problems(spec: RunSpec) -> list[Problem]:

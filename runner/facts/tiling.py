@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runner.errors import Problem
 from runner.facts.catalog import LAYER_LINEAR, Arch
 from runner.facts.families import family
 
@@ -55,12 +56,18 @@ class TiledMlp:
     reason: str
 
 
-def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, tokens: int,
+TILE_WHEN_SHARE = 1 / 16
+"""`auto` tiles when one layer's MLP intermediates over the whole block would take more than this share of the
+GPU's memory: there they (and their gradients, as large again) are a part of the peak that the block length
+scales, at short blocks a negligible one that tiling would only slow down."""
+
+
+def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, tokens: int, gpu_bytes: float = 0.0,
                      compile_layers: bool = False) -> TiledMlp:
-    """Whether the MLP runs in tiles, and how long they are. `auto` tiles with the native engine on a GPU, eager
-    layers, when the block holds more than one tile and one layer's MLP intermediates outweigh the rest of what the
-    layer keeps (its attention): then they are what bounds the block length at a layer's backward. CPU runs stay
-    untiled (their recipes' loss curves are exact references)."""
+    """Whether the MLP runs in tiles, and how long they are. `auto` tiles with the native engine on a GPU (of
+    `gpu_bytes`), eager layers, when the MLP's intermediates are what grows at a layer's backward: they outweigh the
+    layer's attention per token and one layer's of them, for the block, exceed TILE_WHEN_SHARE of the GPU. CPU runs
+    stay untiled (their recipes' loss curves are exact references)."""
     tile = mlp_tile_tokens(arch, tokens)
     if setting is True:
         return TiledMlp(True, tile, f"on (train.tiled_mlp=true): tiles of {tile:,} tokens")
@@ -68,12 +75,23 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
         return TiledMlp(False, tile, "off (train.tiled_mlp=false)")
     if engine != "native" or device != "cuda" or compile_layers:
         return TiledMlp(False, tile, "off (auto): tiles run in the native engine's eager layers on a GPU")
-    if tokens <= tile:
-        return TiledMlp(False, tile, f"off (auto): the block ({tokens:,} tokens) is one tile")
     b = 2
     mlp = max(mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers))
     rest = max(attention_bytes(arch, i, b) for i in range(arch.layers))
     if mlp <= rest:
         return TiledMlp(False, tile, "off (auto): attention, not the MLP, keeps the most of a layer")
-    return TiledMlp(True, tile, f"on (auto): the MLP keeps {mlp / rest:.1f}× what attention does per token; "
+    share = mlp * tokens / gpu_bytes if gpu_bytes else 0.0
+    if share <= TILE_WHEN_SHARE:
+        return TiledMlp(False, tile, f"off (auto): one layer's MLP intermediates take {100 * share:.1f}% of the GPU")
+    return TiledMlp(True, tile, f"on (auto): one layer's MLP intermediates would take {100 * share:.0f}% of the GPU; "
                                 f"tiles of {tile:,} tokens")
+
+
+def tiled_mlp_problems(engine: str, setting: bool | str, compile_layers: bool) -> list[Problem]:
+    """train.tiled_mlp=true needs the native engine's eager decoder layers (refused before launch)."""
+    why = fix = ""
+    if setting is True and engine != "native":
+        why, fix = "the trl engine runs the MLP untiled", "use engine=native"
+    elif setting is True and compile_layers:
+        why, fix = "a tiled MLP runs eagerly; train.compile compiles whole layers", "set train.compile=false"
+    return [Problem("train.tiled_mlp", why, f"{fix}, or train.tiled_mlp=auto")] if why else []

@@ -63,8 +63,9 @@ class Plan:
     def tiled_mlp(self) -> TiledMlp:
         """Whether the MLP runs in tiles and how long they are, as the native engine decides (runner.facts.tiling)."""
         t = self.spec.train
+        gpu_bytes = self.gpu.memory_gib * 2**30 if self.gpu else 0.0
         return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, t.seq_len * t.micro_batch,
-                                t.compile)
+                                gpu_bytes, t.compile)
 
     @property
     def precision(self) -> Precision:

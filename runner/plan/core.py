@@ -16,7 +16,7 @@ from runner.plan.constants import (
     TRL_FRAGMENTATION_FRACTION,
     gib,
 )
-from runner.facts.gpus import HOST_RESERVE_BYTES
+from runner.facts.gpus import HOST_RESERVE_BYTES, detect_gpu
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
 from runner.plan.memory import Memory, memory_model
@@ -67,9 +67,9 @@ class HostMemory:
 
 def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
     """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload), and the engine keeps
-    HOST_RESERVE_BYTES free. The node's memory is this machine's: `runner bench` and a run plan on the node that
-    runs them."""
-    if not mem.host_offload:
+    HOST_RESERVE_BYTES free. The node's memory is this machine's when it has the GPUs (`runner bench` and a run
+    plan on the node that runs them); planned elsewhere, the node's host memory is unknown (None)."""
+    if not mem.host_offload or detect_gpu() is None:
         return None
     import psutil
 

@@ -168,8 +168,10 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         model = apply_lora(model, spec)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
+        if rt.device == "cuda" else 0.0
     tiling = tiled_mlp_choice(t.tiled_mlp, "native", rt.device, parse_arch(config.to_dict()),
-                              t.seq_len * t.micro_batch, t.compile)
+                              t.seq_len * t.micro_batch, gpu_bytes, t.compile)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
                         t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
                         mlp_tile=tiling.tile_tokens if tiling.on else None)

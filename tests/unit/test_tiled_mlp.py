@@ -18,6 +18,7 @@ from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
 from runner.train.model import enable_recompute, text_decoder_layers
 from runner.train.tiling import tile_mlps
+from tests.conftest import run_cli
 from tests.families import family_config
 from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
 
@@ -80,13 +81,24 @@ def test_tiled_mlp_gives_the_plain_loss_and_gradients(name, method):
 def test_auto_tiles_long_gpu_blocks_of_mlp_heavy_models_only():
     llama = parse_arch(family_config("llama").to_dict())  # intermediate 128 = 2 × hidden, 4 heads of 16
     assert mlp_tile_tokens(llama, 10_000) == llama.hidden and mlp_tile_tokens(llama, 10) == 10
-    on = tiled_mlp_choice("auto", "native", "cuda", llama, 4096)
-    assert on.on and on.tile_tokens == 64 and "on (auto)" in on.reason
+    gpu = 4 * 2 * 128 * 4096 * 16 - 1  # one layer's MLP intermediates at 4,096 tokens: just over 1/16 of it
+    on = tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu)
+    assert on.on and on.tile_tokens == 64 and "on (auto)" in on.reason, on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu + 2).on  # a short block: no gain
     assert not tiled_mlp_choice("auto", "native", "cpu", llama, 4096).on  # CPU recipes keep their exact curves
-    assert not tiled_mlp_choice("auto", "trl", "cuda", llama, 4096).on
-    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, compile_layers=True).on
-    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 64).on  # one tile: nothing to gain
+    assert not tiled_mlp_choice("auto", "trl", "cuda", llama, 4096, gpu).on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu, compile_layers=True).on
     narrow = parse_arch({**family_config("llama").to_dict(), "intermediate_size": 16})
-    assert not tiled_mlp_choice("auto", "native", "cuda", narrow, 4096).on  # attention keeps more than the MLP
+    assert not tiled_mlp_choice("auto", "native", "cuda", narrow, 4096, 1.0).on  # attention keeps more than the MLP
     assert tiled_mlp_choice(True, "native", "cpu", llama, 4096).on
-    assert not tiled_mlp_choice(False, "native", "cuda", llama, 4096).on
+    assert not tiled_mlp_choice(False, "native", "cuda", llama, 4096, 1.0).on
+
+
+@pytest.mark.parametrize("setting, fix", [("engine=trl", "use engine=native"),
+                                          ("train.compile=true", "set train.compile=false")])
+def test_a_tiled_mlp_it_cannot_run_is_refused_before_launch(tmp_path, capsys, setting, fix):
+    code, out, err = run_cli(["run", "tiny-cpu", "--set", "train.tiled_mlp=true", "--set", setting,
+                              "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")], capsys)
+    text = out + err
+    assert code == 2 and "train.tiled_mlp" in text and fix in text and "Traceback" not in text, text
+    assert not (tmp_path / "runs").exists()
