@@ -102,3 +102,39 @@ def test_a_tiled_mlp_it_cannot_run_is_refused_before_launch(tmp_path, capsys, se
     text = out + err
     assert code == 2 and "train.tiled_mlp" in text and fix in text and "Traceback" not in text, text
     assert not (tmp_path / "runs").exists()
+
+
+def _saved_bytes(model: torch.nn.Module, batch: dict) -> int:
+    """Bytes of the distinct tensors autograd keeps from a forward (the loss included) for backward, the weights
+    (kept by reference, not activations) left out."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        full_loss_sum(model, batch)
+    return sum(seen.values())
+
+
+def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
+    """The embedded model on CPU: tiling the MLP takes off exactly the MLP intermediates the estimator counts per
+    layer and token (runner.facts.tiling.mlp_intermediate_bytes), and keeps nothing in their place."""
+    from runner.facts.tiling import mlp_intermediate_bytes
+    from runner.spec import load_spec
+    from runner.train.model import load_model
+
+    spec = load_spec("tiny-cpu")
+    model = load_model(spec, "sdpa")
+    arch = parse_arch(model.config.to_dict())
+    tokens = 300
+    ids = torch.randint(3, arch.vocab, (1, tokens))
+    batch = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(tokens)[None]}
+    plain = _saved_bytes(model, batch)
+    tile_mlps(text_decoder_layers(model), mlp_tile_tokens(arch, tokens))
+    tiled = _saved_bytes(model, batch)
+    counted = sum(mlp_intermediate_bytes(arch, i, 4) for i in range(arch.layers)) * tokens
+    assert plain - tiled == counted, (plain, tiled, counted)
