@@ -138,3 +138,26 @@ def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
     tiled = _saved_bytes(model, batch)
     counted = sum(mlp_intermediate_bytes(arch, i, 4) for i in range(arch.layers)) * tokens
     assert plain - tiled == counted, (plain, tiled, counted)
+
+
+def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_limit(monkeypatch):
+    """Qwen3-4B layout on one H200 at 425,984 tokens, every layer recomputed and offloaded (the committed limit run):
+    auto tiles there, which frees GPU memory; planned on a node with 64 GiB of host memory, the 73 GiB of offloaded
+    inputs do not fit, and the estimate says host memory is why."""
+    import psutil
+
+    from runner.plan import estimate
+    from runner.spec import load_spec
+
+    sets = ["train.compile=false", "train.recompute_layers=null", "train.offload_activations=true",
+            "train.seq_len=425984"]
+    tiled, plain = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"train.tiled_mlp={t}"]), suggest=False)
+                    for t in ("auto", "false"))
+    assert "tiled MLP: tiles of 2,560 tokens" in tiled.approximate_reason
+    assert tiled.per_gpu_allocated_gib < plain.per_gpu_allocated_gib - 20  # 4 × 9,728 × 2 B a token, and more
+    assert tiled.host_memory_gib is None  # planned off the node: its host memory is not this machine's
+    monkeypatch.setattr("runner.plan.core.detect_gpu", lambda: ("H200", 1))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": 64 * 2**30})())
+    short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
+    assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
+    assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
