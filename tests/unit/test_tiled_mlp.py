@@ -161,3 +161,14 @@ def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_li
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
     assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
+
+
+def test_sequence_parallel_refuses_recurrent_layers_and_heads_that_do_not_divide():
+    from runner.train.ulysses import sequence_parallel_problems
+
+    assert sequence_parallel_problems(family_config("llama"), 2) == []
+    assert sequence_parallel_problems(family_config("qwen3_next"), 1) == []  # one rank splits nothing
+    hybrid = sequence_parallel_problems(family_config("qwen3_next"), 2)
+    assert len(hybrid) == 1 and "gated-delta layers" in hybrid[0].message, hybrid
+    heads = sequence_parallel_problems(family_config("llama"), 3)
+    assert len(heads) == 1 and "4 attention heads do not divide over 3 ranks" in heads[0].message, heads
