@@ -10,14 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runner.events.paths import RunPaths
 from runner.record import records
 from runner.launch import run as run_mod
-from runner.errors import PredictedNotToFit, UserError
+from runner.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, PredictedNotToFit, UserError
 from runner.launch.replay import prepare_replay
-from runner.record.replay import compare, tolerance
+from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
-
-EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
 
 
 def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
@@ -141,7 +140,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
     from runner.spec import apply_override, read_spec_file, validate
     from runner.train.checkpoint import complete_checkpoints
 
-    spec_path = run_dir / "spec.json"
+    spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     done = complete_checkpoints(run_dir)
@@ -175,8 +174,12 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
             raise UserError(f"refusing to replay: {reason}")
         if print_job_rerun(console, records.load(path), path, as_json):
             return EXIT_OK
-    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)
+    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
+    pinned = pinned_decisions(original)
+    console.print("engine decisions pinned from the record: " + (
+        ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
+        "decide)"))
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
     if strict and strict_rows:
@@ -201,7 +204,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
-                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code

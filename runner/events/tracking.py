@@ -19,7 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runner.events.paths import RunPaths
 from runner.errors import Problem
+from runner.events.lines import EvalEvent, StepEvent, parse_event
 from runner.events.tail import JsonlTail
 
 PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
@@ -54,7 +56,7 @@ class _TensorBoard:
     def __init__(self, run_id: str, run_dir: Path, spec: dict[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.dir = run_dir / "tensorboard"
+        self.dir = RunPaths(run_dir).tensorboard
         self.writer = SummaryWriter(log_dir=str(self.dir))
         self.writer.add_text("spec", "```\n" + json.dumps(spec, indent=2) + "\n```", 0)
         self.ident = {"path": str(self.dir)}
@@ -157,17 +159,19 @@ class _Trackio:
 BACKENDS = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB, "trackio": _Trackio}
 
 
-def step_metrics(e: dict[str, Any], world_size: int) -> dict[str, float]:
+def step_metrics(e: StepEvent | dict[str, Any], world_size: int) -> dict[str, float]:
     """Tracker metrics of one of rank 0's step events."""
+    if not isinstance(e, StepEvent):
+        e = StepEvent.from_line(e)
     out: dict[str, float] = {}
-    loss = e.get("global_loss", e.get("loss"))
-    for key, value in (("train/loss", loss), ("train/lr", e.get("lr")), ("train/grad_norm", e.get("grad_norm")),
-                       ("train/mem_gib", e.get("mem_gib"))):
+    loss = e.get("global_loss", e.loss)
+    for key, value in (("train/loss", loss), ("train/lr", e.lr), ("train/grad_norm", e.grad_norm),
+                       ("train/mem_gib", e.mem_gib)):
         if isinstance(value, (int, float)) and value == value:
             out[key] = float(value)
-    if e.get("step_s") and e.get("tokens") is not None:
+    if e.step_s and e.tokens is not None:
         # Rank 0's rate times the ranks: the ranks' blocks are the same size, so this is the run's rate.
-        out["train/tokens_per_s"] = e["tokens"] * world_size / e["step_s"]
+        out["train/tokens_per_s"] = e.tokens * world_size / e.step_s
     return out
 
 
@@ -195,8 +199,8 @@ class Trackers:
     def __init__(self, names: list[str], run_id: str, run_dir: Path, spec: dict[str, Any], world_size: int):
         self.world_size = world_size
         self.backends: dict[str, Any] = {name: BACKENDS[name](run_id, run_dir, spec) for name in names}
-        self._rank0 = JsonlTail(run_dir / "events" / "rank0.jsonl")
-        self._node0 = JsonlTail(run_dir / "events" / "node0.jsonl")
+        self._rank0 = JsonlTail(RunPaths(run_dir).rank_events(0))
+        self._node0 = JsonlTail(RunPaths(run_dir).node_events(0))
         self._step = 0
         self.errors: dict[str, str] = {}
         self._stop = threading.Event()
@@ -222,13 +226,14 @@ class Trackers:
                 self._call(name, b.log, metrics, step)
 
     def update(self) -> None:
-        for e in self._rank0.read_new():
-            if "event" not in e and "step" in e:
-                self._step = int(e["step"])
+        # Lines are logged as they come: a step logged again after a resume is logged again, last, so what a tracker
+        # shows for it is the resumed run's line (the rule of runner.events.lines StepIndex).
+        for e in map(parse_event, self._rank0.read_new()):
+            if isinstance(e, StepEvent) and e.step is not None:
+                self._step = e.step
                 self._log(step_metrics(e, self.world_size), self._step)
-            elif e.get("event") == "eval" and e.get("loss") is not None:
-                self._log({"eval/loss": float(e["loss"]), "eval/accuracy": float(e.get("accuracy") or 0.0)},
-                          int(e["step"]))
+            elif isinstance(e, EvalEvent) and e.loss is not None and e.step is not None:
+                self._log({"eval/loss": e.loss, "eval/accuracy": e.accuracy or 0.0}, e.step)
         for sample in self._node0.read_new():
             gpus = {}
             for g in sample.get("gpus") or []:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runner.engines import ENGINES, engine_for
 from runner.errors import Problem
 from runner.facts.catalog import LAYER_LINEAR, Arch
 from runner.facts.families import family
+
+
+LEVER = "train.tiled_mlp"
 
 
 def mlp_tile_tokens(arch: Arch, tokens: int) -> int:
@@ -73,7 +77,7 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
         return TiledMlp(True, tile, f"on (train.tiled_mlp=true): tiles of {tile:,} tokens")
     if setting is False:
         return TiledMlp(False, tile, "off (train.tiled_mlp=false)")
-    if engine != "native" or device != "cuda" or compile_layers:
+    if not engine_for(engine).honours(LEVER) or device != "cuda" or compile_layers:
         return TiledMlp(False, tile, "off (auto): tiles run in the native engine's eager layers on a GPU")
     b = 2
     mlp = max(mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers))
@@ -90,8 +94,9 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
 def tiled_mlp_problems(engine: str, setting: bool | str, compile_layers: bool) -> list[Problem]:
     """train.tiled_mlp=true needs the native engine's eager decoder layers (refused before launch)."""
     why = fix = ""
-    if setting is True and engine != "native":
-        why, fix = "the trl engine runs the MLP untiled", "use engine=native"
+    if setting is True and not engine_for(engine).honours(LEVER):
+        able = " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(LEVER))
+        why, fix = engine_for(engine).lacks[LEVER], f"use {able}"
     elif setting is True and compile_layers:
         why, fix = "a tiled MLP runs eagerly; train.compile compiles whole layers", "set train.compile=false"
     return [Problem("train.tiled_mlp", why, f"{fix}, or train.tiled_mlp=auto")] if why else []

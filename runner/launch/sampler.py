@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 
+from runner.events.lines import StartEvent, parse_event
+from runner.events.paths import RunPaths
 from runner.events.tail import DirTail
 from runner.facts.nvml import GpuSampler
 
@@ -55,7 +57,8 @@ class NodeSampler(threading.Thread):
 
     def __init__(self, run_dir: str | os.PathLike[str], node: int, interval_s: float = 2.0):
         super().__init__(name=f"node-sampler-{node}", daemon=True)
-        self.events_dir = Path(run_dir) / "events"
+        self.paths = RunPaths(Path(run_dir))
+        self.events_dir = self.paths.events
         self.node = node
         self.interval_s = interval_s
         self.rank_pids: dict[int, int] = {}
@@ -74,7 +77,7 @@ class NodeSampler(threading.Thread):
             log.exception("node sampler %d: GPU sampler failed to start", self.node)
             return
         psutil.cpu_percent(interval=None)  # primes the CPU counter; the first line then covers one interval
-        path = self.events_dir / f"node{self.node}.jsonl"
+        path = self.paths.node_events(self.node)
         try:
             while not self._stop_event.wait(self.interval_s):
                 try:
@@ -91,12 +94,12 @@ class NodeSampler(threading.Thread):
             gpu.close()
 
     def _discover_pids(self) -> None:
-        for _, rec in self._ranks_tail.read_new():
-            if rec.get("event") != "start" or rec.get("node_rank") != self.node:
+        for _, line in self._ranks_tail.read_new():
+            ev = parse_event(line)
+            if not isinstance(ev, StartEvent) or ev.node_rank != self.node:
                 continue
-            rank, pid = rec.get("rank"), rec.get("pid")
-            if isinstance(rank, int) and isinstance(pid, int):
-                self.rank_pids[rank] = pid
+            if ev.rank is not None and ev.pid is not None:
+                self.rank_pids[ev.rank] = ev.pid
 
 
 def main(argv: list[str] | None = None) -> None:
