@@ -25,7 +25,7 @@ LEVERS = {lever.field: lever for lever in (
     Lever("train.offload_activations", "false"),
     Lever("train.recompute_attention", "true"),
     Lever("train.optimizer_precision", "auto"),
-    Lever("train.tiled_mlp", "false"),
+    Lever("train.tiled_mlp", "auto"),  # auto tiles only where an engine can
 )}
 """Every engine-specific lever; an engine that lacks one says what it does instead (`Engine.lacks`)."""
 
