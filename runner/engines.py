@@ -25,6 +25,7 @@ LEVERS = {lever.field: lever for lever in (
     Lever("train.offload_activations", "false"),
     Lever("train.recompute_attention", "true"),
     Lever("train.optimizer_precision", "auto"),
+    Lever("train.tiled_mlp", "auto"),  # auto tiles only where an engine can
 )}
 """Every engine-specific lever; an engine that lacks one says what it does instead (`Engine.lacks`)."""
 
@@ -107,7 +108,8 @@ TRL = Engine(
     lacks={"train.recompute_layers": "the trl engine checkpoints every layer or none",
            "train.offload_activations": "the trl engine does not offload activations",
            "train.recompute_attention": "the trl engine recomputes whole layers",
-           "train.optimizer_precision": "the trl engine keeps fp32 master weights"},
+           "train.optimizer_precision": "the trl engine keeps fp32 master weights",
+           "train.tiled_mlp": "the trl engine runs the MLP untiled"},
     hf_trainer=True, fixed_loss=("trl-fused", "TRL's fused lm head"), fixed_optimizer_precision="fp32_master",
     autocast=True, fsdp_one_cpu_rank=False, checks_own_attention=True,
     problems="runner.train.trl_engine:trl_problems", boundaries_from_collator=True, data_workers=False,

@@ -130,7 +130,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         "last_loss": _loss(rank0[-1].get("loss")),
         # What the engine chose, as its train_begin event says.
         "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp",
-                                          "optimizer_precision") if k in begin},
+                                          "optimizer_precision", "tiled_mlp") if k in begin},
     }
     arch = model_arch(spec)
     if arch is not None and ceiling_tflops:

@@ -146,3 +146,8 @@ def machine_from_nvml(found: list[dict]) -> Machine:
         return Machine()
     g = match_gpu_name(found[0].get("name") or "", found[0].get("mem_total_gib"))
     return Machine(len(found), g.name if g else None)
+
+
+HOST_RESERVE_BYTES = 4 << 30
+"""Host memory left to everything else (the process, the data loader, the OS) when page-locking buffers for
+activation offload: the engine refuses to lock more, the estimator counts it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runner.facts.catalog import LAYER_LINEAR, Arch
 from runner.facts.families import family
+from runner.facts.tiling import mlp_backward_width, mlp_intermediate_bytes
 from runner.plan.constants import (
     ACTIVATION_CALIBRATION,
     GDN_CHUNK,
@@ -27,12 +28,13 @@ def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
 
 
 def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, frozen: bool = False,
-                           gdn_torch: bool = False) -> float:
+                           gdn_torch: bool = False, tiled: bool = False) -> float:
     """Tensors one decoder layer keeps for backward, per token, counted from the HF implementation.
 
     `frozen`: LoRA, the base weights take no gradient, so the tensors kept only for a weight's gradient are not
     kept (the norms' normalised input). Rotary embeddings keep nothing per token: cos and sin need no gradient,
-    so `q * cos` keeps cos, not q.
+    so `q * cos` keeps cos, not q. `tiled`: the MLP runs in tiles (train.tiled_mlp) and keeps only its input;
+    its intermediates are a tile's, counted once per layer by `tile_bytes`.
     """
     h = arch.hidden
     norm_kept, norm_out = _norm_bytes(arch, b, frozen)
@@ -67,23 +69,20 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
             n += 2 * b * q  # sigmoid(gate) and the gated o_proj input
         if attn == "eager":
             n += b * arch.heads * (seq_len + (1 if arch.attention_sinks else 0))  # softmax probabilities
-    if arch.is_moe_layer(i):
-        e_im, k = arch.expert_intermediate, arch.experts_per_token
-        n += b * arch.num_experts  # router logits
-        # Per route: the gathered input, the expert intermediates and the expert output the routing weight
-        # multiplies (transformers' grouped_mm experts path).
-        fam = family(arch.model_type)
-        n += k * b * ((fam.expert_intermediates if fam is not None else 4) * e_im + 2 * h)
-        if arch.shared_expert_intermediate:
-            n += 4 * b * arch.shared_expert_intermediate + 2 * b
-    else:
-        n += 4 * b * arch.intermediate  # silu input, silu output, up, their product (down_proj's input)
+    if not tiled:  # a tiled MLP keeps only its input (the norm output counted above)
+        n += mlp_intermediate_bytes(arch, i, b)
     return n * ACTIVATION_CALIBRATION
 
 
-def backward_transient_bytes(arch: Arch, b: int) -> float:
-    """Gradient tensors alive at once inside one layer's backward, per token."""
-    widest = max(arch.intermediate if not arch.num_experts else 2 * arch.expert_intermediate * arch.experts_per_token,
-                 2 * arch.linear_key_dim + arch.linear_value_dim, 2 * arch.q_dim)
+def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False) -> float:
+    """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient is
+    a tile's (`tile_bytes`)."""
+    widest = max(0 if tiled else mlp_backward_width(arch), 2 * arch.linear_key_dim + arch.linear_value_dim,
+                 2 * arch.q_dim)
     return b * (2 * arch.hidden + 2 * widest)
 
+
+def tile_bytes(arch: Arch, b: int, tile_tokens: int) -> float:
+    """One MLP tile at its backward: the recomputed tile's intermediates and its gradients (bytes, whole tile)."""
+    return max((mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers)), default=0.0) * tile_tokens \
+        * ACTIVATION_CALIBRATION + 2 * b * mlp_backward_width(arch) * tile_tokens

@@ -22,6 +22,7 @@ from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens 
 from runner.errors import Problem, UserError
 from runner.engines import engine_for
 from runner.facts.gpus import GpuType, detect_gpu, gpu_type, machine_of
+from runner.facts.tiling import TiledMlp, tiled_mlp_choice
 from runner.machine import Machine, ranks_per_node, target_machine
 from runner.spec import RunSpec, weights_dtype
 
@@ -59,6 +60,14 @@ class Plan:
     def loss_chunk_tokens(self) -> int | None:
         """Tokens per chunk of the native engine's chunked or fused loss (None for the others)."""
         return loss_chunk_tokens(self.loss_impl, self.arch.vocab)
+
+    @property
+    def tiled_mlp(self) -> TiledMlp:
+        """Whether the MLP runs in tiles and how long they are, as the native engine decides (runner.facts.tiling)."""
+        t = self.spec.train
+        gpu_bytes = self.gpu.memory_gib * 2**30 if self.gpu else 0.0
+        return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, t.seq_len * t.micro_batch,
+                                gpu_bytes, t.compile)
 
     @property
     def precision(self) -> Precision:

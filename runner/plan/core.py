@@ -18,6 +18,7 @@ from runner.plan.constants import (
     TRL_FRAGMENTATION_FRACTION,
     gib,
 )
+from runner.facts.gpus import HOST_RESERVE_BYTES, detect_gpu
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
 from runner.plan.memory import Memory, memory_model
@@ -58,6 +59,25 @@ def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
                         FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """Host memory that offloaded activations need on one node, and what the node has (bytes)."""
+
+    needed: float
+    capacity: float
+
+
+def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
+    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload), and the engine keeps
+    HOST_RESERVE_BYTES free. The node's memory is this machine's when it has the GPUs (`runner bench` and a run
+    plan on the node that runs them); planned elsewhere, the node's host memory is unknown (None)."""
+    if not mem.host_offload or detect_gpu() is None:
+        return None
+    import psutil
+
+    return HostMemory(plan.nproc * mem.host_offload + HOST_RESERVE_BYTES, float(psutil.virtual_memory().total))
+
+
 def verdict_for(headroom: float, capacity: float) -> str:
     if headroom < 0:
         return "does not fit"
@@ -81,6 +101,11 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     if plan.device != "cuda":  # no CUDA context, no NCCL: the rank process itself
         breakdown = {("process" if k == "cuda_context_nccl" else k): v for k, v in breakdown.items()}
     headroom = dev.capacity - per_gpu
+    host = host_memory(plan, mem)
+    if host is not None and host.needed > host.capacity:
+        reasons.append(f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
+                       f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB and {gib(HOST_RESERVE_BYTES):.0f} "
+                       f"GiB left to the system) of {gib(host.capacity):.1f} GiB")
 
     data = dataset_size(spec, plan.loaded)
     packs = engine_for(spec.engine).packs(t.packing)
@@ -107,12 +132,14 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     scope = outside_measured(plan)
     if scope:
         reasons.append(scope)
-    notes = ("dataset size:", "one rank", "activation offload:")  # said, but nothing approximate about them
+    notes = ("dataset size:", "one rank", "activation offload:", "tiled MLP:", "host memory is")  # said, but nothing approximate about them
     approx_reasons = [r for r in reasons if not r.startswith(notes)]
     if plan.loaded.note:
         reasons.append(plan.loaded.note)
+    host_short = host is not None and host.needed > host.capacity
     return Estimate(
-        fits=headroom >= 0, verdict=verdict_for(headroom, dev.capacity), headroom_gib=gib(headroom),
+        fits=headroom >= 0 and not host_short,
+        verdict="does not fit" if host_short else verdict_for(headroom, dev.capacity), headroom_gib=gib(headroom),
         per_gpu_gib=gib(per_gpu), per_gpu_allocated_gib=gib(mem.allocated),
         per_gpu_reserved_gib=gib(per_gpu + dev.idle_pools), gpu_memory_gib=round(dev.capacity / GIB, 2),
         gpu=dev.name, world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
@@ -127,6 +154,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
         phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
+        host_memory_gib=None if host is None else round(host.capacity / GIB, 1),
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.engines import engine_for
-from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes
+from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
 from runner.plan.constants import (
     ADAM_STATES_PER_PARAM,
     CHUNKED_LOSS_BYTES_PER_ELEM,
@@ -220,8 +220,11 @@ def activation_memory(s: Step) -> ActivationMemory:
     plan, arch, t, cb, tokens = s.plan, s.plan.arch, s.spec.train, s.cb, s.tokens
     notes: list[str] = []
     compiled = COMPILED_ACTIVATION_FACTOR if t.compile and s.cuda else 1.0
-    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch)
-                 * tokens * compiled for i in range(arch.layers)]
+    tiling = plan.tiled_mlp
+    per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch,
+                                        tiled=tiling.on) * tokens * compiled for i in range(arch.layers)]
+    if tiling.on:
+        notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens")
     if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
         notes.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
                      "fp32 intermediates counted")
@@ -258,7 +261,8 @@ def activation_memory(s: Step) -> ActivationMemory:
     return ActivationMemory(
         kept=kept, recompute_last=worst - kept, recompute_first=per_layer[0] if k else 0.0,
         kept_first=layer_input if k else per_layer[0],  # by the first layer's backward the others' are freed
-        transient=backward_transient_bytes(arch, cb) * tokens, layer_input=layer_input, mask=mask,
+        transient=backward_transient_bytes(arch, cb, tiling.on) * tokens
+        + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
         score_transient=score_transient, host_offload=host_offload, notes=tuple(notes))
 
 

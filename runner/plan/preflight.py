@@ -26,6 +26,7 @@ from runner.imports import from_transformers
 from runner.engines import engine_for
 from runner.spec import RunSpec, resolve_embedded
 from runner.events.tracking import tracker_problems
+from runner.facts.tiling import tiled_mlp_problems
 
 SAMPLE_ROWS = 16
 TEMPLATE_ROWS = 8  # rows rendered through the chat template (each trained turn costs two renders of its prefix)
@@ -62,6 +63,7 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
         out += engine_for(spec.engine).check_problems(spec, config, _device(spec))
     out += _attention_problems(spec, config)
     out += _hardware_problems(spec)
+    out += tiled_mlp_problems(spec.engine, spec.train.tiled_mlp, spec.train.compile)
     out += tracker_problems(list(spec.report.to))
     if spec.method.kind == "lora" and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
         out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",

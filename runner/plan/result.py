@@ -61,6 +61,8 @@ class Estimate:
     phases_gib: dict[str, float] = field(default_factory=dict)
     host_offload_gib: float = 0.0
     """Pinned host memory per rank for offloaded activations (train.offload_activations); not in per_gpu_gib."""
+    host_memory_gib: float | None = None
+    """This node's host memory, which offloaded activations of all its ranks must fit in (None without offload)."""
 
     peak_mem_gib: dict[str, float] = field(default_factory=dict)
     """The estimate of what the ranks measure, under the names they report it with (their `end` event's

@@ -220,17 +220,22 @@ def weights_bf16(model: nn.Module) -> bool:
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 compile_layers: bool = False, recompute_layers: int | None = None,
                 offload_activations: bool = False, fsdp_one_rank: bool = False,
-                recompute_attention: bool = True) -> nn.Module:
+                recompute_attention: bool = True, mlp_tile: int | None = None) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
 
     One rank trains the plain module unless runner.facts.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
     layer's weights in and its gradients out, and its hooks cost host time that short steps cannot hide.
+    With `mlp_tile` each decoder layer's MLP runs in tiles of that many tokens (runner.train.tiling).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     compile_layers = compile_layers and device == "cuda"
     offload = offload_activations and device == "cuda"
+    if mlp_tile:
+        from runner.train.tiling import tile_mlps
+
+        tile_mlps(text_decoder_layers(model), mlp_tile)  # before FSDP2 and checkpointing wrap the layers
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,

@@ -138,7 +138,9 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
     from torch.distributed.fsdp import FSDPModule
 
+    from runner.facts.catalog import parse_arch
     from runner.facts.decisions import choose_loss, loss_chunk_tokens
+    from runner.facts.tiling import tiled_mlp_choice
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
     from runner.train.evaluation import attach_eval
@@ -168,8 +170,13 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         model = apply_lora(model, spec)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
+        if rt.device == "cuda" else 0.0
+    tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, parse_arch(config.to_dict()),
+                              t.seq_len * t.micro_batch, gpu_bytes, t.compile)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
-                        t.offload_activations, t.fsdp_one_rank, t.recompute_attention)
+                        t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
+                        mlp_tile=tiling.tile_tokens if tiling.on else None)
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):
@@ -177,7 +184,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     attach_eval(model)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], t.optimizer_precision, t.lr,
                           tuple(t.betas), t.weight_decay, rt.device, t.seed, rt.rank)
-    info = {**attn.to_dict(), "optimizer_precision": t.optimizer_precision, "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens,
+    info = {**attn.to_dict(), "optimizer_precision": t.optimizer_precision, "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens, "tiled_mlp": tiling.reason,
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,

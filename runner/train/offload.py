@@ -23,12 +23,12 @@ import psutil
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from runner.facts.gpus import HOST_RESERVE_BYTES
+
 MIN_OFFLOAD_BYTES = 1 << 20
 """Smaller saved tensors stay where they are: the copy would cost more than the memory it frees."""
 
 
-HOST_RESERVE_BYTES = 4 << 30
-"""Host memory left to everything else (the process, the data loader, the OS) when page-locking buffers."""
 
 
 class HostBuffers:

@@ -440,11 +440,14 @@ BENCH_RUNS = sorted((BENCH / "bench-h200").glob("*.json"))
 
 def _as_measured(row: dict) -> list[str]:
     """Whether the row's one rank ran in FSDP2, as it did: from what the run said (`choices.fsdp`) where the result
-    keeps it; results from before one native rank trained the plain module lack the spec field too (wrapped)."""
+    keeps it; results from before one native rank trained the plain module lack the spec field too (wrapped). And
+    the MLP untiled where the row predates tiling."""
     said = row.get("choices", {}).get("fsdp")
+    # Results from before the MLP could be tiled ran it untiled (their spec has no tiled_mlp).
+    untiled = [] if "tiled_mlp" in row.get("spec", {}) else ["train.tiled_mlp=false"]
     if said is not None:
-        return [f"train.fsdp_one_rank={'true' if said.startswith('fsdp2') else 'false'}"]
-    return [] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"]
+        return [f"train.fsdp_one_rank={'true' if said.startswith('fsdp2') else 'false'}", *untiled]
+    return untiled + ([] if "fsdp_one_rank" in row.get("spec", {}) else ["train.fsdp_one_rank=true"])
 
 
 def _recompute_as_measured(row: dict) -> list[str]:

@@ -1,0 +1,91 @@
+"""Tiled MLP (train.tiled_mlp): each decoder layer's MLP runs over the block in tiles of tokens.
+
+Forward runs the MLP tile by tile under no_grad and keeps only its input; backward recomputes each tile with grad
+and calls autograd on it, so the parameter gradients accumulate into the parameters' own `.grad` through the
+normal path (FSDP2's unsharded parameters, LoRA's adapters) and the input's gradient is written tile by tile. The
+MLP's intermediates are then one tile's at a time, in forward and in backward, instead of the whole block's.
+
+The MLP maps each token on its own (dense MLPs, and MoE blocks whose router picks experts per token), so a tile's
+result is the block's result for those tokens: the loss and the gradients are the untiled ones up to the order of
+floating-point sums. The inner autograd call starts from a detached tile, so it never reaches the layer's inputs:
+FSDP2's per-layer hooks fire once, from the outer backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class TiledMlpFunction(torch.autograd.Function):
+    """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time. `params` are the MLP's trainable
+    parameters, passed so that the output requires grad whenever one of them does (a frozen input, LoRA adapters
+    inside the MLP); their gradients come from the inner autograd call, not from this function's return."""
+
+    @staticmethod
+    def forward(ctx: Any, mlp: Any, tile: int, x: torch.Tensor, *params: torch.Tensor) -> Any:
+        ctx.mlp, ctx.tile = mlp, tile
+        ctx.save_for_backward(x)
+        outs, extras = [], []
+        with torch.no_grad():
+            for part in x.split(tile):
+                out = mlp(part.unsqueeze(0))
+                if isinstance(out, tuple):  # gpt_oss returns (hidden, router scores); the layer drops the scores
+                    extras.append(out[1:])
+                    out = out[0]
+                outs.append(out.squeeze(0))
+        hidden = torch.cat(outs)
+        if not extras:
+            return hidden
+        rest = tuple(torch.cat(e) if isinstance(e[0], torch.Tensor) else e[0] for e in zip(*extras, strict=True))
+        ctx.mark_non_differentiable(*(r for r in rest if isinstance(r, torch.Tensor)))
+        return (hidden, *rest)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, *_: Any) -> Any:
+        (x,) = ctx.saved_tensors
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[2] else None
+        start = 0
+        for part, grad_part in zip(x.split(ctx.tile), grad_out.split(ctx.tile), strict=True):
+            leaf = part.detach().requires_grad_(grad_x is not None)
+            with torch.enable_grad():
+                out = ctx.mlp(leaf.unsqueeze(0))
+                out = (out[0] if isinstance(out, tuple) else out).squeeze(0)
+            # Parameter gradients accumulate into .grad here, tile after tile, as in an untiled backward.
+            torch.autograd.backward(out, grad_part)
+            if grad_x is not None:
+                grad_x[start:start + len(part)] = leaf.grad
+            start += len(part)
+        return (None, None, grad_x) + (None,) * (len(ctx.needs_input_grad) - 3)
+
+
+def tile_mlp(mlp: nn.Module, tile: int) -> None:
+    """Make `mlp`'s forward run in tiles of `tile` tokens (over batch × sequence, flattened)."""
+    forward = mlp.forward
+
+    def tiled_forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # an MLP called with more than its input is not one this knows how to tile
+            return forward(hidden_states, *args, **kwargs)
+        shape = hidden_states.shape
+        flat = hidden_states.reshape(-1, shape[-1])
+        # The parameters as the MLP sees them now: FSDP2 swaps unsharded ones in for the layer's forward.
+        params = tuple(p for p in mlp.parameters() if p.requires_grad)
+        out = TiledMlpFunction.apply(forward, tile, flat, *params)
+        if isinstance(out, tuple):
+            return (out[0].view(shape), *out[1:])
+        return out.view(shape)
+
+    mlp.forward = tiled_forward
+
+
+def tile_mlps(layers: list[nn.Module], tile: int) -> int:
+    """Tile the MLP of every decoder layer that has one (`layer.mlp`); returns how many were tiled."""
+    n = 0
+    for layer in layers:
+        mlp = getattr(layer, "mlp", None)
+        if isinstance(mlp, nn.Module):
+            tile_mlp(mlp, tile)
+            n += 1
+    return n

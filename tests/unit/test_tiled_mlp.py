@@ -1,0 +1,166 @@
+"""Tiled MLP (train.tiled_mlp): exact against the plain MLP for every family of the matrix, both methods, with and
+without activation checkpointing; the choice of `auto`; the estimator's accounting of tiles."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from runner.facts.catalog import parse_arch
+from runner.facts.decisions import Kernels, choose_attention, choose_loss
+from runner.facts.families import MATRIX
+from runner.facts.tiling import mlp_tile_tokens, tiled_mlp_choice
+from runner.train.attention import concrete_model_class, keep_documents_apart, supported_attention
+from runner.train.data import collate
+from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
+from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.tiling import tile_mlps
+from tests.conftest import run_cli
+from tests.families import family_config
+from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
+
+TILE = 37  # uneven: the block's last tile is shorter
+
+
+def _full_model(name: str) -> tuple[torch.nn.Module, str]:
+    """The family's model for a full fine-tune, its attention and packing as the engines prepare them on CPU."""
+    config = family_config(name)
+    supported = supported_attention(concrete_model_class(AutoModelForCausalLM, config))
+    attn = choose_attention("auto", "cpu", SEQ_LEN, supported, config, Kernels.assumed("cpu")).impl
+    torch.manual_seed(0)
+    config.initializer_range = 0.2
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    keep_documents_apart(model, True, torch.float32)
+    return model, choose_loss("native", "auto", config)[0]
+
+
+def _tiled(model: torch.nn.Module, recompute: bool) -> tuple[torch.nn.Module, list[int]]:
+    """A copy with tiled MLPs (and checkpointed layers), and a list that grows by one per tile run."""
+    tiled = copy.deepcopy(model)
+    layers = text_decoder_layers(tiled)
+    calls: list[int] = []
+    for layer in layers:
+        layer.mlp.register_forward_hook(lambda *_: None)  # a hook on the module must not stop the tiling
+        forward = layer.mlp.forward
+
+        def counted(x, _f=forward):
+            calls.append(x.shape[-2])
+            return _f(x)
+
+        layer.mlp.forward = counted
+    assert tile_mlps(layers, TILE) == len(layers)
+    if recompute:
+        tiled.train()
+        enable_recompute(tiled, None)
+    return tiled, calls
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("name", MATRIX)
+def test_tiled_mlp_gives_the_plain_loss_and_gradients(name, method):
+    model, loss_impl = _full_model(name) if method == "full" else _model(name)[::2]
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    fn = full_loss_sum if loss_impl == "full" else LOSS_FUNCTIONS[loss_impl]
+    reference = _grads(model, lambda: fn(model, batch))
+    assert reference[1], "nothing trained"
+    layers = len(text_decoder_layers(model))
+    tiles = -(-SEQ_LEN // TILE)
+    # With checkpointing (the tiles run again in the layer's recompute): a dense family, a tuple-returning MoE, a
+    # hybrid and a latent-attention MoE, and LoRA on the dense one; the others only untiled-vs-tiled, to keep this short.
+    checkpointed = {"llama", "gpt_oss", "qwen3_next", "deepseek_v3"} if method == "full" else {"llama"}
+    for recompute in (False, True) if name in checkpointed else (False,):
+        tiled, calls = _tiled(model, recompute)
+        result = _grads(tiled, lambda m=tiled: fn(m, batch))
+        _assert_same(result, reference, f"{name} {method} tiled, checkpointing={recompute}")
+        # Each tile ran in forward (twice with checkpointing: forward and its recompute) and once in backward.
+        assert set(calls) <= {TILE, SEQ_LEN % TILE} and len(calls) == layers * tiles * (3 if recompute else 2), \
+            (name, calls)
+
+
+def test_auto_tiles_long_gpu_blocks_of_mlp_heavy_models_only():
+    llama = parse_arch(family_config("llama").to_dict())  # intermediate 128 = 2 × hidden, 4 heads of 16
+    assert mlp_tile_tokens(llama, 10_000) == llama.hidden and mlp_tile_tokens(llama, 10) == 10
+    gpu = 4 * 2 * 128 * 4096 * 16 - 1  # one layer's MLP intermediates at 4,096 tokens: just over 1/16 of it
+    on = tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu)
+    assert on.on and on.tile_tokens == 64 and "on (auto)" in on.reason, on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu + 2).on  # a short block: no gain
+    assert not tiled_mlp_choice("auto", "native", "cpu", llama, 4096).on  # CPU recipes keep their exact curves
+    assert not tiled_mlp_choice("auto", "trl", "cuda", llama, 4096, gpu).on
+    assert not tiled_mlp_choice("auto", "native", "cuda", llama, 4096, gpu, compile_layers=True).on
+    narrow = parse_arch({**family_config("llama").to_dict(), "intermediate_size": 16})
+    assert not tiled_mlp_choice("auto", "native", "cuda", narrow, 4096, 1.0).on  # attention keeps more than the MLP
+    assert tiled_mlp_choice(True, "native", "cpu", llama, 4096).on
+    assert not tiled_mlp_choice(False, "native", "cuda", llama, 4096, 1.0).on
+
+
+@pytest.mark.parametrize("setting, fix", [("engine=trl", "use engine=native"),
+                                          ("train.compile=true", "set train.compile=false")])
+def test_a_tiled_mlp_it_cannot_run_is_refused_before_launch(tmp_path, capsys, setting, fix):
+    code, out, err = run_cli(["run", "tiny-cpu", "--set", "train.tiled_mlp=true", "--set", setting,
+                              "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")], capsys)
+    text = out + err
+    assert code == 2 and "train.tiled_mlp" in text and fix in text and "Traceback" not in text, text
+    assert not (tmp_path / "runs").exists()
+
+
+def _saved_bytes(model: torch.nn.Module, batch: dict) -> int:
+    """Bytes of the distinct tensors autograd keeps from a forward (the loss included) for backward, the weights
+    (kept by reference, not activations) left out."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        full_loss_sum(model, batch)
+    return sum(seen.values())
+
+
+def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
+    """The embedded model on CPU: tiling the MLP takes off exactly the MLP intermediates the estimator counts per
+    layer and token (runner.facts.tiling.mlp_intermediate_bytes), and keeps nothing in their place."""
+    from runner.facts.tiling import mlp_intermediate_bytes
+    from runner.spec import load_spec
+    from runner.train.model import load_model
+
+    spec = load_spec("tiny-cpu")
+    model = load_model(spec, "sdpa")
+    arch = parse_arch(model.config.to_dict())
+    tokens = 300
+    ids = torch.randint(3, arch.vocab, (1, tokens))
+    batch = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(tokens)[None]}
+    plain = _saved_bytes(model, batch)
+    tile_mlps(text_decoder_layers(model), mlp_tile_tokens(arch, tokens))
+    tiled = _saved_bytes(model, batch)
+    counted = sum(mlp_intermediate_bytes(arch, i, 4) for i in range(arch.layers)) * tokens
+    assert plain - tiled == counted, (plain, tiled, counted)
+
+
+def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_limit(monkeypatch):
+    """Qwen3-4B layout on one H200 at 425,984 tokens, every layer recomputed and offloaded (the committed limit run):
+    auto tiles there, which frees GPU memory; planned on a node with 64 GiB of host memory, the 73 GiB of offloaded
+    inputs do not fit, and the estimate says host memory is why."""
+    import psutil
+
+    from runner.plan import estimate
+    from runner.spec import load_spec
+
+    sets = ["train.compile=false", "train.recompute_layers=null", "train.offload_activations=true",
+            "train.seq_len=425984"]
+    tiled, plain = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"train.tiled_mlp={t}"]), suggest=False)
+                    for t in ("auto", "false"))
+    assert "tiled MLP: tiles of 2,560 tokens" in tiled.approximate_reason
+    assert tiled.per_gpu_allocated_gib < plain.per_gpu_allocated_gib - 20  # 4 × 9,728 × 2 B a token, and more
+    assert tiled.host_memory_gib is None  # planned off the node: its host memory is not this machine's
+    monkeypatch.setattr("runner.plan.core.detect_gpu", lambda: ("H200", 1))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": 64 * 2**30})())
+    short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
+    assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
+    assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
+
