@@ -19,6 +19,7 @@ from runner.plan.constants import (
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
 from runner.plan.memory import Memory, memory_model
+from runner.plan.autotune import document_lengths, tune
 from runner.plan.choices import Plan, make_plan
 from runner.plan.result import PER_GPU_BASIS, Estimate
 from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, step_time, tokens_per_step
@@ -63,8 +64,11 @@ def verdict_for(headroom: float, capacity: float) -> str:
 
 
 def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
-    """Per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running), without
-    the search for a fix (runner.plan.whatif.estimate adds it)."""
+    """Per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running, and its
+    `auto` levers as runner.plan.autotune resolves them for the run), without the search for a fix
+    (runner.plan.whatif.estimate adds it)."""
+    tuned = tune(spec, *(document_lengths(spec) if doc_len is None else (doc_len, doc_len)))
+    spec = tuned.spec
     plan = make_plan(spec)
     arch, t = plan.arch, spec.train
     mem = memory_model(plan)
@@ -127,5 +131,5 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,
-        dataset_format=data.row_format, packing=packing,
+        dataset_format=data.row_format, packing=packing, **tuned.to_dict(),
     )

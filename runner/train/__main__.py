@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     try:
         rt = runtime.init(spec.hardware.device)
+        from runner.plan.autotune import resolve_levers
+
+        spec = resolve_levers(spec)  # the launcher's choice already; a spec written with `auto` gets the same
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         if spec.engine == "trl":
             from runner.train.trl_engine import train

@@ -75,10 +75,10 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("train.warmup_steps", "warmup steps", "int"),
         ("train.max_steps", "max steps", "optional_int"),
         ("train.epochs", "epochs (no max)", "float"),
-        ("train.activation_checkpointing", "act. checkpointing", "switch"),
+        ("train.activation_checkpointing", "act. checkpointing", "select"),
         ("train.recompute_layers", "recompute layers", "optional_int"),
-        ("train.offload_activations", "offload activations", "switch"),
-        ("train.compile", "compile layers", "switch"),
+        ("train.offload_activations", "offload activations", "select"),
+        ("train.compile", "compile layers", "select"),
         ("train.loss_impl", "loss", "select"),
         ("train.packing_strategy", "packing", "select"),
         ("dataset.eval_fraction", "eval fraction", "float"),
@@ -120,6 +120,7 @@ def literal_options(path: str) -> list[Any]:
     out: list[Any] = []
     for arg in typing.get_args(ann) or ():
         out += list(typing.get_args(arg)) if typing.get_origin(arg) is typing.Literal else []
+        out += [True, False] if arg is bool else []  # a speed lever: auto, or set on or off
     if typing.get_origin(ann) is typing.Literal:
         out = list(typing.get_args(ann))
     return out

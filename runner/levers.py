@@ -1,0 +1,77 @@
+"""The speed levers: train fields that change how fast a step runs and how much memory it takes, not what it trains.
+
+Each is `auto` by default and runner.plan.autotune picks it (the fastest setting predicted to fit); a lever the user
+sets is kept. This module holds their names and the rules between them, for the spec's validation and the planner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.errors import Problem
+
+AUTO = "auto"
+
+LEVERS = ("activation_checkpointing", "recompute_layers", "recompute_attention", "offload_activations", "compile",
+          "loss_impl", "fsdp_one_rank", "micro_batch", "grad_accum")
+"""The train fields the planner fills when they are `auto` (train.optimizer_precision has its own rule in
+runner.precision; the attention path and kernel are picked by runner.facts.decisions)."""
+
+NATIVE_ONLY = ("recompute_layers", "recompute_attention", "offload_activations", "compile")
+"""Levers only the native engine honours: the TRL engine checkpoints every layer or none and compiles nothing."""
+
+RECOMPUTE_SUB_LEVERS = {
+    # field: (the value that switches it off, what the TRL engine does instead)
+    "recompute_layers": ("null", "the trl engine checkpoints every layer or none"),
+    "offload_activations": ("false", "the trl engine does not offload activations"),
+    "recompute_attention": ("true", "the trl engine recomputes whole layers"),
+}
+
+
+def is_auto(value: Any) -> bool:
+    return value == AUTO
+
+
+def sub_lever_set(train: Any, field: str) -> bool:
+    """Whether a recompute lever is set to the value that needs activation checkpointing (auto is not set)."""
+    value = getattr(train, field)
+    if is_auto(value):
+        return False
+    if field == "recompute_layers":
+        return value is not None
+    if field == "recompute_attention":
+        return value is False
+    return value is True
+
+
+def checkpointing_required(train: Any) -> bool:
+    """A recompute lever the user set needs activation checkpointing on: auto then picks it on."""
+    return any(sub_lever_set(train, f) for f in RECOMPUTE_SUB_LEVERS)
+
+
+def lever_problems(spec: Any) -> list[Problem]:
+    """Recompute levers against activation checkpointing and the engine; global_batch_tokens against the split."""
+    out: list[Problem] = []
+    t = spec.train
+    for field, (off, trl_says) in RECOMPUTE_SUB_LEVERS.items():
+        if not sub_lever_set(t, field):
+            continue
+        if t.activation_checkpointing is False:
+            out.append(Problem(f"train.{field}", "only applies with activation checkpointing",
+                               f"set train.activation_checkpointing=true (or auto), or train.{field}={off}"))
+        if spec.engine != "native":
+            out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
+    g = t.global_batch_tokens
+    if g is not None and not is_auto(t.micro_batch) and not is_auto(t.grad_accum):
+        out.append(Problem("train.global_batch_tokens", "micro_batch and grad_accum are both set: there is no "
+                           "split left to choose", "set train.micro_batch=auto or train.grad_accum=auto, or unset "
+                           "train.global_batch_tokens"))
+    if g is not None and g % t.seq_len:
+        out.append(Problem("train.global_batch_tokens", f"must be a multiple of train.seq_len={t.seq_len}, got {g}",
+                           f"use {max(1, g // t.seq_len) * t.seq_len}"))
+    return out
+
+
+def unresolved(train: Any) -> list[str]:
+    """The levers still `auto` in a train section."""
+    return [f for f in LEVERS if is_auto(getattr(train, f))]
