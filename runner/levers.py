@@ -6,6 +6,8 @@ sets is kept. This module holds their names and the rules between them, for the 
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import Problem
@@ -72,6 +74,74 @@ def lever_problems(spec: Any) -> list[Problem]:
     return out
 
 
+def tokens_per_forward(train: Any) -> int:
+    """Tokens one forward takes (seq_len × micro_batch), for the choices made before the planner's (the attention
+    path): a micro_batch still auto counts as 1."""
+    return train.seq_len * (1 if is_auto(train.micro_batch) else int(train.micro_batch))
+
+
 def unresolved(train: Any) -> list[str]:
     """The levers still `auto` in a train section."""
     return [f for f in LEVERS if is_auto(getattr(train, f))]
+
+
+@dataclass(frozen=True)
+class Levers:
+    """Every lever's value, resolved: what the engine runs with."""
+
+    activation_checkpointing: bool
+    recompute_layers: int
+    """Decoder layers that recompute (0 without checkpointing, all of them for the TRL engine's checkpointing)."""
+    recompute_attention: bool
+    offload_activations: bool
+    compile: bool
+    loss_impl: str
+    fsdp_one_rank: bool
+    micro_batch: int
+    grad_accum: int
+
+    def train_fields(self, engine: str, layers: int) -> dict[str, Any]:
+        """The spec's train fields for these levers (the TRL engine takes no recompute count and no loss choice)."""
+        on = self.activation_checkpointing
+        out: dict[str, Any] = {
+            "activation_checkpointing": on, "recompute_attention": self.recompute_attention,
+            "offload_activations": self.offload_activations, "compile": self.compile,
+            "fsdp_one_rank": self.fsdp_one_rank, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+            "recompute_layers": min(self.recompute_layers, layers) if on and engine == "native" else None}
+        if engine == "native":
+            out["loss_impl"] = self.loss_impl
+        return out
+
+    def describe(self, layers: int) -> str:
+        if not self.activation_checkpointing:
+            parts = ["no recompute"]
+        else:
+            parts = [f"recompute {self.recompute_layers} of {layers} layers"]
+            if self.offload_activations:
+                parts.append("their inputs offloaded")
+            elif not self.recompute_attention:
+                parts.append("attention outputs kept")
+        parts.append(f"{self.loss_impl} loss")
+        if self.compile:
+            parts.append("compiled layers")
+        if self.fsdp_one_rank:
+            parts.append("FSDP2 on one rank")
+        if self.micro_batch > 1 or self.grad_accum > 1:
+            parts.append(f"{self.micro_batch} × {self.grad_accum} micro-batches")
+        return ", ".join(parts)
+
+
+def levers_of(spec: Any, layers: int, loss_impl: str) -> Levers:
+    """The levers of a spec whose levers are all set: what the estimate reports and what each rank says it ran
+    (its `train_begin` event), by this one function."""
+    t = spec.train
+    on = bool(t.activation_checkpointing)
+    count = 0 if not on else layers if t.recompute_layers is None or spec.engine != "native" else \
+        min(int(t.recompute_layers), layers)
+    return Levers(on, count, bool(t.recompute_attention), bool(t.offload_activations), bool(t.compile), loss_impl,
+                  bool(t.fsdp_one_rank), int(t.micro_batch), int(t.grad_accum))
+
+
+def lever_values(spec: Any, layers: int, loss_impl: str) -> dict[str, Any]:
+    """levers_of as a dict: what a rank's train_begin event reports (`levers`)."""
+    return dataclasses.asdict(levers_of(spec, layers, loss_impl))

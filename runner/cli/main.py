@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of timing, find each engine's largest train.seq_len that fits by bisection over "
                         "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
 
+    _add_tune(sub)
     p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one row per record")
@@ -133,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the fields whose name starts with it, e.g. `runner fields train.`")
     sub.add_parser("recipes", help="the recipes shipped with the package")
     return parser
+
+
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="the fastest speed levers that fit, optionally measured; write them as a recipe")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--probe", type=int, default=0, metavar="K",
+                   help="run 3 steps of each of the K best candidates here and keep the measured fastest")
+    p.add_argument("-o", "--out", type=Path, help="write the spec with the chosen levers as a recipe YAML")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +215,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if spec.hardware.nproc_per_node == "auto":
         raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
                         "from here; e.g. --set hardware.nproc_per_node=8")
+    from runner.plan.autotune import resolve_levers
+
+    spec = resolve_levers(spec)  # the ranks run what the planner chose here (they never choose)
     run_id = new_run_id(spec.name, args.runs_dir, args.records_dir)
     paths = RunPaths(args.runs_dir / run_id)
     write_spec(paths, spec)
@@ -364,6 +377,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from runner.cli.tune import tune
+
+    return tune(args.spec, args.overrides, args.probe, args.out, args.runs_dir, args.records_dir,
+                Console(highlight=False, soft_wrap=True))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from runner.cli.bench import bench
 
@@ -453,6 +475,7 @@ COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
     "bench": cmd_bench,
+    "tune": cmd_tune,
     "calibrate": cmd_calibrate,
     "fields": cmd_fields,
     "recipes": cmd_recipes,

@@ -19,10 +19,10 @@ from typing import Any
 
 from runner.errors import Problem, UserError
 from runner.facts.decisions import chunked_supported
-from runner.levers import AUTO, checkpointing_required, is_auto, unresolved
+from runner.levers import AUTO, Levers, checkpointing_required, is_auto, levers_of, unresolved  # noqa: F401
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
-from runner.plan.memory import memory_model
+from runner.plan.memory import device_memory, memory_model
 from runner.plan.timing import flops_per_step, step_time, tokens_per_step
 from runner.spec import RunSpec
 
@@ -31,50 +31,6 @@ HEADROOM_FRACTION = 0.05
 misses are on the side of more (benchmarks/memory-calibration-h200.md)."""
 
 RUNNERS_UP = 4
-
-
-@dataclass(frozen=True)
-class Levers:
-    """Every lever's value, resolved: what the engine runs with."""
-
-    activation_checkpointing: bool
-    recompute_layers: int
-    """Decoder layers that recompute (0 without checkpointing, all of them for the TRL engine's checkpointing)."""
-    recompute_attention: bool
-    offload_activations: bool
-    compile: bool
-    loss_impl: str
-    fsdp_one_rank: bool
-    micro_batch: int
-    grad_accum: int
-
-    def train_fields(self, engine: str, layers: int) -> dict[str, Any]:
-        """The spec's train fields for these levers (the TRL engine takes no recompute count and no loss choice)."""
-        on = self.activation_checkpointing
-        out: dict[str, Any] = {
-            "activation_checkpointing": on, "recompute_attention": self.recompute_attention,
-            "offload_activations": self.offload_activations, "compile": self.compile,
-            "fsdp_one_rank": self.fsdp_one_rank, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-            "recompute_layers": min(self.recompute_layers, layers) if on and engine == "native" else None}
-        if engine == "native":
-            out["loss_impl"] = self.loss_impl
-        return out
-
-    def describe(self, layers: int) -> str:
-        if not self.activation_checkpointing:
-            parts = ["no recompute"]
-        else:
-            parts = [f"recompute {self.recompute_layers} of {layers} layers"]
-            if self.offload_activations:
-                parts.append("their inputs offloaded")
-            elif not self.recompute_attention:
-                parts.append("attention outputs kept")
-        parts.append(f"{self.loss_impl} loss")
-        if self.compile:
-            parts.append("compiled layers")
-        if self.micro_batch > 1 or self.grad_accum > 1:
-            parts.append(f"{self.micro_batch} × {self.grad_accum} micro-batches")
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -125,17 +81,6 @@ class Space:
 
     def candidates(self) -> list[Levers]:
         return [dataclasses.replace(t, recompute_layers=k) for t, counts in self.groups() for k in counts]
-
-
-def levers_of(spec: RunSpec, layers: int, loss_impl: str) -> Levers:
-    """The levers of a spec whose levers are all set: what the estimate reports and what each rank says it ran
-    (its `train_begin` event), by this one function."""
-    t = spec.train
-    on = bool(t.activation_checkpointing)
-    count = 0 if not on else layers if t.recompute_layers is None or spec.engine != "native" else \
-        min(int(t.recompute_layers), layers)
-    return Levers(on, count, bool(t.recompute_attention), bool(t.offload_activations), bool(t.compile), loss_impl,
-                  bool(t.fsdp_one_rank), int(t.micro_batch), int(t.grad_accum))
 
 
 def _pick(value: Any, choices: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -214,8 +159,6 @@ class Pricer:
         self.capacity = 0.0
 
     def price(self, levers: Levers, order: int) -> Priced:
-        from runner.plan.core import device_memory
-
         base = self.plans[levers.micro_batch]
         fields = levers.train_fields(self.spec.engine, base.arch.layers)
         spec = self.spec.model_copy(update={"train": self.spec.train.model_copy(update=fields)})
@@ -322,8 +265,6 @@ def memory_limit(spec: RunSpec, capacity: float) -> float:
 
 def setup(spec: RunSpec, doc_len: int, attn_len: int) -> tuple[Space, Pricer, Plan]:
     """The lever space and the pricer of a spec, for a document length (and the length weighing attention)."""
-    from runner.plan.core import device_memory
-
     probe = make_plan(_with_split(spec, 1, 1))
     splits = batch_splits(spec, probe.world)
     plans = {m: make_plan(_with_split(spec, m, g)) for m, g in splits}

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
+from runner.levers import lever_values
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
@@ -464,7 +465,6 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     resume: continue from the latest trainer checkpoint under run_dir/checkpoints (model, optimizer, scheduler,
     RNG and data position).
     """
-    from runner.plan.autotune import levers_of
     from runner.train.model import DTYPES, decoder_layers, load_config, load_tokenizer
 
     t = spec.train
@@ -475,7 +475,6 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
-    levers = levers_of(spec, len(decoder_layers(model)), "trl-fused")
     if spec.method.kind == "lora":
         model = apply_lora(model, spec)
     n_params = sum(p.numel() for p in model.parameters())
@@ -513,7 +512,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
                  packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
-                 levers=dataclasses.asdict(levers),
+                 levers=lever_values(spec, len(decoder_layers(model)), "trl-fused"),
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",

@@ -109,3 +109,26 @@ def test_on_cpu_auto_picks_what_the_cpu_recipes_ran_with(recipe):
         want["loss_impl"] = "chunked"
     assert got == want
     assert autotune.resolve_levers(spec) is spec  # nothing auto left: nothing chosen again
+
+
+def test_tune_keeps_the_measured_fastest_and_an_out_of_memory_probe_does_not_fit(monkeypatch, tmp_path, capsys):
+    """`runner tune --probe 3`, the probes faked: the predicted best ran out of memory, the third measured faster
+    than the second; the recipe written has the third's levers."""
+    from runner.cli import tune as tune_mod
+    from runner.cli.main import main
+
+    results = iter([{"fits": False, "status": "failed"}, {"fits": True, "step_s": 2.0},
+                    {"fits": True, "step_s": 1.5}])
+    ran = []
+
+    def fake_probe(spec, runs_dir, records_dir):
+        ran.append({f: getattr(spec.train, f) for f in LEVERS})
+        return next(results)
+
+    monkeypatch.setattr(tune_mod, "probe", fake_probe)
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", "tiny-cpu", "--probe", "3", "-o", str(out), "--set", "hardware.nproc_per_node=1"]) == 0
+    assert len(ran) == 3 and len({tuple(r.items()) for r in ran}) == 3
+    tuned = load_spec(str(out)).train
+    assert {f: getattr(tuned, f) for f in LEVERS} == ran[2]
+    assert "out of memory" in capsys.readouterr().out
