@@ -92,7 +92,9 @@ def bench(spec: str, name: str, out: Path, args: list[str]) -> None:
     if (out / f"{name}.json").exists():
         print(f"have {name}", flush=True)
         return
-    cmd = [sys.executable, "-m", "runner", "bench", spec, "--engines", "native", *args, "--warmup", str(WARMUP),
+    # hardware.gpu=auto: the planner plans for the GPU the rows run on (an H100 runs them too; each row names it).
+    cmd = [sys.executable, "-m", "runner", "bench", spec, "--engines", "native", *args, "--set", "hardware.gpu=auto",
+           "--warmup", str(WARMUP),
            "--steps", str(STEPS), "--runs-dir", "/tmp/runs", "--records-dir", "/tmp/records", "--out", str(out),
            "--name", name]
     print("+", " ".join(cmd), flush=True)

@@ -305,6 +305,10 @@ def _print_estimate(spec: Any, est: Any) -> None:
         console.print(f"packing ({p['strategy']}, {p['sampled_rows']:,} sampled rows): "
                       f"{p['packing_efficiency']:.1%} of each block is real tokens, {p['split_documents']:,} of "
                       f"{p['documents']:,} conversations split across blocks")
+    if est.levers:
+        from runner.cli.tune import print_plan
+
+        print_plan(console, est)
     if est.suggestion:
         console.print(f"suggestion: {est.suggestion}")
     if est.approximate_reason:

@@ -68,9 +68,8 @@ def test_a_lever_the_user_sets_is_kept():
     tuned = autotune.tune(spec, DOC_LEN, ATTN_LEN)
     t = tuned.spec.train
     assert (t.compile, t.recompute_layers, t.loss_impl, t.activation_checkpointing) == (False, 30, "chunked", True)
-    # The embedded recipe sets micro_batch and grad_accum.
-    assert set(tuned.tuned) == {"recompute_attention", "offload_activations", "fsdp_one_rank",
-                                "activation_checkpointing"}
+    assert set(tuned.tuned) == {"recompute_attention", "offload_activations", "fsdp_one_rank", "micro_batch",
+                                "grad_accum", "activation_checkpointing"}
     assert not [f for f in LEVERS if getattr(t, f) == "auto"]
 
 
@@ -84,12 +83,11 @@ def test_headroom_is_left_free():
 
 
 def test_global_batch_tokens_are_split_between_micro_batch_and_accumulation():
-    split = ["train.micro_batch=auto", "train.grad_accum=auto"]
-    spec = gpu_spec("1.7B", "H200", 8192, 8, "train.global_batch_tokens=262144", *split)
+    spec = gpu_spec("1.7B", "H200", 8192, 8, "train.global_batch_tokens=262144")
     tuned = autotune.tune(spec, DOC_LEN, ATTN_LEN)
     t = tuned.spec.train
     assert t.micro_batch * t.grad_accum * 8192 * 8 == 262144
-    bad = gpu_spec("1.7B", "H200", 8192, 8, "train.global_batch_tokens=8192", *split)
+    bad = gpu_spec("1.7B", "H200", 8192, 8, "train.global_batch_tokens=8192")
     from runner.errors import UserError
 
     with pytest.raises(UserError, match="multiple of 65536"):
