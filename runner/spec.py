@@ -503,8 +503,9 @@ def field_choices(path: str) -> list[Any]:
     if typing.get_origin(ann) is typing.Literal:
         return list(typing.get_args(ann))
     members = [a for a in typing.get_args(ann) if a is not type(None)]
-    if members and all(typing.get_origin(a) is typing.Literal for a in members):
-        return [v for a in members for v in typing.get_args(a)]
+    if members and all(typing.get_origin(a) is typing.Literal or a is bool for a in members):
+        # A speed lever is `bool | "auto"`: auto, or set on or off.
+        return [v for a in members for v in ((True, False) if a is bool else typing.get_args(a))]
     return []
 
 
