@@ -124,8 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", metavar="LO:HI[:STEP]",
                    help="instead of timing, find each engine's largest train.seq_len that fits by bisection over "
                         "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
-
-    _add_tune(sub)
+    _add_tune(sub)  # runner tune shares bench's probe runs
     p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one row per record")

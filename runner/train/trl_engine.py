@@ -463,8 +463,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
           resume: bool = False) -> dict[str, Any]:
     """Train with TRL to the end of the data or max_steps; returns the rank's summary for its end event.
 
-    resume: continue from the latest trainer checkpoint under run_dir/checkpoints (model, optimizer, scheduler,
-    RNG and data position).
+    resume: continue from the latest trainer checkpoint in run_dir/checkpoints (model, optimizer, schedule, RNG, data).
     """
     from runner.train.model import DTYPES, decoder_layers, load_config, load_tokenizer
 
