@@ -6,8 +6,10 @@ the estimator (memory and step time, `Pricer`), and the fastest that leaves the 
 differ only in how many layers recompute: step time grows with every recomputed layer, so the first count that fits
 is that group's best. tests/unit/test_autotune.py checks it against pricing every candidate.
 
-`resolve_levers(spec)` is the one call that fills a spec: the estimate, the launcher and each rank make it, so what
-is planned is what runs; a spec without `auto` levers (a recorded run, replayed) comes back as it is.
+`resolve_levers(spec)` is the one call that fills a spec: the estimate makes it (runner.plan.core.predict) and so
+does the launcher before it writes the spec the ranks run (runner.launch.run.start), so what is planned is what runs;
+each rank reports its levers by runner.levers.levers_of, as the estimate does. A spec without `auto` levers (a
+recorded run, replayed) comes back as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from runner.errors import Problem, UserError
 from runner.facts.decisions import chunked_supported
-from runner.levers import AUTO, Levers, checkpointing_required, is_auto, levers_of, unresolved  # noqa: F401
+from runner.levers import Levers, checkpointing_required, is_auto, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
 from runner.plan.memory import device_memory, memory_model
@@ -129,7 +131,7 @@ def lever_space(spec: RunSpec, plan: Plan, splits: tuple[tuple[int, int], ...]) 
     if checkpointing_required(t) and is_auto(t.activation_checkpointing):
         checkpointing = (True,)
     if "recompute_layers" in can:
-        counts = tuple(range(1, layers + 1)) if t.recompute_layers in (AUTO,) else \
+        counts = tuple(range(1, layers + 1)) if is_auto(t.recompute_layers) else \
             (layers if t.recompute_layers is None else min(t.recompute_layers, layers),)
     else:
         counts = (layers,)
