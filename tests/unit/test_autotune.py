@@ -130,3 +130,22 @@ def test_tune_keeps_the_measured_fastest_and_an_out_of_memory_probe_does_not_fit
     tuned = load_spec(str(out)).train
     assert {f: getattr(tuned, f) for f in LEVERS} == ran[2]
     assert "out of memory" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recipe, choices", [("tiny-cpu", True), ("llama-3.2-3b-bench-h200", True),
+                                             ("gpt-oss-120b-lora-8xh100", False)])
+def test_estimate_json_has_every_lever_resolved_and_the_runners_up(recipe, choices, capsys):
+    """The 120B recipe sets every lever its engine (TRL, 8 ranks) has: nothing else to rank."""
+    import json
+
+    from runner.cli.main import main
+
+    assert main(["estimate", recipe, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert set(est["levers"]) == set(LEVERS)
+    assert not [k for k, v in est["levers"].items() if v in ("auto", None)]
+    assert est["levers_reason"] and bool(est["runners_up"]) is choices
+    for row in est["runners_up"]:
+        assert {"step_s", "per_gpu_gib", "fits", *LEVERS} <= set(row)
+        if est["fits"] and row["fits"]:
+            assert row["step_s"] >= est["step_s"]
