@@ -19,6 +19,13 @@ LEVERS = ("activation_checkpointing", "recompute_layers", "recompute_attention",
 """The train fields the planner fills when they are `auto` (train.optimizer_precision has its own rule in
 runner.precision; the attention path and kernel are picked by runner.facts.decisions)."""
 
+PLAIN = {"activation_checkpointing": False, "recompute_layers": None, "recompute_attention": True,
+         "offload_activations": False, "compile": False, "loss_impl": "chunked", "fsdp_one_rank": False,
+         "micro_batch": 1, "grad_accum": 1}
+"""Each lever's plain value, what the fields meant before `auto`: no recompute, no compile, the chunked loss, one rank
+unwrapped, one micro-batch. Scripts that measure given settings (benchmarks/) fill the levers they leave auto with
+it, so their rows stay comparable with the ones measured before."""
+
 NATIVE_ONLY = ("recompute_layers", "recompute_attention", "offload_activations", "compile")
 """Levers only the native engine honours: the TRL engine checkpoints every layer or none and compiles nothing."""
 
@@ -131,9 +138,34 @@ class Levers:
         return ", ".join(parts)
 
 
+def plain_levers(train: dict[str, Any]) -> dict[str, Any]:
+    """A spec's train section (a dict) with every lever still auto at its PLAIN value."""
+    return {**train, **{f: v for f, v in PLAIN.items() if is_auto(train.get(f))}}
+
+
+def with_plain_levers(spec: Any) -> Any:
+    """A RunSpec with every lever still auto at its PLAIN value."""
+    data = spec.to_dict()
+    data["train"] = plain_levers(data["train"])
+    return spec.model_validate(data)
+
+
+def require_resolved(spec: Any) -> None:
+    """A run's levers are the launcher's choice (runner.plan.autotune.resolve_levers): an engine never chooses, so
+    every rank and the record run the same. A spec that still has an `auto` lever is refused, naming each."""
+    left = [f for f in unresolved(spec.train) if not (f == "loss_impl" and spec.engine != "native")]
+    if left:
+        from runner.errors import SpecError
+
+        raise SpecError("the spec given to the engine still has auto speed levers", [Problem(
+            f"train.{f}", "auto, but an engine runs what the launcher chose", "launch with `runner run`, or fill the "
+            "spec with runner.plan.autotune.resolve_levers (`runner tune -o` writes one)") for f in left])
+
+
 def levers_of(spec: Any, layers: int, loss_impl: str) -> Levers:
     """The levers of a spec whose levers are all set: what the estimate reports and what each rank says it ran
     (its `train_begin` event), by this one function."""
+    require_resolved(spec)
     t = spec.train
     on = bool(t.activation_checkpointing)
     count = 0 if not on else layers if t.recompute_layers is None or spec.engine != "native" else \

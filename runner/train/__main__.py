@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
+from runner.levers import require_resolved
 from runner.spec import RunSpec
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     try:
         rt = runtime.init(spec.hardware.device)
-        unresolved_levers(spec)
+        require_resolved(spec)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         if spec.engine == "trl":
             from runner.train.trl_engine import train
@@ -56,19 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         events.close()
         _teardown()
-
-
-def unresolved_levers(spec: RunSpec) -> None:
-    """The launcher fills every `auto` lever with the planner's choice (runner.plan.autotune.resolve_levers) before it
-    writes the spec: a rank never chooses, so every rank and the record run the same."""
-    from runner.errors import Problem, SpecError
-    from runner.levers import unresolved
-
-    left = [f for f in unresolved(spec.train) if not (f == "loss_impl" and spec.engine != "native")]
-    if left:
-        raise SpecError("the spec given to the rank still has auto speed levers", [Problem(
-            f"train.{f}", "auto, but a rank runs what the launcher chose", "launch with `runner run` (or write the "
-            "spec that `runner tune -o` writes)") for f in left])
 
 
 def _teardown() -> None:

@@ -19,6 +19,7 @@ from runner.facts.catalog import CATALOG, PUBLISHED_PARAMS, catalog_arch, gpu_ty
 from runner.cli.main import main
 from runner.errors import UserError
 from runner.plan import estimate, lora_params, parse_sweep, sweep
+from runner.levers import PLAIN
 from runner.spec import RECIPES_DIR, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,9 +30,7 @@ R17 = "qwen3-1.7b-full-h200"
 # The speed levers are auto (the planner's choice is tests/unit/test_autotune.py's); these tests price given
 # settings: a lever left auto takes the value the field had before auto, and the bench recipes the values they
 # were measured with before they relied on auto (benchmarks/autotune-h200.md compares them with the planner's).
-BEFORE_AUTO = {"activation_checkpointing": False, "recompute_layers": None, "recompute_attention": True,
-               "offload_activations": False, "compile": False, "loss_impl": "chunked", "fsdp_one_rank": False,
-               "micro_batch": 1, "grad_accum": 1}
+BEFORE_AUTO = PLAIN
 HAND_SET = {
     "qwen3-1.7b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 24, "loss_impl": "fused",
                               "compile": True},
@@ -53,21 +52,6 @@ def as_set(spec):
         if data["train"][field] == "auto":
             data["train"][field] = value
     return spec.model_validate(data)
-
-# The speed levers are auto (the planner's choice is tests/unit/test_autotune.py's); these tests price given
-# settings: a lever left auto takes the value the field had before auto, and the bench recipes the values they
-# were measured with before they relied on auto (benchmarks/autotune-h200.md compares them with the planner's).
-BEFORE_AUTO = {"activation_checkpointing": False, "recompute_layers": None, "recompute_attention": True,
-               "offload_activations": False, "compile": False, "loss_impl": "chunked", "fsdp_one_rank": False,
-               "micro_batch": 1, "grad_accum": 1}
-HAND_SET = {
-    "qwen3-1.7b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 24, "loss_impl": "fused",
-                              "compile": True},
-    "qwen3-4b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 30, "loss_impl": "fused",
-                            "compile": True},
-    "llama-3.2-3b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 20,
-                                "recompute_attention": False, "loss_impl": "fused", "compile": True},
-}
 
 
 @pytest.fixture(autouse=True)
