@@ -177,7 +177,7 @@ def main() -> None:
 
     from runner.plan import estimate
     from runner.events.lines import EventWriter
-    from runner.levers import with_plain_levers
+    from runner.engines import with_plain_levers
     from runner.spec import load_spec, resolve
     from runner.train import native, runtime, trl_engine
 

@@ -53,7 +53,7 @@ def lora_settings(config: Any) -> dict[str, Any]:
 
 
 def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, args: argparse.Namespace) -> Any:
-    from runner.levers import with_plain_levers
+    from runner.engines import with_plain_levers
     from runner.spec import load_spec, resolve
     from tests.families import family_config
 

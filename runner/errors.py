@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+"""The exit codes of `runner` and `sft-tui --headless` (README: Exit codes); a run's supervisor exits with
+EXIT_CANCELLED when the run was cancelled."""
+
 
 @dataclass(frozen=True)
 class Problem:

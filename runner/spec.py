@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from runner.levers import lever_problems
+from runner.engines import lever_problems
+from runner.machine import Machine, ranks_per_node, run_device
 from runner.naming import follow_paths
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
@@ -153,7 +154,7 @@ class TrainSpec(_Section):
     """Seed for init, data order and dropout."""
     activation_checkpointing: bool | Literal["auto"] = "auto"
     """Recompute decoder layers in backward (non-reentrant) to save activation memory. auto, like every speed lever
-    (runner.levers): the planner's choice, the fastest setting predicted to fit (`runner estimate` shows it)."""
+    (runner.engines): the planner's choice, the fastest setting predicted to fit (`runner estimate` shows it)."""
     recompute_layers: Annotated[int, Field(ge=0)] | Literal["auto"] | None = "auto"
     """With activation_checkpointing, how many decoder layers (the first ones) recompute in backward; the others
     keep their activations: faster, more memory (`runner estimate` shows how much). None = all (native engine)."""
@@ -185,7 +186,8 @@ class TrainSpec(_Section):
     """torch.compile each decoder layer (GPU only). With activation_checkpointing the checkpoint sits inside the
     compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
-    """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
+    """Pack documents into exact seq_len blocks (both engines; TRL through padding-free); false: one document per
+    block, padded."""
     packing_strategy: Literal["bfd", "wrapped"] = "bfd"
     """bfd = best-fit decreasing within a bounded buffer: conversations stay whole (one longer than seq_len is
     split into seq_len pieces); wrapped = concatenate and cut every seq_len tokens, a conversation cut at a block
@@ -210,11 +212,12 @@ class TrainSpec(_Section):
     less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+TRACKERS = typing.get_args(TrackerName)  # the trackers, named once (runner.events.tracking keys its packages by them)
 
 
 class ReportSpec(_Section):
-    to: list[Literal["tensorboard", "mlflow", "wandb", "trackio"]] = Field(default_factory=list)
+    to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers to log to (from the launcher, never prompting): tensorboard (runs/<id>/tensorboard),
     mlflow (MLFLOW_TRACKING_URI, or a file store in runs/<id>/mlruns), wandb (WANDB_MODE, WANDB_PROJECT as set),
     trackio (local). Each needs its package installed: pip install 'sft-tui[tensorboard]' and so on."""
@@ -551,22 +554,19 @@ def resolve_embedded(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None) -> RunSpec:
-    """Fill the `auto` values that depend on the machine, so the record holds what actually ran."""
-    if cuda_available is None or gpu_count is None:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-        gpu_count = torch.cuda.device_count() if cuda_available else 0
-    device = spec.hardware.device
-    if device == "auto":
-        device = "cuda" if cuda_available else "cpu"
-    if device == "cuda" and not cuda_available:
+def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,
+            machine: Machine | None = None) -> RunSpec:
+    """Fill the `auto` values that depend on the machine the run will see (runner.machine; here by default, or
+    `gpu_count` GPUs when cuda_available), so the record holds what actually ran."""
+    if machine is None:
+        machine = Machine.here() if cuda_available is None or gpu_count is None else \
+            Machine(gpu_count if cuda_available else 0)
+    gpu_count = machine.gpus
+    device = run_device(spec, machine)
+    if device == "cuda" and not gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.device", "cuda was asked for but no GPU is visible",
                                                  "use hardware.device=cpu or run on a GPU machine")])
-    nproc = spec.hardware.nproc_per_node
-    if nproc == "auto":
-        nproc = gpu_count if device == "cuda" else 2
+    nproc = ranks_per_node(spec, device, machine)
     if device == "cuda" and spec.hardware.nodes == 1 and nproc > gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
                                                  f"{nproc} ranks but only {gpu_count} GPUs visible",

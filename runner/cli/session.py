@@ -10,14 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runner.events.paths import RunPaths
 from runner.record import records
 from runner.launch import run as run_mod
-from runner.errors import PredictedNotToFit, UserError
+from runner.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, PredictedNotToFit, UserError
 from runner.launch.replay import prepare_replay
 from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
-
-EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
 
 
 def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
@@ -141,7 +140,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
     from runner.spec import apply_override, read_spec_file, validate
     from runner.train.checkpoint import complete_checkpoints
 
-    spec_path = run_dir / "spec.json"
+    spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     done = complete_checkpoints(run_dir)

@@ -1,4 +1,4 @@
-"""Autotune: the speed levers left `auto` (runner.levers) set to the fastest candidate predicted to fit.
+"""Autotune: the speed levers left `auto` (runner.engines) set to the fastest candidate predicted to fit.
 
 The candidates are what the engine can run on this model, device and world size (`lever_space`); each is priced by
 the estimator (memory and step time, `Pricer`), and the fastest that leaves the headroom free wins
@@ -8,7 +8,7 @@ is that group's best. tests/unit/test_autotune.py checks it against pricing ever
 
 `resolve_levers(spec)` is the one call that fills a spec: the estimate makes it (runner.plan.core.predict) and so
 does the launcher before it writes the spec the ranks run (runner.launch.run.start), so what is planned is what runs;
-each rank reports its levers by runner.levers.levers_of, as the estimate does. A spec without `auto` levers (a
+each rank reports its levers by runner.engines.levers_of, as the estimate does. A spec without `auto` levers (a
 recorded run, replayed) comes back as it is.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from runner.errors import Problem, UserError
 from runner.facts.decisions import chunked_supported
-from runner.levers import Levers, checkpointing_required, is_auto, unresolved
+from runner.engines import Levers, checkpointing_required, engine_for, is_auto, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
 from runner.plan.memory import device_memory, memory_model
@@ -113,13 +113,18 @@ def batch_splits(spec: RunSpec, world: int) -> tuple[tuple[int, int], ...]:
 
 
 def engine_levers(engine: str, device: str) -> frozenset[str]:
-    """The levers an engine honours on a device, in one place (runner.levers.NATIVE_ONLY says which are native's)."""
-    if engine != "native":
-        return frozenset({"activation_checkpointing", "fsdp_one_rank", "micro_batch", "grad_accum"})
-    levers = {"activation_checkpointing", "recompute_layers", "fsdp_one_rank", "micro_batch", "grad_accum"}
+    """The levers the planner may choose for an engine on a device, from the engine's record (runner.engines)."""
+    e = engine_for(engine)
+    levers = {"activation_checkpointing", "fsdp_one_rank", "micro_batch", "grad_accum"}
+    if e.honours("train.recompute_layers"):
+        levers.add("recompute_layers")
     if device == "cuda":
-        # The fused loss's gain was measured on GPUs only (compiled chunks): a CPU run keeps the chunked loss.
-        levers |= {"recompute_attention", "offload_activations", "compile", "loss_impl"}
+        levers |= {f for f, can in (("recompute_attention", e.selective_recompute),
+                                    ("offload_activations", e.offloads_activations),
+                                    ("compile", e.compiles_layers),
+                                    # The fused loss's gain was measured on GPUs only (compiled chunks): a CPU run
+                                    # keeps the chunked loss.
+                                    ("loss_impl", not e.fixed_loss)) if can}
     return frozenset(levers)
 
 
@@ -141,7 +146,7 @@ def lever_space(spec: RunSpec, plan: Plan, splits: tuple[tuple[int, int], ...]) 
     offload = _pick(t.offload_activations, (False, True) if "offload_activations" in can else (False,))
     modes = tuple((a, o) for a in attention for o in offload if not (o and not a and is_auto(t.recompute_attention)))
     compile_ = _pick(t.compile, (False, True) if "compile" in can else (False,))
-    if engine != "native" or (is_auto(t.loss_impl) and "loss_impl" not in can):
+    if engine_for(engine).fixed_loss or (is_auto(t.loss_impl) and "loss_impl" not in can):
         loss: tuple[str, ...] = (plan.loss_impl,)  # trl-fused for TRL, whatever train.loss_impl says; chunked on CPU
     elif is_auto(t.loss_impl):
         loss = ("full",) if chunked_supported(plan.loaded.config or {}) else ("chunked", "fused")
@@ -296,7 +301,7 @@ def tune(spec: RunSpec, doc_len: int, attn_len: int) -> Tuned:
     layers = plan.arch.layers
     fields = chosen.levers.train_fields(spec.engine, layers)
     tuned = tuple(f for f in unresolved(spec.train) if f in fields)
-    if spec.engine != "native" and is_auto(spec.train.loss_impl):
+    if engine_for(spec.engine).fixed_loss and is_auto(spec.train.loss_impl):
         tuned += ("loss_impl",)
     filled = RunSpec.model_validate(_filled(spec, fields))
     return Tuned(filled, chosen.levers, chosen, runners_up, pricer.capacity, pricer.limit, tuned, pricer.priced,
@@ -312,7 +317,7 @@ def _filled(spec: RunSpec, fields: dict[str, Any]) -> dict[str, Any]:
 def needs_tuning(spec: RunSpec) -> bool:
     """Whether any lever is still auto (the TRL engine ignores train.loss_impl)."""
     left = unresolved(spec.train)
-    return bool([f for f in left if not (f == "loss_impl" and spec.engine != "native")])
+    return bool([f for f in left if not (f == "loss_impl" and engine_for(spec.engine).fixed_loss)])
 
 
 def document_lengths(spec: RunSpec) -> tuple[int, int]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from runner.engines import engine_for
+
 from runner.plan.constants import (
     BREAKDOWN_KEYS,
     DEFAULT_DOC_LEN,
@@ -48,15 +50,16 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     headroom = dev.capacity - per_gpu
 
     data = dataset_size(spec, plan.loaded)
+    packs = engine_for(spec.engine).packs(t.packing)
     attn_len = doc_len
     if doc_len is None:
         doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
-        attn_len = (data.attention_len(t.seq_len) if t.packing and data.lengths else None) or doc_len
+        attn_len = (data.attention_len(t.seq_len) if packs and data.lengths else None) or doc_len
     tokens = tokens_per_step(spec, plan.world, doc_len)
     flops, attn_flops = flops_per_step(plan, attn_len, tokens)
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
-    if t.packing and data.lengths:
+    if packs and data.lengths:
         from runner.train.packing import packing_preview
 
         packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runner.facts.catalog import LAYER_LINEAR
+from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes
 from runner.plan.constants import (
     ADAM_STATES_PER_PARAM,
@@ -105,7 +106,7 @@ class Step:
 
 def step_sizes(plan: Plan) -> Step:
     spec = plan.spec
-    trl = spec.engine == "trl"
+    trl = engine_for(spec.engine).hf_trainer  # accelerate's FSDP2 and the Trainer's casts
     b = DTYPE_BYTES[plan.dtype]
     cuda = plan.device == "cuda"
     prec = plan.precision  # compute dtype and the trainable weights' dtype, as the engine decides
@@ -488,7 +489,7 @@ class DeviceMemory:
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
     if plan.device == "cuda":
         assert plan.gpu is not None
-        fraction = TRL_FRAGMENTATION_FRACTION if plan.spec.engine == "trl" else FRAGMENTATION_FRACTION
+        fraction = TRL_FRAGMENTATION_FRACTION if engine_for(plan.spec.engine).hf_trainer else FRAGMENTATION_FRACTION
         # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.

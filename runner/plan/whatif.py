@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from runner.errors import UserError
+from runner.engines import engine_for
 from runner.plan.core import predict
 from runner.plan.result import Estimate
 from runner.spec import RunSpec, load_spec
@@ -11,7 +12,7 @@ from runner.spec import RunSpec, load_spec
 def _candidates(spec: RunSpec, nproc: int, loss_impl: str) -> list[tuple[str, list[str]]]:
     t, hw = spec.train, spec.hardware
     out: list[tuple[str, list[str]]] = []
-    if spec.engine == "native" and loss_impl == "full":
+    if engine_for(spec.engine).fixed_loss is None and loss_impl == "full":
         out.append(("chunked loss", ["train.loss_impl=chunked"]))
     if not t.activation_checkpointing:
         out.append(("activation checkpointing on", ["train.activation_checkpointing=true"]))

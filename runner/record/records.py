@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
+from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
@@ -270,7 +271,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     fingerprint = hashlib.sha256()
     doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
-        evs = read_events(events_dir / f"rank{r}.jsonl")
+        evs = read_events(RunPaths.of_events(events_dir).rank_events(r))
         steps = latest_steps(evs)  # a resumed run's repeated steps: the last line counts (StepIndex)
         ends: list[EndEvent] = events_of(evs, EndEvent)
         start: StartEvent | None = first_event(evs, StartEvent)
@@ -321,7 +322,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     for key in ("export", "trainable_params", "params"):
         if key in rank0_info:
             out[key] = rank0_info[key]
-    rank0_events = read_events(events_dir / "rank0.jsonl")
+    rank0_events = read_events(RunPaths.of_events(events_dir).rank_events(0))
     global_losses = global_loss_curve(rank0_events)
     if global_losses:
         # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.

@@ -33,7 +33,7 @@ from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
 from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
-from runner.levers import tokens_per_forward
+from runner.engines import tokens_per_forward
 from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from torch.distributed.fsdp import FSDPModule
 
     from runner.facts.decisions import choose_loss, loss_chunk_tokens
-    from runner.levers import lever_values
+    from runner.engines import lever_values
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
     from runner.train.evaluation import attach_eval

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from runner.levers import LEVERS
+from runner.engines import SPEED_LEVERS as LEVERS
 from runner.spec import load_spec
 from tests.conftest import dir_args, run_cli
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.levers import LEVERS
+from runner.engines import SPEED_LEVERS as LEVERS
 from runner.plan import autotune
 from runner.spec import load_spec
 

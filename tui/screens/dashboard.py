@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from runner.events.paths import RunPaths
 from runner.events.failure import log_tail
 from runner.events.monitor import RunView
 from tui import format as fmt
@@ -247,7 +248,7 @@ class DashboardScreen(Screen):
         panel.update(Content("\n").join(lines))
 
     def _update_log(self) -> None:
-        path = self.run_dir / "logs" / f"rank{self.log_rank}.log"
+        path = RunPaths(self.run_dir).rank_log(self.log_rank)
         try:
             size = path.stat().st_size
         except OSError:

@@ -44,7 +44,6 @@ class StepList(OptionList):
             screen.scroll_pane(how)
 
 
-
 class WizardScreen(WizardLaunch, WizardChecks):
     """The spec being built lives in `self.data` (a full raw dict); every edit revalidates the whole of it."""
 
