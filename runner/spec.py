@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from runner.engines import lever_problems
 from runner.machine import Machine, ranks_per_node, run_device
-from runner.naming import follow_paths
+from runner.naming import follow_paths, overridden_sections
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -537,10 +537,7 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
         data = read_spec_file(find_spec_file(str(spec)))
     for assignment in overrides:
         apply_override(data, assignment)
-    keys = {a.split("=", 1)[0].strip() for a in overrides}
-    changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
-    changed -= {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
-    said = follow_paths(data, changed, EMBEDDED_PREFIX,
+    said = follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX,
                         {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
     if notes is not None:
         notes += said

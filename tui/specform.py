@@ -11,7 +11,9 @@ import yaml
 
 from runner.errors import Problem, SpecError, UserError
 from runner.machine import Machine, target_machine
-from runner.spec import RunSpec, apply_override, find_spec_file, read_spec_file, resolve, validate
+from runner.naming import follow_paths, overridden_sections
+from runner.spec import (EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, resolve,
+                         validate)
 
 DEFAULT_RECIPE = "tiny-cpu"
 # Fields a saved recipe always spells out, even at their default: what the run is, on what.
@@ -68,7 +70,10 @@ def load_recipe_dict(ref: str | Path, overrides: list[str] | tuple[str, ...] = (
     data = read_spec_file(find_spec_file(str(ref)))
     for assignment in overrides:
         apply_override(data, assignment)
-    return full_dict(data)
+    data = full_dict(data)
+    # A new path names the model or data after it, as `runner run --set` does (runner.naming).
+    follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX, {})
+    return data
 
 
 def problems_of(data: dict[str, Any]) -> list[Problem]:

@@ -311,8 +311,8 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         lines.append(f"| {r['model']} | " + " | ".join(_value(r, c) for c in COLUMNS) + " |")
     if any(r.get("doc_tokens") for r in result["rows"]):
-        lines += ["", "docs: tokens per document trained on (mean / p50 / p90 / max, before any split) and their "
-                      "count; split: documents split across blocks"]
+        lines += ["", "docs: tokens per document as trained (mean / p50 / p90 / max; a conversation split across "
+                      "blocks counts as its pieces) and their count; split: pieces of split documents"]
     if result.get("repeats"):
         lines += ["", "## Repeats", "", "| configuration | tokens/s per run | spread (max − min) / median |",
                   "| --- | --- | --- |"]

@@ -46,8 +46,9 @@ def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
             continue
         tried.append((label, alt))
         if alt.verdict in target:
+            per = "rank" if spec.hardware.device == "cpu" else "GPU"  # a CPU run's memory is host RAM per rank
             return (f"{label} ({' '.join('--set ' + o for o in overrides)}): predicted {alt.per_gpu_gib:.1f} of "
-                    f"{alt.gpu_memory_gib:.1f} GiB per GPU")
+                    f"{alt.gpu_memory_gib:.1f} GiB per {per}")
     if est.verdict == "tight":
         return "tight: no single change makes room; consider more GPUs or fewer tokens per block"
     return "no single change fits: combine them (e.g. LoRA with fewer tokens per block) or plan for a larger GPU"

@@ -385,7 +385,8 @@ def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
 
 def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
     """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
-    lengths of the documents trained on (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank)."""
+    lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
+    document counts as the pieces that trained)."""
     data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
     if not data:
         return {}

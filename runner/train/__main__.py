@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.end(step=step, **summary)
-        print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)
+        loss = summary["final_loss"]  # 4 decimals, as the dashboard's rank table and the summary give it
+        print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss "
+              f"{f'{loss:.4f}' if isinstance(loss, float) else loss}", flush=True)
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the event file before we exit
         traceback.print_exc()

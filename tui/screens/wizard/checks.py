@@ -256,6 +256,10 @@ class WizardChecks(Screen):
             gpu_types.append(resolved.hardware.gpu)
         seq_lens = sorted({*SWEEP_SEQ_LENS, resolved.train.seq_len})
         axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
+        if resolved.hardware.device == "cpu":
+            # The what-if compares GPU types: on a CPU plan a table of GPUs answers a question nobody asked (and
+            # takes the 80×24 pane); it says where to ask it.
+            return {"cpu": True}
         target = sweep_target(spec, resolved)
         try:
             rows = self.app.backends.sweep(target, axes)
