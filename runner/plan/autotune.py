@@ -21,7 +21,7 @@ from typing import Any
 
 from runner.errors import Problem, UserError
 from runner.facts.decisions import chunked_supported
-from runner.engines import Levers, checkpointing_required, engine_for, is_auto, unresolved
+from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
 from runner.plan.memory import device_memory, memory_model
@@ -205,7 +205,8 @@ class Tuned:
         return f"{what}: the fastest that leaves {left:.1f} GiB free"
 
     def to_dict(self) -> dict[str, Any]:
-        levers = dataclasses.asdict(self.levers)
+        # What the filled spec's ranks will report in train_begin, by the function they report it with.
+        levers = lever_values(self.spec, self.layers, self.levers.loss_impl)
         return {"levers": levers, "levers_tuned": list(self.tuned), "levers_reason": self.reason,
                 "runners_up": [p.row() for p in self.runners_up],
                 "planner_headroom_gib": round((self.capacity - self.limit) / GIB, 2)}

@@ -132,15 +132,20 @@ def test_tune_keeps_the_measured_fastest_and_an_out_of_memory_probe_does_not_fit
     assert "out of memory" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("recipe, choices", [("tiny-cpu", True), ("llama-3.2-3b-bench-h200", True),
-                                             ("gpt-oss-120b-lora-8xh100", False)])
-def test_estimate_json_has_every_lever_resolved_and_the_runners_up(recipe, choices, capsys):
+ON_ONE_H200 = ["--set", "hardware.device=cuda", "--set", "hardware.gpu=H200", "--set", "hardware.nproc_per_node=1",
+               "--set", "model.path=embedded:llama-3.2-3b", "--set", "train.seq_len=32768"]
+
+
+@pytest.mark.parametrize("recipe, more, choices", [("tiny-cpu", [], True), ("tiny-cpu", ON_ONE_H200, True),
+                                                   ("gpt-oss-120b-lora-8xh100", [], False)],
+                         ids=["cpu", "h200", "trl-8xh100"])
+def test_estimate_json_has_every_lever_resolved_and_the_runners_up(recipe, more, choices, capsys):
     """The 120B recipe sets every lever its engine (TRL, 8 ranks) has: nothing else to rank."""
     import json
 
     from runner.cli.main import main
 
-    assert main(["estimate", recipe, "--json"]) == 0
+    assert main(["estimate", recipe, *more, "--json"]) == 0
     est = json.loads(capsys.readouterr().out)
     assert set(est["levers"]) == set(LEVERS)
     assert not [k for k, v in est["levers"].items() if v in ("auto", None)]
