@@ -26,17 +26,22 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     from runner.plan import estimate
     from runner.errors import SpecError
     from runner.plan.hub import hub_problems
-    from runner.plan.preflight import precision_advice, preflight
+    from runner.plan.preflight import packing_check, precision_advice, preflight
 
     unreachable = hub_problems(spec)
     if unreachable:
         raise SpecError("preflight found problems", unreachable)
     preflight(spec)
+    check = packing_check(spec)
+    if check is not None and console is not None:
+        console.print(escape(check.describe()), highlight=False)
     advice = precision_advice(spec)
     if advice and console is not None:
         console.print(f"[yellow]note: {advice}[/yellow]")
     try:
         result = estimate(spec).to_dict()
+        if check is not None:
+            result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
     except UserError as e:
         # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
         if console is not None:
