@@ -177,6 +177,7 @@ def main() -> None:
 
     from runner.plan import estimate
     from runner.events.lines import EventWriter
+    from runner.engines import with_plain_levers
     from runner.spec import load_spec, resolve
     from runner.train import native, runtime, trl_engine
 
@@ -198,8 +199,9 @@ def main() -> None:
         row: dict = {"name": name, "overrides": overrides}
         t0 = time.time()
         try:
-            spec = resolve(load_spec("tiny-cpu", [*overrides, f"hardware.device={args.device}", "hardware.nproc_per_node=1",
-                                                  f"hardware.gpu={gpu}"]))
+            # Levers a configuration leaves auto take their plain values: the rows measure given settings.
+            spec = with_plain_levers(resolve(load_spec("tiny-cpu", [*overrides, f"hardware.device={args.device}",
+                                                                    "hardware.nproc_per_node=1", f"hardware.gpu={gpu}"])))
             est = estimate(spec).to_dict()
             row["estimate"] = {k: est.get(k) for k in ("per_gpu_gib", "per_gpu_allocated_gib", "breakdown",
                                                       "attn_implementation", "loss_impl", "approximate")}

@@ -53,6 +53,7 @@ def lora_settings(config: Any) -> dict[str, Any]:
 
 
 def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, args: argparse.Namespace) -> Any:
+    from runner.engines import with_plain_levers
     from runner.spec import load_spec, resolve
     from tests.families import family_config
 
@@ -68,7 +69,7 @@ def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, 
                   "warmup_steps": 0, "max_steps": args.steps, "log_every": 1, "seed": 0},
         "output": {"save": "none"},
     }
-    return resolve(load_spec(data_spec))
+    return with_plain_levers(resolve(load_spec(data_spec)))  # the matrix runs the plain levers, as it always did
 
 
 def _problem_text(problems: list[Any]) -> str:

@@ -122,11 +122,12 @@ def main() -> int:
 
     import torch.distributed as dist
 
+    from runner.plan.autotune import resolve_levers
     from runner.spec import load_spec, resolve
     from runner.train import native, runtime
     from runner.train.data import collate, to_device
 
-    spec = resolve(load_spec(args.spec, args.overrides))
+    spec = resolve_levers(resolve(load_spec(args.spec, args.overrides)))  # the levers a launch would pick
     rt = runtime.init(spec.hardware.device)
     runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
     parts = native.build(spec, rt)

@@ -37,6 +37,7 @@ def main() -> None:
     import torch
 
     from runner.events.lines import EventWriter
+    from runner.plan.autotune import resolve_levers
     from runner.spec import load_spec, resolve
     from runner.train import runtime, trl_engine
 
@@ -46,10 +47,12 @@ def main() -> None:
         torch.nn.Module.zero_grad = lambda self, set_to_none=True: module_zero(self, False)
         torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: optim_zero(self, False)
     rt = runtime.init("cuda")
+    # TRL's settings of the rows it explains: layers checkpointed (the bench recipe's levers before auto).
     spec = resolve(load_spec("qwen3-1.7b-bench-h200", ["engine=trl", f"train.seq_len={args.seq_len}",
                                                          "train.max_steps=5", "train.log_every=1",
-                                                         "train.recompute_layers=null"]),  # a native-only lever
+                                                         "train.activation_checkpointing=true", "train.compile=true"]),
                    cuda_available=True, gpu_count=1)
+    spec = resolve_levers(spec)
     work = Path(tempfile.mkdtemp())
     summary = trl_engine.train(spec, rt, EventWriter(work / "events" / "rank0.jsonl", 0), run_dir=work)
     events = [json.loads(line) for line in (work / "events" / "rank0.jsonl").read_text().splitlines()]

@@ -8,12 +8,12 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from runner.engines import ENGINES, LEVERS, engine_for
+from runner.engines import lever_problems
 from runner.machine import Machine, ranks_per_node, run_device
 from runner.naming import follow_paths, overridden_sections
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
@@ -118,15 +118,20 @@ class HardwareSpec(_Section):
     """host:port of the rendezvous (first node) for multi-node runs."""
     sample_interval_s: float = Field(2.0, gt=0)
     """Seconds between GPU/CPU samples written by each node's sampler."""
+    headroom_gib: float | None = Field(None, ge=0)
+    """Memory per GPU (or CPU rank) the planner leaves free when it picks the speed levers; None = 5% of it."""
 
 
 class TrainSpec(_Section):
     seq_len: int = Field(512, gt=0)
     """Tokens per packed block."""
-    micro_batch: int = Field(1, gt=0)
-    """Packed blocks per rank per forward."""
-    grad_accum: int = Field(1, gt=0)
-    """Micro-batches per optimizer step."""
+    micro_batch: PositiveInt | Literal["auto"] = "auto"
+    """Packed blocks per rank per forward; auto = 1, or the planner's split of train.global_batch_tokens."""
+    grad_accum: PositiveInt | Literal["auto"] = "auto"
+    """Micro-batches per optimizer step; auto = 1, or what train.global_batch_tokens leaves after micro_batch."""
+    global_batch_tokens: PositiveInt | None = None
+    """Tokens per optimizer step over all ranks (seq_len × micro_batch × grad_accum × ranks); set, it fixes the
+    product and the planner splits it between micro_batch and grad_accum (the fastest split that fits)."""
     lr: float = Field(1e-3, gt=0)
     """Peak learning rate."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
@@ -147,16 +152,17 @@ class TrainSpec(_Section):
     """Passes over the data when max_steps is None."""
     seed: int = 0
     """Seed for init, data order and dropout."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer in backward (non-reentrant) to save activation memory."""
-    recompute_layers: int | None = Field(None, ge=0)
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute decoder layers in backward (non-reentrant) to save activation memory. auto, like every speed lever
+    (runner.engines): the planner's choice, the fastest setting predicted to fit (`runner estimate` shows it)."""
+    recompute_layers: Annotated[int, Field(ge=0)] | Literal["auto"] | None = "auto"
     """With activation_checkpointing, how many decoder layers (the first ones) recompute in backward; the others
     keep their activations: faster, more memory (`runner estimate` shows how much). None = all (native engine)."""
-    recompute_attention: bool = True
+    recompute_attention: bool | Literal["auto"] = "auto"
     """With activation_checkpointing, recomputed layers run attention again in backward; false keeps each recomputed
     layer's attention output (tokens × heads × head_dim × 2 bytes, and its log-sum-exp) from forward instead (native
     engine, varlen attention): faster where attention is a large part of the step (long documents), for memory."""
-    offload_activations: bool = False
+    offload_activations: bool | Literal["auto"] = "auto"
     """With activation_checkpointing, the input each recomputing layer keeps from forward to backward waits in
     pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
     and one copy each way per layer, overlapped with compute in forward."""
@@ -178,8 +184,9 @@ class TrainSpec(_Section):
     loss_impl: Literal["auto", "full", "chunked", "fused"] = "auto"
     """Cross-entropy: full = one fp32 logits tensor; chunked = over token chunks, no full logits, recomputed in
     backward; fused = chunks whose gradients are made in forward (no recompute, one lm_head-sized gradient held
-    through the forward); auto = chunked."""
-    compile: bool = False
+    through the forward); auto = the planner's choice between chunked and fused (full when the model transforms
+    its logits)."""
+    compile: bool | Literal["auto"] = "auto"
     """torch.compile each decoder layer (GPU only). With activation_checkpointing the checkpoint sits inside the
     compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
@@ -199,7 +206,7 @@ class TrainSpec(_Section):
     """Save a resumable checkpoint every N steps (0 = never during the run)."""
     data_workers: int = Field(0, ge=0)
     """DataLoader worker processes per rank for tokenising and packing (0 = in the training process)."""
-    fsdp_one_rank: bool = False
+    fsdp_one_rank: bool | Literal["auto"] = "auto"
     """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there
     is nothing to shard, and FSDP's per-layer copies and hooks only cost time (native: 11-28% of the step at 8k
     tokens on an H200, 3% at 32k). The native engine keeps FSDP2 on one rank when the weights need its mixed
@@ -407,21 +414,7 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
-    # Recompute levers: each is set when it differs from the value that switches it off (runner.engines.LEVERS).
-    t = spec.train
-    engine = engine_for(spec.engine)
-    for field, is_set in (("recompute_layers", t.recompute_layers is not None),
-                          ("offload_activations", t.offload_activations),
-                          ("recompute_attention", not t.recompute_attention)):
-        if not is_set:
-            continue
-        off = LEVERS[f"train.{field}"].off
-        if not t.activation_checkpointing:
-            out.append(Problem(f"train.{field}", "only applies with activation checkpointing",
-                               f"set train.activation_checkpointing=true, or train.{field}={off}"))
-        if not engine.honours(f"train.{field}"):
-            able = " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(f"train.{field}"))
-            out.append(Problem(f"train.{field}", engine.lacks[f"train.{field}"], f"use {able}, or train.{field}={off}"))
+    out += lever_problems(spec)
     out += eval_problems(spec)
     out += precision_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
@@ -517,8 +510,9 @@ def field_choices(path: str) -> list[Any]:
     if typing.get_origin(ann) is typing.Literal:
         return list(typing.get_args(ann))
     members = [a for a in typing.get_args(ann) if a is not type(None)]
-    if members and all(typing.get_origin(a) is typing.Literal for a in members):
-        return [v for a in members for v in typing.get_args(a)]
+    if members and all(typing.get_origin(a) is typing.Literal or a is bool for a in members):
+        # A speed lever is `bool | "auto"`: auto, or set on or off.
+        return [v for a in members for v in ((True, False) if a is bool else typing.get_args(a))]
     return []
 
 

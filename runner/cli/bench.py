@@ -69,7 +69,8 @@ def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) 
     if lacks:
         base = load_spec(spec_ref, overrides).to_dict()
         dropped = [f for f in lacks if f.split(".")[1] in base[f.split(".")[0]]  # a field this version has
-                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() != LEVERS[f].off.replace("null", "none")]
+                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() not in
+                   (LEVERS[f].off.replace("null", "none"), "auto")]
     spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={LEVERS[f].off}" for f in dropped),
                                 f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])
@@ -251,7 +252,8 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         rec = active.finish(code) or {}
         row: dict[str, Any] = {"engine": spec.engine, "model": spec.model.id, "seq_len": spec.train.seq_len,
                                "method": spec.method.kind, "overrides": combo, "status": rec.get("status"),
-                               "record": str(active.record_path), "spec": spec.to_dict()["train"]}
+                               "record": str(active.record_path),
+                               "spec": active.spec.to_dict()["train"]}  # the levers as the planner filled them
         if repeat > 1:
             row["repeat"] = (i - 1) // per_round + 1
         if dropped:

@@ -91,7 +91,7 @@ def probe_run(spec: RunSpec, runs_dir: Path, records_dir: Path) -> tuple[bool | 
     code = run_mod.watch(active)
     rec = active.finish(code) or {}
     seen: dict[str, Any] = {"seq_len": spec.train.seq_len, "status": rec.get("status"),
-                            "record": str(active.record_path)}
+                            "record": str(active.record_path), "run_dir": str(active.paths.run_dir)}
     # Each rank's own peak (allocated and reserved on a GPU, RSS on CPU), from its end event; the largest rank's.
     peaks = [r["peak_mem"] for r in ((rec.get("metrics") or {}).get("per_rank") or {}).values() if r.get("peak_mem")]
     if peaks:

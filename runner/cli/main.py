@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", metavar="LO:HI[:STEP]",
                    help="instead of timing, find each engine's largest train.seq_len that fits by bisection over "
                         "2-step runs, beside the estimator's prediction (e.g. 32768:262144:4096)")
-
+    _add_tune(sub)  # runner tune shares bench's probe runs
     p = sub.add_parser("calibrate", help="estimate vs measured peak memory over a records folder")
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one row per record")
@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the fields whose name starts with it, e.g. `runner fields train.`")
     sub.add_parser("recipes", help="the recipes shipped with the package")
     return parser
+
+
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="the fastest speed levers that fit, optionally measured; write them as a recipe")
+    _add_spec_args(p)
+    _add_dirs(p)
+    p.add_argument("--probe", type=int, default=0, metavar="K",
+                   help="run 3 steps of each of the K best candidates here and keep the measured fastest")
+    p.add_argument("-o", "--out", type=Path, help="write the spec with the chosen levers as a recipe YAML")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +291,10 @@ def _print_estimate(spec: Any, est: Any) -> None:
         console.print(f"packing ({p['strategy']}, {p['sampled_rows']:,} sampled rows): "
                       f"{p['packing_efficiency']:.1%} of each block is real tokens, {p['split_documents']:,} of "
                       f"{p['documents']:,} conversations split across blocks")
+    if est.levers:
+        from runner.cli.tune import print_plan
+
+        print_plan(console, est)
     if est.suggestion:
         console.print(f"suggestion: {est.suggestion}")
     if est.approximate_reason:
@@ -352,6 +365,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         print_list(recs)
     return EXIT_OK
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from runner.cli.tune import tune
+
+    return tune(args.spec, args.overrides, args.probe, args.out, args.runs_dir, args.records_dir,
+                Console(highlight=False, soft_wrap=True))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -444,6 +466,7 @@ COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
     "bench": cmd_bench,
+    "tune": cmd_tune,
     "calibrate": cmd_calibrate,
     "fields": cmd_fields,
     "recipes": cmd_recipes,

@@ -16,6 +16,7 @@ from typing import Any
 
 from runner.engines import engine_for
 from runner.facts.families import EAGER, FLASH, FLEX, SDPA, VARLEN, family_of, text_config
+from runner.engines import tokens_per_forward
 
 VARLEN_MIN_TOKENS = 32_768
 """auto on CUDA picks varlen from this many tokens per forward, flex below. Measured on one H200 (references.md):
@@ -192,7 +193,7 @@ def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None 
     t = spec.train
     kernels = kernels or Kernels.assumed(device, spec.model.varlen_kernel == FA4_KERNEL or (
         spec.model.varlen_kernel == "auto" and fa4_installed()))
-    return choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, None, config,
+    return choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), None, config,
                             kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
                                                                                       kernels, config)
 

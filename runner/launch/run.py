@@ -107,6 +107,9 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
 
     With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
     `resumes`) and the ranks continue from the latest complete checkpoint."""
+    from runner.plan.autotune import resolve_levers
+
+    spec = resolve_levers(spec)  # what the estimate planned; a recorded spec (replay, resume) has nothing left to pick
     if run_id is None:
         run_id = new_run_id(spec.name, runs_dir, records_dir)
     paths = RunPaths(runs_dir / run_id)

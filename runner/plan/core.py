@@ -8,55 +8,20 @@ from runner.engines import engine_for
 
 from runner.plan.constants import (
     BREAKDOWN_KEYS,
-    CPU_PROCESS_GIB,
-    CUDA_CONTEXT_GIB,
     DEFAULT_DOC_LEN,
-    FRAGMENTATION_FRACTION,
     GIB,
-    NCCL_GIB,
     TIGHT_FRACTION,
-    TRL_FRAGMENTATION_FRACTION,
     gib,
 )
 from runner.facts.gpus import HOST_RESERVE_BYTES, detect_gpu
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
-from runner.plan.memory import Memory, memory_model
+from runner.plan.memory import DeviceMemory, Memory, device_memory, memory_model  # noqa: F401 (DeviceMemory re-exported)
+from runner.plan.autotune import document_lengths, tune
 from runner.plan.choices import Plan, make_plan
 from runner.plan.result import PER_GPU_BASIS, Estimate
 from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, step_time, tokens_per_step
 from runner.spec import RunSpec
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """What a rank needs beyond PyTorch's allocated peak, and what it has."""
-
-    capacity: float
-    context: float
-    """CUDA context and NCCL buffers on a GPU; the process itself (interpreter, torch, gloo) on a CPU rank."""
-    fragmentation: float
-    idle_pools: float
-    name: str
-
-
-def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
-    if plan.device == "cuda":
-        assert plan.gpu is not None
-        fraction = TRL_FRAGMENTATION_FRACTION if engine_for(plan.spec.engine).hf_trainer else FRAGMENTATION_FRACTION
-        # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
-        # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
-        # out-of-memory, so the verdict does not count them.
-        idle_pools = max(0.0, mem.default_pool + mem.reduce_pool - mem.allocated)
-        # The same for the blocks around the AdamW states: free space inside segments that the working set, at the
-        # sizes it asks for, takes again (TRL's limit sat at its allocated peak, limit-4b-trl).
-        idle_pools += mem.state_holes
-        return DeviceMemory(plan.gpu.memory_gib * GIB, (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB,
-                            fraction * mem.allocated, idle_pools, plan.gpu.name)
-    import psutil
-
-    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB,
-                        FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")
 
 
 @dataclass(frozen=True)
@@ -85,8 +50,11 @@ def verdict_for(headroom: float, capacity: float) -> str:
 
 
 def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
-    """Per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running), without
-    the search for a fix (runner.plan.whatif.estimate adds it)."""
+    """Per-GPU memory and time for a spec (its `auto` fields are resolved for planning, not for running, and its
+    `auto` levers as runner.plan.autotune resolves them for the run), without the search for a fix
+    (runner.plan.whatif.estimate adds it)."""
+    tuned = tune(spec, *(document_lengths(spec) if doc_len is None else (doc_len, doc_len)))
+    spec = tuned.spec
     plan = make_plan(spec)
     arch, t = plan.arch, spec.train
     mem = memory_model(plan)
@@ -158,5 +126,5 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,
-        dataset_format=data.row_format, packing=packing,
+        dataset_format=data.row_format, packing=packing, **tuned.to_dict(),
     )

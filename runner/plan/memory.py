@@ -9,6 +9,12 @@ from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
 from runner.plan.constants import (
     ADAM_STATES_PER_PARAM,
+    CPU_PROCESS_GIB,
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION_FRACTION,
+    GIB,
+    NCCL_GIB,
+    TRL_FRAGMENTATION_FRACTION,
     CHUNKED_LOSS_BYTES_PER_ELEM,
     CHUNKED_LOSS_FORWARD_BYTES_PER_ELEM,
     COMPILED_ACTIVATION_FACTOR,
@@ -470,3 +476,34 @@ def memory_model(plan: Plan) -> Memory:
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return Memory(phases, peak_phase, totals[peak_phase], phases[peak_phase].as_dict(), states.trainable, reasons,
                   states.expert_stack, reduce_pool, default_pool, act.host_offload, state_holes(s, parts))
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a rank needs beyond PyTorch's allocated peak, and what it has."""
+
+    capacity: float
+    context: float
+    """CUDA context and NCCL buffers on a GPU; the process itself (interpreter, torch, gloo) on a CPU rank."""
+    fragmentation: float
+    idle_pools: float
+    name: str
+
+
+def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
+    if plan.device == "cuda":
+        assert plan.gpu is not None
+        fraction = TRL_FRAGMENTATION_FRACTION if engine_for(plan.spec.engine).hf_trainer else FRAGMENTATION_FRACTION
+        # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
+        # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
+        # out-of-memory, so the verdict does not count them.
+        idle_pools = max(0.0, mem.default_pool + mem.reduce_pool - mem.allocated)
+        # The same for the blocks around the AdamW states: free space inside segments that the working set, at the
+        # sizes it asks for, takes again (TRL's limit sat at its allocated peak, limit-4b-trl).
+        idle_pools += mem.state_holes
+        return DeviceMemory(plan.gpu.memory_gib * GIB, (CUDA_CONTEXT_GIB + (NCCL_GIB if plan.world > 1 else 0.0)) * GIB,
+                            fraction * mem.allocated, idle_pools, plan.gpu.name)
+    import psutil
+
+    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB,
+                        FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")

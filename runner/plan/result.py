@@ -77,6 +77,17 @@ class Estimate:
     """Packing the sampled rows by train.packing_strategy: blocks, packing_efficiency (real tokens per block
     token), split_documents, sampled_rows; None when not packing or without a local sample."""
 
+    levers: dict[str, Any] = field(default_factory=dict)
+    """Every speed lever as the run will have it (runner.plan.autotune): no `auto` left."""
+    levers_tuned: list[str] = field(default_factory=list)
+    """The levers the planner chose (they were `auto` in the spec); the others were set."""
+    levers_reason: str = ""
+    """The choice and why, in words: "recompute 20 of 28 layers, ...: the fastest that leaves 8.0 GiB free"."""
+    runners_up: list[dict[str, Any]] = field(default_factory=list)
+    """The best candidates of the other lever groups, fastest first: their levers, step_s, per_gpu_gib, fits."""
+    planner_headroom_gib: float = 0.0
+    """Memory per GPU the planner left free when it chose (hardware.headroom_gib, else 5% of the device's)."""
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -47,12 +47,19 @@ def recompute_skipped_params(plan: Plan) -> int:
 
 def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
     """(hardware FLOPs of one optimizer step over all ranks, the attention part of it): runner/facts/flops.py."""
-    spec = plan.spec
-    return hardware_flops(plan.arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
-                          lora=spec.method.kind == "lora", recomputed=recomputed_layers(spec, plan.arch.layers),
-                          not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
-                          packing=spec.train.packing,
-                          attention_recomputed=not keeps_attention_outputs(spec, plan.attn, plan.device))
+    spec, arch = plan.spec, plan.arch
+    flops, attn_flops = hardware_flops(arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
+                                       lora=spec.method.kind == "lora",
+                                       recomputed=recomputed_layers(spec, arch.layers),
+                                       not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
+                                       packing=spec.train.packing,
+                                       attention_recomputed=not keeps_attention_outputs(spec, plan.attn, plan.device))
+    if plan.loss_impl == "chunked":
+        # Its chunks run lm_head forward again in backward (over the target tokens; counted over all of them, the
+        # share is not known before tokenising). The fused loss does not (bench ablation-1p7b-chunked: 0.968 s a
+        # step against 0.819 fused, of which these FLOPs are a quarter; the rest, its eager softmax, is not counted).
+        flops += 2 * (arch.lm_head_params or arch.embed_params) * tokens_per_step
+    return flops, attn_flops
 
 
 def calibration(plan: Plan) -> tuple[float, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from runner.events.paths import RunPaths
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
-from runner.engines import engine_for
+from runner.engines import engine_for, require_resolved
 from runner.spec import RunSpec
 
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     try:
         rt = runtime.init(spec.hardware.device)
+        require_resolved(spec)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         train = importlib.import_module(engine_for(spec.engine).entry).train
         summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)

@@ -33,6 +33,7 @@ from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
 from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
+from runner.engines import tokens_per_forward
 from runner.train.masks import (  # noqa: F401
     PACKED_MASK_HOOK,
     TEXT_POSITION_ROW,
@@ -112,7 +113,7 @@ def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice,
     t = spec.train
     supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)
     kernels = available_kernels(device)
-    choice = choose_attention(spec.model.attn_implementation, device, t.seq_len * t.micro_batch, supported, config,
+    choice = choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), supported, config,
                               kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
                                                                                         kernels, config)
     return choice, attention_refusal(choice.impl, device, config, supported, kernels, t.packing)

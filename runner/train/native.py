@@ -140,6 +140,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
 
     from runner.facts.catalog import parse_arch
     from runner.facts.decisions import choose_loss, loss_chunk_tokens
+    from runner.engines import lever_values
     from runner.facts.tiling import tiled_mlp_choice
     from runner.errors import Problem, SpecError
     from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
@@ -157,6 +158,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
     model = load_model(spec, attn.impl, seed=t.seed, device=rt.device, varlen_kernel=attn.kernel)
     chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
+    levers = lever_values(spec, len(model_mod.decoder_layers(model)), loss_impl)
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
@@ -190,7 +192,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "lora_left_out": lora_left_out,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
-            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule)}
+            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info}
 

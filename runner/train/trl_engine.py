@@ -42,6 +42,7 @@ from runner.events.paths import RunPaths
 from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
+from runner.engines import lever_values
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
@@ -463,10 +464,9 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
           resume: bool = False) -> dict[str, Any]:
     """Train with TRL to the end of the data or max_steps; returns the rank's summary for its end event.
 
-    resume: continue from the latest trainer checkpoint under run_dir/checkpoints (model, optimizer, scheduler,
-    RNG and data position).
+    resume: continue from the latest trainer checkpoint in run_dir/checkpoints (model, optimizer, schedule, RNG, data).
     """
-    from runner.train.model import DTYPES, load_config, load_tokenizer
+    from runner.train.model import DTYPES, decoder_layers, load_config, load_tokenizer
 
     t = spec.train
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(events)
@@ -513,6 +513,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
                  packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
+                 levers=lever_values(spec, len(decoder_layers(model)), "trl-fused"),
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",

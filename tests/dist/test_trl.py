@@ -204,7 +204,9 @@ def test_first_step_loss_equals_the_native_engines(tmp_path: Path, accelerate_st
     from runner.train.loss import loss_sum
     from runner.train.model import load_config, load_tokenizer
 
-    spec = resolve(load_spec(RECIPE, ["hardware.nproc_per_node=1", "train.micro_batch=2"]), False, 0)
+    from runner.plan.autotune import resolve_levers
+
+    spec = resolve_levers(resolve(load_spec(RECIPE, ["hardware.nproc_per_node=1", "train.micro_batch=2"]), False, 0))
     rt = Runtime(rank=0, local_rank=0, world_size=1, node_rank=0, device="cpu")
     config, tok = load_config(spec), load_tokenizer(spec)
 

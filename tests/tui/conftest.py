@@ -44,7 +44,8 @@ def fake_estimate(spec: RunSpec) -> dict[str, Any]:
     verdict = "fits" if headroom > 0.1 * capacity else "tight" if headroom > 0 else "does not fit"
     steps = spec.train.max_steps or 1000
     t = spec.train
-    tokens = t.seq_len * t.micro_batch * t.grad_accum * spec.world_size
+    levers = fake_levers(spec)
+    tokens = t.seq_len * levers["micro_batch"] * levers["grad_accum"] * spec.world_size
     return {"fits": headroom > 0, "verdict": verdict, "headroom_gib": headroom, "per_gpu_gib": total,
             "per_gpu_allocated_gib": round(total - 1.5, 2), "per_gpu_reserved_gib": total,
             "gpu_memory_gib": capacity, "gpu": gpu, "world_size": spec.world_size, "breakdown": parts,
@@ -54,12 +55,25 @@ def fake_estimate(spec: RunSpec) -> dict[str, Any]:
             "suggestion": None if headroom > 0 else "turn on train.activation_checkpointing or halve train.seq_len",
             "arch": fake_arch(spec), "peak_phase": "backward_start", "per_gpu_basis": "", "device": device,
             "engine": spec.engine, "method": spec.method.kind, "seq_len": t.seq_len,
-            "attn_implementation": spec.model.attn_implementation, "loss_impl": t.loss_impl,
-            "activation_checkpointing": t.activation_checkpointing, "params_trainable": 230_080,
+            "attn_implementation": spec.model.attn_implementation, "loss_impl": levers["loss_impl"],
+            "activation_checkpointing": levers["activation_checkpointing"], "params_trainable": 230_080,
             "arch_source": "path", "doc_len": 49, "dataset_tokens": None, "hfu_source": "", "phases_gib": {},
             "host_offload_gib": 0.0,
             "peak_mem_gib": {"rss": total} if device == "cpu" else {"allocated": total - 1.5, "reserved": total},
-            "approximate_scope": "", "dataset_format": None, "packing": None}
+            "approximate_scope": "", "dataset_format": None, "packing": None,
+            "levers": levers, "levers_tuned": [f for f in levers if t.model_dump()[f] == "auto"],
+            "levers_reason": "no recompute, chunked loss: the fastest that leaves 20.0 GiB free", "runners_up": [],
+            "planner_headroom_gib": round(0.05 * capacity, 2)}
+
+
+def fake_levers(spec: RunSpec) -> dict[str, Any]:
+    """The levers as the planner would report them, the auto ones at their plain values (runner.engines.PLAIN)."""
+    from runner.engines import SPEED_LEVERS, plain_levers
+
+    t = plain_levers(spec.train.model_dump())
+    out = {f: t[f] for f in SPEED_LEVERS}
+    out["recompute_layers"] = 0 if not out["activation_checkpointing"] else (out["recompute_layers"] or 4)
+    return out
 
 
 def fake_sweep(spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:

@@ -337,12 +337,12 @@ def test_the_longest_field_meaning_is_whole_at_80_columns(tmp_path: Path) -> Non
         app = _app(tmp_path, "method")
         async with app.run_test(size=(80, 24)) as pilot:
             wiz = await ready(pilot)
-            wiz.query_one("#f-train-offload-activations Switch").focus()
+            wiz.query_one("#f-train-offload-activations Select").focus()
             help_w = wiz.query_one("#help")
             await wait_for(pilot, lambda: text_of(help_w).startswith("train.offload_activations"), 10,
                            "the field's meaning")
             doc = text_of(help_w)
-            assert doc.startswith("train.offload_activations (default False)") and doc.endswith("in forward.")
+            assert doc.startswith("train.offload_activations (default 'auto')") and doc.endswith("in forward.")
             assert help_w.size.height * (help_w.size.width - 2) >= len(doc)  # the region holds all of it
 
     run_async(go())

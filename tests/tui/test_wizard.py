@@ -153,17 +153,21 @@ def test_plan_warns_when_bf16_states_would_round_updates_away(tmp_path: Path, fi
 
 
 def test_speed_levers_are_spec_fields_with_their_cross_checks(tmp_path: Path) -> None:
-    """recompute layers needs activation checkpointing: a problem on that field until the switch is on."""
-    from textual.widgets import Switch
+    """recompute layers needs activation checkpointing: with checkpointing auto the planner turns it on; set off, a
+    problem on that field until it is on."""
 
     async def go() -> None:
         app = _app(tmp_path, "method")
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await ready(pilot)
+            assert screen.query_one("#f-train-activation-checkpointing Select").value == "auto"
             fill(screen, "train.recompute_layers", "2")
+            await wait_for(pilot, lambda: screen.data["train"]["recompute_layers"] == 2, 10, "the edit")
+            assert screen.problems == []  # checkpointing auto: the planner turns it on for the lever
+            screen.query_one("#f-train-activation-checkpointing Select").value = False
             await wait_for(pilot, lambda: bool(screen.problems), 10, "the problem on train.recompute_layers")
             assert [p.field for p in screen.problems] == ["train.recompute_layers"]
-            screen.query_one("#f-train-activation-checkpointing Switch", Switch).value = True
+            screen.query_one("#f-train-activation-checkpointing Select").value = True
             screen.query_one("#f-train-loss-impl Select").value = "fused"
             await wait_for(pilot, lambda: screen.data["train"]["activation_checkpointing"] is True and
                            screen.data["train"]["loss_impl"] == "fused", 10, "both edits")

@@ -19,12 +19,39 @@ from runner.facts.catalog import CATALOG, PUBLISHED_PARAMS, catalog_arch, gpu_ty
 from runner.cli.main import main
 from runner.errors import UserError
 from runner.plan import estimate, lora_params, parse_sweep, sweep
+from runner.engines import PLAIN
 from runner.spec import RECIPES_DIR, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 R27 = "qwen3.8-27b-full-8xb300"
 R120 = "gpt-oss-120b-lora-8xh100"
 R17 = "qwen3-1.7b-full-h200"
+
+# The speed levers are auto (the planner's choice is tests/unit/test_autotune.py's); these tests price given
+# settings: a lever left auto takes the value the field had before auto, and the bench recipes the values they
+# were measured with before they relied on auto (benchmarks/autotune-h200.md compares them with the planner's).
+BEFORE_AUTO = PLAIN
+HAND_SET = {
+    "qwen3-1.7b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 24, "loss_impl": "fused",
+                              "compile": True},
+    "qwen3-4b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 30, "loss_impl": "fused",
+                            "compile": True},
+    "llama-3.2-3b-bench-h200": {"activation_checkpointing": True, "recompute_layers": 20,
+                                "recompute_attention": False, "loss_impl": "fused", "compile": True},
+}
+TRL_HAND_SET = ("activation_checkpointing", "compile")  # what the bench recipes' TRL rows ran with of those
+
+
+def as_set(spec):
+    """The spec with every lever still auto at its value before auto (HAND_SET's for the bench recipes)."""
+    data = spec.to_dict()
+    hand = HAND_SET.get(spec.name, {})
+    if spec.engine != "native":
+        hand = {k: v for k, v in hand.items() if k in TRL_HAND_SET}
+    for field, value in {**BEFORE_AUTO, **hand}.items():
+        if data["train"][field] == "auto":
+            data["train"][field] = value
+    return spec.model_validate(data)
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +70,9 @@ def offline(monkeypatch):
     # The notebooks install flash-linear-attention (their claims are about that setup); the machine running the
     # tests may not have it. The H200 measurements below say which setup they ran in.
     monkeypatch.setattr("runner.plan.choices.gdn_kernels_installed", lambda: True)
+    from runner.plan import autotune, core
+
+    monkeypatch.setattr(core, "tune", lambda spec, *lengths: autotune.tune(as_set(spec), *lengths))
 
 
 def est(ref: str, *overrides: str, **kw):
@@ -451,13 +481,15 @@ def _as_measured(row: dict) -> list[str]:
 
 
 def _recompute_as_measured(row: dict) -> list[str]:
-    """A native row's recomputation as it ran (the recipe's settings may have moved on since): from the spec the
-    row recorded."""
+    """A row's speed levers as it ran (the recipe's settings may have moved on since): from the spec the row
+    recorded ("auto" there is the loss before auto: chunked). Recompute levers for native rows only."""
+    from runner.engines import SPEED_LEVERS as LEVERS
+
     spec = row.get("spec", {})
-    if row["engine"] != "native":
-        return []
-    return [f"train.{f}={str(spec[f]).lower() if isinstance(spec[f], bool) else spec[f]}"
-            for f in ("recompute_layers", "recompute_attention") if f in spec and spec[f] is not None]
+    native_only = ("recompute_layers", "recompute_attention", "offload_activations")
+    fields = [f for f in LEVERS if row["engine"] == "native" or f not in native_only]
+    return [f"train.{f}={'chunked' if spec[f] == 'auto' else str(spec[f]).lower() if isinstance(spec[f], bool) else spec[f]}"
+            for f in fields if f in spec and spec[f] is not None]
 
 
 def _data_as_measured(row: dict) -> list[str]:

@@ -22,7 +22,8 @@ from runner.facts.decisions import (
     fsdp_wrapped,
     fused_chunk_tokens_for,
 )
-from runner.plan import make_plan
+from runner.plan import estimate, make_plan
+from runner.plan.autotune import resolve_levers
 from runner.spec import RunSpec, load_spec
 from tests import families
 
@@ -67,7 +68,8 @@ def _vocab(config: Any) -> int:
 
 
 def planned(spec: RunSpec) -> tuple[dict[str, Any], Any]:
-    plan = make_plan(spec)
+    """The plan of a spec with its levers as the launcher resolves them (plan.spec: what the ranks are given)."""
+    plan = make_plan(resolve_levers(spec))
     return {"attn": plan.attn, "fsdp": plan.sharded, "loss_impl": plan.loss_impl,
             "loss_chunk_tokens": plan.loss_chunk_tokens}, plan
 
@@ -84,8 +86,8 @@ def offline(monkeypatch):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_plans_what_its_engine_chooses(recipe, monkeypatch):
-    spec = load_spec(recipe, [])
-    plan_choices, plan = planned(spec)
+    plan_choices, plan = planned(load_spec(recipe, []))
+    spec = plan.spec
     config = hf_config(spec, plan.loaded.config)
     assert _vocab(config) == plan.arch.vocab
     assert plan_choices == engine_choices(spec, plan.device, config, plan.world, plan.dtype, monkeypatch)
@@ -110,8 +112,8 @@ def test_family_matrix_plans_what_the_engines_choose(name, engine, device, nproc
                  f"hardware.device={device}", f"hardware.nproc_per_node={nproc}", f"train.seq_len={seq_len}"]
     if device == "cuda":
         overrides.append("hardware.gpu=H200")
-    spec = load_spec("tiny-cpu", overrides)
-    plan_choices, plan = planned(spec)
+    plan_choices, plan = planned(load_spec("tiny-cpu", overrides))
+    spec = plan.spec
     config = hf_config(spec, plan.loaded.config)
     assert plan_choices == engine_choices(spec, device, config, plan.world, plan.dtype, monkeypatch)
 
@@ -123,15 +125,23 @@ def begin_choices(begin: dict[str, Any], engine: str) -> dict[str, Any]:
             "loss_chunk_tokens": begin.get("loss_chunk_tokens")}
 
 
-def assert_run_chose_the_plan(spec: RunSpec, events_dir: Path) -> None:
-    """Every rank's train_begin event against the plan of the same spec."""
+def assert_run_chose_the_plan(spec: RunSpec, events_dir: Path, levers: dict[str, Any] | None = None) -> None:
+    """Every rank's train_begin event against the plan of the same spec (and the levers an estimate planned)."""
     expected, _ = planned(spec)
     for path in sorted(events_dir.glob("rank*.jsonl")):
         begin = next(e for e in map(json.loads, path.read_text().splitlines()) if e.get("event") == "train_begin")
         assert begin_choices(begin, spec.engine) == expected, path.name
+        if levers is not None:
+            assert begin["levers"] == levers, path.name
 
 
 def test_the_embedded_run_chose_what_was_planned(tiny_run):
+    """The recipe's levers are auto: `runner estimate` of the recipe, the record's estimate and every rank's
+    train_begin report the same levers, and the record's spec holds them (nothing auto left to choose again)."""
     record = json.loads(tiny_run["record"].read_text())
+    planned_levers = estimate(load_spec("tiny-cpu", ["train.max_steps=12"])).levers
+    assert record["estimate"]["levers"] == planned_levers
+    assert "auto" not in planned_levers.values() and None not in planned_levers.values()
     spec = load_spec(record["spec"], [])
-    assert_run_chose_the_plan(spec, tiny_run["runs"] / record["id"] / "events")
+    assert resolve_levers(spec) is spec
+    assert_run_chose_the_plan(spec, tiny_run["runs"] / record["id"] / "events", planned_levers)

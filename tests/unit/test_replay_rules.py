@@ -22,7 +22,9 @@ def test_trust_remote_code_needs_consent():
 
 def test_records_from_before_unwrapped_single_rank_replay_wrapped():
     """A record without train.fsdp_one_rank ran its one rank in FSDP2; replay keeps that, newer records keep theirs."""
-    data = load_spec("tiny-cpu").to_dict()
+    from runner.plan.autotune import resolve_levers
+
+    data = resolve_levers(load_spec("tiny-cpu")).to_dict()  # a record keeps the levers as they ran
     assert spec_from_record({"id": "new", "spec": data}).train.fsdp_one_rank is False
     del data["train"]["fsdp_one_rank"]
     assert spec_from_record({"id": "old", "spec": data}).train.fsdp_one_rank is True

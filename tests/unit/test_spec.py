@@ -112,10 +112,15 @@ def test_revision_must_be_a_ref_name(rev: str, ok: bool):
     ("offload_activations", "true", "false", "does not offload activations")])
 def test_native_recompute_levers_need_checkpointing_and_the_native_engine(field, on, off, trl_says):
     with pytest.raises(SpecError) as e:
-        load_spec("tiny-cpu", [f"train.{field}={on}", "engine=trl"])
+        load_spec("tiny-cpu", [f"train.{field}={on}", "engine=trl", "train.activation_checkpointing=false"])
     problems = e.value.problems
     assert [p.field for p in problems] == [f"train.{field}"] * 2
     assert "activation checkpointing" in problems[0].message and trl_says in problems[1].message
     assert all(f"train.{field}={off}" in p.fix for p in problems)
     spec = load_spec("tiny-cpu", ["train.activation_checkpointing=true", f"train.{field}={on}"])
     assert getattr(spec.train, field) == (1 if on == "1" else True)
+    # Checkpointing left auto: the planner turns it on for the lever that needs it; the engine still refuses.
+    assert getattr(load_spec("tiny-cpu", [f"train.{field}={on}"]).train, field) == (1 if on == "1" else True)
+    with pytest.raises(SpecError) as e:
+        load_spec("tiny-cpu", [f"train.{field}={on}", "engine=trl"])
+    assert [p.field for p in e.value.problems] == [f"train.{field}"]

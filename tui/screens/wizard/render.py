@@ -127,6 +127,8 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
             Content(" (approximate)").stylize("$text-warning") if est.get("approximate") else Content(""),
         ])
         lines = [Content(where).stylize("$text-muted"), line]
+        if est.get("levers_reason"):  # the speed levers the planner chose, and why (runner.plan.autotune)
+            lines.append(Content(f"levers: {est['levers_reason']}"))
         if est.get("approximate") and est.get("approximate_reason"):
             lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
         advice = precision_advice(spec)
