@@ -33,6 +33,7 @@ examples:
   runner replay records/<id>.json           # re-run and compare the loss curves (a path or an id)
   runner verify <id>                        # check the record's lock (exit 4 when it does not match)
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
+  runner attach <id>                        # follow a running run (started anywhere on this machine)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
 """
 
@@ -53,6 +54,18 @@ def _add_records_dir(p: argparse.ArgumentParser) -> None:
 def _add_dirs(p: argparse.ArgumentParser) -> None:
     _add_records_dir(p)
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
+
+
+def _add_attach(sub: Any) -> None:
+    p = sub.add_parser("attach", help="follow a running run live (Ctrl+C asks: cancel, detach or keep watching)")
+    p.add_argument("run", metavar="RUN", help="run id (see `runner list`) or run folder")
+    _add_dirs(p)
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--cancel", action="store_true", help="cancel the run (no checkpoint beyond the usual) and wait")
+    what.add_argument("--stop", action="store_true",
+                      help="stop the run gracefully with a checkpoint (as SIGTERM does) and wait")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", metavar="RECORD_B")
     _add_records_dir(p)
 
-    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take)")
+    _add_attach(sub)
+
+    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take); live runs as live")
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per record")
 
@@ -352,10 +367,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from runner.cli.session import attach_headless
+
+    return attach_headless(args.run, args.runs_dir, args.records_dir, plain=args.plain, as_json=args.json,
+                           request="cancel" if args.cancel else "stop" if args.stop else None)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from runner.launch.supervised import reap_lost
     from runner.record.compare import print_list, summary_row
     from runner.record.records import list_records
 
+    # A run whose supervisor died (SIGKILL, the OOM killer) is finished here as failed: nothing stays `running`.
+    for run_id in reap_lost(args.records_dir):
+        print(f"note: {run_id}: its supervisor is gone; record finished as failed (supervisor lost)", file=sys.stderr)
     recs = list_records(args.records_dir)
     if args.json:
         print(json.dumps([summary_row(r) for r in recs]))
@@ -450,6 +476,7 @@ COMMANDS = {
     "replay": cmd_replay,
     "verify": cmd_verify,
     "diff": cmd_diff,
+    "attach": cmd_attach,
     "list": cmd_list,
     "show": cmd_show,
     "bench": cmd_bench,

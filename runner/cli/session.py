@@ -199,6 +199,30 @@ def _refuse_finished(run_dir: Path, records_dir: Path, spec: RunSpec, checkpoint
                         "or start a new run")
 
 
+def attach_headless(run_ref: str, runs_dir: Path, records_dir: Path, plain: bool = False, as_json: bool = False,
+                    request: str | None = None) -> int:
+    """Follow a run started elsewhere; with `request` ("cancel" or "stop"), ask for it first."""
+    from runner.cli.follow import follow, say_detached
+    from runner.launch.supervised import attach
+
+    run = attach(run_ref, runs_dir)
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
+    if run.poll() is None:
+        if request is not None:
+            run.request(request, None, by="runner attach")
+        console.print(f"attached to run {run.run_id} ({run.state.get('host')}, supervisor pid "
+                      f"{run.state.get('pid')}); Ctrl+C asks whether to cancel it", highlight=False)
+        followed = follow(run, console, plain, ask=True, by="runner attach")
+        if followed.detached:
+            say_detached(console, run)
+            return EXIT_OK if followed.code == 0 else followed.code
+        code = followed.code
+    else:
+        code = run.poll() or 0
+    run.finish(code)
+    return _finish(console, run, code, as_json)
+
+
 def _print_node_commands(console: Console, spec: RunSpec) -> None:
     console.print(f"multi-node run over {spec.hardware.nodes} nodes: start the same spec on every other node with "
                   "`runner run SPEC --node-rank K --run-id <id printed below>`", highlight=False)

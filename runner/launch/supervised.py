@@ -44,6 +44,11 @@ class SupervisedRun:
         return Path(path) if path else None
 
     @property
+    def pid(self) -> int | None:
+        """The supervisor's pid: the root of the run's process tree on this node."""
+        return self.proc.pid if self.proc is not None else self.state.get("pid")
+
+    @property
     def cancelled(self) -> bool:
         if self.requested is not None:
             return True
@@ -60,7 +65,7 @@ class SupervisedRun:
         state = self.refresh()
         if state.get("state") == "finished":
             return int(state.get("exit_code", EXIT_FAILED))
-        if not supervisor_alive(state, self.proc):
+        if not supervisor_alive(state, self.proc) and not ranks_alive(self.paths):
             state = self.refresh()  # it may have finished between the two reads
             if state.get("state") == "finished":
                 return int(state.get("exit_code", EXIT_FAILED))
@@ -107,6 +112,27 @@ def supervisor_alive(state: dict[str, Any], proc: subprocess.Popen[bytes] | None
         return created is None or abs(p.create_time() - float(created)) < 1.0  # not a reused pid
     except (psutil.Error, KeyError, ValueError, TypeError):
         return False
+
+
+def ranks_alive(paths: RunPaths) -> bool:
+    """Whether a rank of this run still runs on this host (from the pids its start events name): after the
+    supervisor died, ranks stop on their own at the next step boundary; the record waits for that."""
+    import psutil
+
+    from runner.events.lines import read_events
+
+    host = socket.gethostname()
+    for path in sorted(paths.events.glob("rank*.jsonl")):
+        starts = [e for e in read_events(path) if e.get("event") == "start"]
+        if not starts or starts[-1].get("host") not in (None, host) or not starts[-1].get("pid"):
+            continue
+        try:
+            p = psutil.Process(int(starts[-1]["pid"]))
+            if p.status() != psutil.STATUS_ZOMBIE and "runner.train" in " ".join(p.cmdline()):
+                return True
+        except (psutil.Error, ValueError, TypeError):
+            continue
+    return False
 
 
 def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
@@ -174,6 +200,8 @@ def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None
         return None
     world_size = int((rec.get("launch") or {}).get("world_size") or 1)
     device = ((rec.get("spec") or {}).get("hardware") or {}).get("device") or "cpu"
+    from runner.launch.run import resume_hint
+
     metrics = records.metrics_from_events(paths.events, world_size, device)
     last_steps = {r: info.get("last_step") for r, info in (metrics.get("per_rank") or {}).items()}
     rec.pop("lock", None)
@@ -181,7 +209,9 @@ def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None
         "rank": None, "cause": "supervisor lost",
         "message": f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing the "
                    "record (killed, e.g. by the OOM killer or SIGKILL)",
-        "last_step": metrics.get("steps") or 0, "last_steps": last_steps, "log": str(paths.supervisor_log)})
+        "last_step": metrics.get("steps") or 0, "last_steps": last_steps, "log": str(paths.supervisor_log)},
+        cancel=None, lost={"supervisor_pid": state.get("pid"), "host": state.get("host"),
+                           **resume_hint(paths.run_dir)})
     return records.save(path, rec)
 
 
@@ -197,7 +227,7 @@ def reap_lost(records_dir: Path) -> list[str]:
             continue
         paths = RunPaths(Path(rec["run_dir"]))
         state = read_state(paths)
-        if state is None or state.get("state") == "finished" or supervisor_alive(state):
+        if state is None or state.get("state") == "finished" or supervisor_alive(state) or ranks_alive(paths):
             continue
         state.setdefault("record", str(path))
         if finish_lost(paths, {**state, "record": str(path)}) is not None:

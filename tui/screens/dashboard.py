@@ -166,7 +166,7 @@ class DashboardScreen(Screen):
         if self.record is not None:
             s = self.record.get("status") or "?"
             return s, {"succeeded": "success", "failed": "error", "cancelled": "warning"}.get(s, "primary")
-        if self.ending and self.active is not None and self.active.launcher.cancelled:
+        if self.ending and self.active is not None and self.active.cancelled:
             return "cancelling", "warning"
         if self.view.failed_rank() is not None:
             return "failing", "error"
