@@ -7,6 +7,7 @@ checkpoint. SIGHUP (the terminal went away): the view detaches and the run goes 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -30,13 +31,13 @@ class Followed:
 
 
 @dataclass
-class _Signals:
+class ViewSignals:
     """The view's signals, taken as flags and acted upon between polls (never mid-read of an event file)."""
 
     pending: list[int] = field(default_factory=list)
     saved: dict[int, Any] = field(default_factory=dict)
 
-    def __enter__(self) -> _Signals:
+    def __enter__(self) -> ViewSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self.saved[sig] = signal.signal(sig, self._take)
@@ -54,8 +55,9 @@ class _Signals:
 
 
 def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: bool = False,
-           ask: bool = False, by: str = "runner run") -> Followed:
-    """Show the run until it ends; act on the view's signals. `skip_existing`: start at the event files' ends."""
+           ask: bool = False, by: str = "runner run", signals: ViewSignals | None = None) -> Followed:
+    """Show the run until it ends; act on the view's signals (those taken by `signals` already, e.g. during the
+    start, included). `skip_existing`: start at the event files' ends."""
     from runner.cli.headless import HeadlessDisplay
     from runner.events.monitor import RunView
 
@@ -65,7 +67,7 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
     display = HeadlessDisplay(view, console=console, plain=plain or None)
     requested = False
     try:
-        with _Signals() as signals:
+        with contextlib.nullcontext(signals) if signals is not None else ViewSignals() as signals:
             while (code := run.poll()) is None:
                 if view.poll():
                     display.update()

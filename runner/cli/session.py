@@ -62,16 +62,18 @@ def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bo
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
                      run_id: str | None = None, resume: bool = False) -> tuple[SupervisedRun, int]:
     """Start the run's supervisor (apart from this process and its terminal) and follow it to its end."""
-    from runner.cli.follow import follow, say_detached
+    from runner.cli.follow import ViewSignals, follow, say_detached
 
-    try:
-        active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of, node_rank=node_rank,
-                       run_id=run_id, resume=resume)
-    except SupervisorFailed as e:
-        raise UserError(str(e)) from None
-    console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
-                  f"logs in {active.paths.logs}", highlight=False)
-    followed = follow(active, console, plain, skip_existing=resume)
+    # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
+    with ViewSignals() as signals:
+        try:
+            active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
+                           node_rank=node_rank, run_id=run_id, resume=resume)
+        except SupervisorFailed as e:
+            raise UserError(str(e)) from None
+        console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
+                      f"logs in {active.paths.logs}", highlight=False)
+        followed = follow(active, console, plain, skip_existing=resume, signals=signals)
     if followed.detached:
         say_detached(console, active)
         return active, followed.code

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 EXIT_CANCELLED = 130
+EXIT_STOPPED = 128 + signal.SIGTERM
 
 
 @dataclass
@@ -180,8 +183,20 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
     return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the process that runs torchrun in-process (`runner bench`): a graceful stop follows."""
+
+
+def _raise_terminated(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
 def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:
-    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130."""
+    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130; SIGTERM
+    (`timeout`, a scheduler) stops it with a checkpoint, finishes nothing itself and returns 143."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while run.poll() is None:
             if on_tick:
@@ -191,6 +206,12 @@ def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s:
     except KeyboardInterrupt:
         run.cancel()
         code = EXIT_CANCELLED
+    except _Terminated:
+        run.stop("SIGTERM", "stopped")
+        code = EXIT_STOPPED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if on_tick:
         on_tick()
     return code

@@ -14,7 +14,8 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.events.paths import RunPaths
-from runner.launch.supervisor import EXIT_CANCELLED, read_state, send_request
+from runner.launch.supervisor import (EXIT_CANCELLED, finish_unfinished, log_path, read_state, send_request,
+                                      state_path)
 from runner.record import records
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +30,15 @@ class SupervisorFailed(Exception):
 class SupervisedRun:
     """The view side of a run: the same face as an in-process ActiveRun (poll, cancel, stop, wait, finish)."""
 
-    def __init__(self, paths: RunPaths, spec: Any = None, proc: subprocess.Popen[bytes] | None = None):
+    def __init__(self, paths: RunPaths, spec: Any = None, proc: subprocess.Popen[bytes] | None = None,
+                 node: int = 0):
         self.paths = paths
+        self.node = node
         self.run_id = paths.run_dir.name
         self.spec = spec
         self.proc = proc
         self.requested: str | None = None
-        self.state: dict[str, Any] = read_state(paths) or {}
+        self.state: dict[str, Any] = read_state(paths, node) or {}
         self.record: dict[str, Any] | None = None
 
     @property
@@ -55,7 +58,7 @@ class SupervisedRun:
         return self.state.get("status") == "cancelled" or "stopping" in self.state
 
     def refresh(self) -> dict[str, Any]:
-        self.state = read_state(self.paths) or self.state
+        self.state = read_state(self.paths, self.node) or self.state
         return self.state
 
     def poll(self) -> int | None:
@@ -148,13 +151,14 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     paths = RunPaths(runs_dir / run_id)
     write_spec(paths, spec)
     # A resumed run's previous supervisor said its last word, and the requests it got are not for this launch.
-    paths.supervisor.unlink(missing_ok=True)
-    paths.control.unlink(missing_ok=True)
+    state_path(paths, node_rank).unlink(missing_ok=True)
+    if node_rank == 0:
+        paths.control.unlink(missing_ok=True)
     request = {"spec": spec.to_dict(), "runs_dir": str(runs_dir), "records_dir": str(records_dir),
                "estimate": estimate, "replay_of": replay_of, "node_rank": node_rank, "resume": resume}
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(paths.supervisor_log, "ab") as log:
+    with open(log_path(paths, node_rank), "ab") as log:
         # The request goes through a pipe, not a file: the spec as given may hold credentials (redacted on disk).
         proc = subprocess.Popen([sys.executable, "-m", "runner.launch.supervisor", str(paths.run_dir)],
                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -162,7 +166,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(request).encode())
     proc.stdin.close()
-    run = SupervisedRun(paths, spec, proc)
+    run = SupervisedRun(paths, spec, proc, node_rank)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         state = run.refresh()
@@ -172,7 +176,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     state = run.refresh()
     if state.get("error") or (proc.poll() is not None and state.get("state") != "finished"):
         raise SupervisorFailed(f"run {run_id} did not start: {state.get('error') or 'the supervisor exited'} "
-                               f"(log: {paths.supervisor_log})")
+                               f"(log: {log_path(paths, node_rank)})")
     return run
 
 
@@ -193,26 +197,12 @@ def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None
     """Finish the record of a run whose supervisor died before finishing it: `failed`, "supervisor lost", with
     the steps the events show. Returns the record written, or None when there was nothing to finish."""
     path = Path(state["record"]) if state.get("record") else None
-    if path is None or not path.is_file():
+    if path is None:
         return None
-    rec = records.load(path)
-    if rec.get("status") != "running":
-        return None
-    world_size = int((rec.get("launch") or {}).get("world_size") or 1)
-    device = ((rec.get("spec") or {}).get("hardware") or {}).get("device") or "cpu"
-    from runner.launch.run import resume_hint
-
-    metrics = records.metrics_from_events(paths.events, world_size, device)
-    last_steps = {r: info.get("last_step") for r, info in (metrics.get("per_rank") or {}).items()}
-    rec.pop("lock", None)
-    rec.update(status="failed", finished=records.now_iso(), metrics=metrics, failure={
-        "rank": None, "cause": "supervisor lost",
-        "message": f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing the "
-                   "record (killed, e.g. by the OOM killer or SIGKILL)",
-        "last_step": metrics.get("steps") or 0, "last_steps": last_steps, "log": str(paths.supervisor_log)},
-        cancel=None, lost={"supervisor_pid": state.get("pid"), "host": state.get("host"),
-                           **resume_hint(paths.run_dir)})
-    return records.save(path, rec)
+    return finish_unfinished(paths, path, "supervisor lost",
+                             f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing "
+                             "the record (killed, e.g. by the OOM killer or SIGKILL)",
+                             lost={"supervisor_pid": state.get("pid"), "host": state.get("host")})
 
 
 def reap_lost(records_dir: Path) -> list[str]:
@@ -227,9 +217,13 @@ def reap_lost(records_dir: Path) -> list[str]:
             continue
         paths = RunPaths(Path(rec["run_dir"]))
         state = read_state(paths)
-        if state is None or state.get("state") == "finished" or supervisor_alive(state) or ranks_alive(paths):
+        if state is None or supervisor_alive(state) or ranks_alive(paths):
             continue
-        state.setdefault("record", str(path))
+        if state.get("state") == "finished":  # it said its last word, yet the record is open: it failed to launch
+            if finish_unfinished(paths, path, "launch failed", state.get("error") or "the supervisor could not "
+                                 "launch the run") is not None:
+                done.append(rec["id"])
+            continue
         if finish_lost(paths, {**state, "record": str(path)}) is not None:
             done.append(rec["id"])
     return done

@@ -35,10 +35,19 @@ REQUESTS = {
 SIGNAL_REQUESTS = {signal.SIGINT: "cancel", signal.SIGTERM: "stop", signal.SIGUSR1: "preempt"}
 
 
-def read_state(paths: RunPaths) -> dict[str, Any] | None:
+def state_path(paths: RunPaths, node: int = 0) -> Path:
+    """Node 0's supervisor.json; every other node of a run (one shared run folder) has its own."""
+    return paths.supervisor if node == 0 else paths.run_dir / f"supervisor-node{node}.json"
+
+
+def log_path(paths: RunPaths, node: int = 0) -> Path:
+    return paths.supervisor_log if node == 0 else paths.logs / f"supervisor-node{node}.log"
+
+
+def read_state(paths: RunPaths, node: int = 0) -> dict[str, Any] | None:
     """supervisor.json, or None when there is none (yet) or it cannot be read."""
     try:
-        data = json.loads(paths.supervisor.read_text())
+        data = json.loads(state_path(paths, node).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -74,6 +83,31 @@ def send_request(paths: RunPaths, request: str, signal_name: str | None, by: str
         os.close(fd)
 
 
+def finish_unfinished(paths: RunPaths, path: Path, cause: str, message: str,
+                      **extra: Any) -> dict[str, Any] | None:
+    """Finish a record still `running` whose run is over (its supervisor died, or could not launch): `failed`
+    with `cause`, the steps the events show, and whether a checkpoint allows a resume. None when it was finished."""
+    from runner.launch.run import resume_hint
+    from runner.record import records
+
+    if not path.is_file():
+        return None
+    rec = records.load(path)
+    if rec.get("status") != "running":
+        return None
+    world_size = int((rec.get("launch") or {}).get("world_size") or 1)
+    device = ((rec.get("spec") or {}).get("hardware") or {}).get("device") or "cpu"
+    metrics = records.metrics_from_events(paths.events, world_size, device)
+    last_steps = {r: info.get("last_step") for r, info in (metrics.get("per_rank") or {}).items()}
+    rec.pop("lock", None)
+    rec.pop("cancel", None)
+    rec.update(status="failed", finished=now_iso(), metrics=metrics, failure={
+        "rank": None, "cause": cause, "message": message, "last_step": metrics.get("steps") or 0,
+        "last_steps": last_steps, "log": str(paths.supervisor_log)})
+    rec["lost"] = {**extra.get("lost", {}), **resume_hint(paths.run_dir)}
+    return records.save(path, rec)
+
+
 class Supervisor:
     """One run on this node, from the launch request to the finished record."""
 
@@ -88,7 +122,7 @@ class Supervisor:
 
     def write_state(self, **changes: Any) -> None:
         self.state.update(changes)
-        atomic_write_json(self.paths.supervisor, self.state)
+        atomic_write_json(state_path(self.paths, self.state["node_rank"]), self.state)
 
     def on_signal(self, signum: int, _frame: object) -> None:
         if self.pending is None:
@@ -107,7 +141,12 @@ class Supervisor:
                                    node_rank=r.get("node_rank", 0), run_id=self.paths.run_dir.name,
                                    resume=r.get("resume", False), stop_with_parent=True)
         except Exception as e:  # noqa: BLE001 - the view shows it; nothing was launched
-            self.write_state(state="finished", exit_code=1, status="failed", error=f"{type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+            record = Path(r["records_dir"]) / f"{self.paths.run_dir.name}.json"
+            if r.get("node_rank", 0) == 0:
+                finish_unfinished(self.paths, record, "launch failed", error)
+            self.write_state(state="finished", exit_code=1, status="failed", error=error,
+                             record=str(record) if record.is_file() else None)
             raise
         self.write_state(state="running", record=str(active.record_path) if active.record_path else None,
                          torchrun_pid=active.launcher.pid)
