@@ -240,7 +240,7 @@ class SftApp(App):
     def _live_dashboards(self) -> list[Any]:
         from tui.screens.dashboard import DashboardScreen
 
-        return [s for s in self.screen_stack if isinstance(s, DashboardScreen) and s.active is not None
+        return [s for s in self.screen_stack if isinstance(s, DashboardScreen) and s.active is not None and not s.attached
                 and s.record is None]
 
     async def action_quit(self) -> None:

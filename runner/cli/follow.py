@@ -120,7 +120,8 @@ def say_resumable(console: Console, rec: dict[str, Any] | None) -> None:
     cancel = (rec or {}).get("cancel")
     if not cancel:
         return
-    why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else "")
+    why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
+                                      f" from {cancel['by']}" if cancel.get("by") else "")
     if cancel.get("resumable"):
         console.print(f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with "
                       f"`{cancel['resume']}`", highlight=False)

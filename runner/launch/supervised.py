@@ -67,6 +67,7 @@ class SupervisedRun:
             self.proc.poll()  # reaps our child, so that a dead supervisor is not a zombie that looks alive
         state = self.refresh()
         if state.get("state") == "finished":
+            self._reap(state)
             return int(state.get("exit_code", EXIT_FAILED))
         if not supervisor_alive(state, self.proc) and not ranks_alive(self.paths):
             state = self.refresh()  # it may have finished between the two reads
@@ -76,14 +77,27 @@ class SupervisedRun:
             return EXIT_FAILED
         return None
 
+    def _reap(self, state: dict[str, Any], timeout_s: float = 30.0) -> None:
+        """The supervisor has said its last word and is exiting: wait for it, so that once a view reports the end
+        no process of the run is left."""
+        import psutil
+
+        try:
+            if self.proc is not None:
+                self.proc.wait(timeout_s)
+            elif state.get("host") == socket.gethostname() and supervisor_alive(state):
+                psutil.Process(int(state["pid"])).wait(timeout_s)
+        except (subprocess.TimeoutExpired, psutil.Error, KeyError, ValueError):
+            pass
+
     def request(self, kind: str, signal_name: str | None, by: str) -> None:
         self.requested = self.requested or kind
         send_request(self.paths, kind, signal_name, by)
 
-    def cancel(self, signal_name: str | None = "SIGINT", by: str = "a view") -> None:
+    def cancel(self, signal_name: str | None = None, by: str = "sft-tui") -> None:
         self.request("cancel", signal_name, by)
 
-    def stop(self, signal_name: str | None = "SIGTERM", by: str = "a view") -> None:
+    def stop(self, signal_name: str | None = None, by: str = "sft-tui") -> None:
         self.request("stop", signal_name, by)
 
     def wait(self, interval_s: float = 0.2) -> int:

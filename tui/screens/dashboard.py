@@ -52,9 +52,11 @@ class DashboardScreen(Screen):
 
     def __init__(self, run_dir: Path, active: Any = None, estimate: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
-                 original: dict[str, Any] | None = None) -> None:
+                 original: dict[str, Any] | None = None, attached: bool = False) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
+        # Opened on a run launched elsewhere (the records browser): Escape leaves it running, as any view may.
+        self.attached = attached
         self.run_id = self.run_dir.name
         self.active = active
         self.estimate = estimate
@@ -366,7 +368,7 @@ class DashboardScreen(Screen):
         self.app.show_summary(self.record, self.active.record_path if self.active else None, self.replay)
 
     def action_back(self) -> None:
-        if self.active is not None and not self.ending:
+        if self.active is not None and not self.ending and not self.attached:
             self.notify("the run is still going: cancel it (c) or wait for the end", severity="warning")
             return
         self.app.back_from(self)

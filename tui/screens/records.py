@@ -159,7 +159,7 @@ class RecordsScreen(Screen):
             return
         active.spec = rec.get("spec")
         self.app.push_screen(DashboardScreen(active.paths.run_dir, active=active, estimate=rec.get("estimate"),
-                                             clock=self.app.clock, poll_s=self.app.poll_s))
+                                             clock=self.app.clock, poll_s=self.app.poll_s, attached=True))
 
     @on(DataTable.RowSelected, "#records")
     def _row_selected(self) -> None:
