@@ -2,7 +2,8 @@
 view's own signals into requests to the supervisor, as schedulers mean them.
 
 SIGINT (Ctrl+C): cancel (with `ask`, on a terminal, a question first). SIGTERM: a graceful stop with a
-checkpoint. SIGHUP (the terminal went away): the view detaches and the run goes on.
+checkpoint. SIGUSR1 (SLURM's warning before the time limit, passed on by srun to the `runner run` it started): the
+same, recorded as preempted. SIGHUP (the terminal went away): the view detaches and the run goes on.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class ViewSignals:
 
     def __enter__(self) -> ViewSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
                 self.saved[sig] = signal.signal(sig, self._take)
         return self
 
@@ -84,10 +85,11 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
                         if answer == "watch":
                             continue
                     name = signal.Signals(sig).name
-                    (run.cancel if sig == signal.SIGINT else run.stop)(name, by=f"{name} to {by}")
+                    kind = {signal.SIGINT: "cancel", signal.SIGTERM: "stop", signal.SIGUSR1: "preempt"}[sig]
+                    run.request(kind, name, by=f"{name} to {by}")
                     requested = True
-                    console.print(f"{'cancelling' if sig == signal.SIGINT else 'stopping'} run {run.run_id} at the "
-                                  "next step boundary…", highlight=False)
+                    what = "cancelling" if kind == "cancel" else "stopping (with a checkpoint)"
+                    console.print(f"{what} run {run.run_id} at the next step boundary…", highlight=False)
                 time.sleep(POLL_S)
             view.poll()
             return Followed(code)

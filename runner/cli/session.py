@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,9 @@ def _refuse_live(run_dir: Path) -> None:
     from runner.events.paths import RunPaths
 
     state = read_state(RunPaths(run_dir))
-    if state and state.get("state") != "finished" and supervisor_alive(state):
+    # Only a supervisor on this host can be seen alive; one elsewhere (a requeued job's last node) is not asked.
+    if state and state.get("state") != "finished" and state.get("host") == socket.gethostname() \
+            and supervisor_alive(state):
         raise UserError(f"--resume {run_dir}: that run is still running (supervisor pid {state.get('pid')}); "
                         f"follow it with `runner attach {run_dir.name}`")
 
