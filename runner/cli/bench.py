@@ -14,7 +14,7 @@ from rich.table import Table
 
 from runner.launch import run as run_mod
 from runner.errors import UserError
-from runner.events.lines import END, TRAIN_BEGIN, first_event, read_events, step_lines
+from runner.events.lines import EndEvent, TrainBeginEvent, first_event, latest_steps, read_events
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token, utilisation
 from runner.facts.gpus import ceiling_tflops_here
 from runner.spec import RunSpec, load_spec, resolve
@@ -90,12 +90,13 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
     final_loss = None
     for r in range(spec.world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        steps = [e for e in step_lines(evs) if e["step"] > warmup]
-        end = first_event(evs, END) or {}
+        steps = [e for e in latest_steps(evs) if e.step > warmup]
+        end: EndEvent | None = first_event(evs, EndEvent)
         if r == 0:
-            begin = first_event(evs, TRAIN_BEGIN) or {}
-            final_loss = end.get("final_loss")
-        peak = end.get("peak_mem_gib") or {}
+            first: TrainBeginEvent | None = first_event(evs, TrainBeginEvent)
+            begin = first.line if first else {}
+            final_loss = end.final_loss if end else None
+        peak = (end.peak_mem_gib if end else None) or {}
         if "allocated" in peak:
             peaks_alloc.append(peak["allocated"])
             peaks_res.append(peak["reserved"])
@@ -103,11 +104,11 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
             per_rank.append(steps)
     if not per_rank:
         return {"error": "no steps after warm-up"}
-    step_s = [statistics.median(e["step_s"] for e in s) for s in per_rank]
+    step_s = [statistics.median(e.step_s for e in s) for s in per_rank]
     rank0 = per_rank[0]
-    times = [e["step_s"] for e in rank0]
-    tokens = [e["tokens"] for e in rank0]
-    tokens_per_s_gpu = statistics.mean(sum(e["tokens"] for e in s) / sum(e["step_s"] for e in s) for s in per_rank)
+    times = [e.step_s for e in rank0]
+    tokens = [e.tokens for e in rank0]
+    tokens_per_s_gpu = statistics.mean(sum(e.tokens for e in s) / sum(e.step_s for e in s) for s in per_rank)
     data_s = [e.get("data_s") for e in rank0 if e.get("data_s") is not None]
     row: dict[str, Any] = {
         "steps_measured": len(rank0),
@@ -121,7 +122,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
         "mfu": None,
         "final_loss": final_loss,
         # Speed means little without learning: the loss at the last measured step, to compare rows at equal steps.
-        "last_step": rank0[-1]["step"],
+        "last_step": rank0[-1].step,
         "last_loss": _loss(rank0[-1].get("loss")),
         # What the engine chose, as its train_begin event says.
         "choices": {k: begin[k] for k in ("attn", "attn_kernel", "loss_impl", "liger_kernels", "fsdp",

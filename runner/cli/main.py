@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from runner.cli.job import add_job_args, record_spec, write_job
 from runner.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
@@ -32,6 +33,7 @@ examples:
   runner run --resume runs/<id> --set train.max_steps=400   # continue from the latest checkpoint
   runner replay records/<id>.json           # re-run and compare the loss curves (a path or an id)
   runner verify <id>                        # check the record's lock (exit 4 when it does not match)
+  runner job my.yaml --to slurm --set hardware.nodes=2 --set hardware.nproc_per_node=8   # an sbatch script
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
   runner attach <id>                        # follow a running run (started anywhere on this machine)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
@@ -56,6 +58,21 @@ def _add_dirs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
 
 
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="launch a run headless and write its record")
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="recipe name or path to a YAML/JSON spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue runs/<id> from its latest checkpoint (--set may raise train.max_steps)")
+    _add_dirs(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
+    p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
+    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+
+
 def _add_attach(sub: Any) -> None:
     p = sub.add_parser("attach", help="follow a running run live (Ctrl+C asks: cancel, detach or keep watching)")
     p.add_argument("run", metavar="RUN", help="run id (see `runner list`) or run folder")
@@ -73,23 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="launch a run headless and write its record")
-    p.add_argument("spec", metavar="SPEC", nargs="?", help="recipe name or path to a YAML/JSON spec")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a spec field, e.g. --set train.lr=1e-4 (repeatable)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue runs/<id> from its latest checkpoint (--set may raise train.max_steps)")
-    _add_dirs(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
-    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
-    p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
-    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+    _add_run(sub)
 
-    p = sub.add_parser("slurm", help="write an sbatch script that runs SPEC on hardware.nodes nodes")
-    _add_spec_args(p)
-    _add_dirs(p)
-    p.add_argument("--out", type=Path, help="script path (default: runs/<id>/sbatch.sh)")
+    p = sub.add_parser("job", help="write the job file that runs SPEC on a scheduler: slurm, skypilot or kubeflow")
+    add_job_args(p, with_target=True)
+    p = sub.add_parser("slurm", help="write an sbatch script that runs SPEC (runner job --to slurm)")
+    add_job_args(p, with_target=False)
 
     p = sub.add_parser("estimate", help="predict per-GPU memory and time before launch")
     _add_spec_args(p)
@@ -104,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a record that needs trust_remote_code")
+    p.add_argument("--here", action="store_true",
+                   help="replay on this machine a record that a scheduler job wrote (default: print that job)")
 
     p = sub.add_parser("verify", help="check that a record's lock matches its content (exit 4 when it does not)")
     p.add_argument("record", metavar="RECORD", help="record path or id")
@@ -211,23 +219,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         node_rank=args.node_rank, run_id=args.run_id, force=args.force)
 
 
-def cmd_slurm(args: argparse.Namespace) -> int:
-    from runner.events.paths import RunPaths
-    from runner.launch.jobs import build_sbatch
-    from runner.launch.command import new_run_id, write_spec
-
-    spec = load_spec_noting(args.spec, args.overrides)
-    if spec.hardware.nproc_per_node == "auto":
-        raise UserError("runner slurm needs hardware.nproc_per_node (GPUs per node): the allocation is not visible "
-                        "from here; e.g. --set hardware.nproc_per_node=8")
-    run_id = new_run_id(spec.name, args.runs_dir, args.records_dir)
-    paths = RunPaths(args.runs_dir / run_id)
-    write_spec(paths, spec)
-    script = build_sbatch(spec, paths.spec, run_id, args.runs_dir, args.records_dir)
-    out = args.out or paths.run_dir / "sbatch.sh"
-    out.write_text(script)
-    print(f"wrote {out}: submit with `sbatch {out}`")
-    return EXIT_OK
+def cmd_job(args: argparse.Namespace) -> int:
+    spec = record_spec(args.spec, args.overrides, args.records_dir)
+    return write_job(args, spec or load_spec_noting(args.spec, args.overrides))
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -340,7 +334,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(f"{ref} is a recipe (a spec), not a record: train it with `runner run {ref}`; "
                         "replay takes a record that a run wrote (`runner list` shows their ids)")
     return replay_headless(args.record, args.runs_dir, args.records_dir, strict=args.strict, as_json=args.json,
-                           plain=args.plain, trust_remote_code=args.trust_remote_code)
+                           plain=args.plain, trust_remote_code=args.trust_remote_code, here=args.here)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -472,7 +466,8 @@ def cmd_recipes(_: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "estimate": cmd_estimate,
-    "slurm": cmd_slurm,
+    "job": cmd_job,
+    "slurm": cmd_job,
     "replay": cmd_replay,
     "verify": cmd_verify,
     "diff": cmd_diff,

@@ -12,11 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from runner.record import records
-from runner.launch import run as run_mod
 from runner.launch.command import check_run_target
 from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
 from runner.errors import PredictedNotToFit, UserError
-from runner.record.replay import compare, current_pins, drift, spec_from_record, tolerance
+from runner.launch.replay import prepare_replay
+from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
@@ -234,16 +234,21 @@ def _print_node_commands(console: Console, spec: RunSpec) -> None:
 
 
 def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = False, as_json: bool = False,
-                    plain: bool = False, trust_remote_code: bool = False) -> int:
+                    plain: bool = False, trust_remote_code: bool = False, here: bool = False) -> int:
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     path = records.find_record(ref, records_dir)
-    ok, reason = records.verify(path)
-    if not ok:
-        raise UserError(f"refusing to replay: {reason}")
-    original = records.load(path)
-    spec = spec_from_record(original, trust_remote_code)
-    spec = resolve(spec)
-    rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
+    if not here:  # a job's record is rerun where it ran: print how (after checking its lock)
+        ok, reason = records.verify(path)
+        if not ok:
+            raise UserError(f"refusing to replay: {reason}")
+        if print_job_rerun(console, records.load(path), path, as_json):
+            return EXIT_OK
+    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
+    original, spec, rows = prepared.original, prepared.spec, prepared.drift
+    pinned = pinned_decisions(original)
+    console.print("engine decisions pinned from the record: " + (
+        ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
+        "decide)"))
     print_drift(console, rows)
     strict_rows = [r for r in rows if r["strict"]]
     if strict and strict_rows:
@@ -270,7 +275,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "message": result["message"],
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
-                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows}))
+                          "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:
         return status_code
@@ -287,3 +293,26 @@ def print_drift(console: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
     console.print(table)
+
+
+def print_job_rerun(console: Console, rec: dict[str, Any], path: Path, as_json: bool) -> bool:
+    """A record a scheduler job wrote is replayed where it ran: print the commands that write and submit the same
+    job (the nodes it needs are there, not here). False when the record ran on this kind of machine."""
+    from runner.cli.job import rerun_lines
+
+    lines = rerun_lines(rec, path)
+    if lines is None:
+        return False
+    where = (rec.get("launch") or {}).get("scheduler") or {}
+    ran = f" (job {where.get('job_id')} on {where.get('node_count') or '?'} node(s): {where.get('nodes')})" \
+        if where.get("job_id") else ""
+    console.print(f"{rec['id']} ran as a {rec['launch']['job']['target']} job{ran}; rerun it there with:")
+    for line in lines:
+        console.print(f"  {line}", markup=False)
+    console.print(f"then `runner diff {rec['id']} <the new run id>` compares them; `runner replay --here` replays "
+                  "it on this machine instead", markup=False)
+    if as_json:
+        # The keys of a replay's result, empty: nothing ran here.
+        print(json.dumps({"id": None, "status": None, "record": None, "replay_of": rec["id"], "reproduced": None,
+                          "job": rec["launch"]["job"]["target"], "commands": lines}))
+    return True

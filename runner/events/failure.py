@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
-from runner.events.lines import ERROR, events_of, read_events, step_lines
+from runner.events.lines import ErrorEvent, events_of, read_events, step_lines
 
 if TYPE_CHECKING:
     from runner.events.paths import RunPaths
@@ -117,7 +117,7 @@ def _last_line_matching(text: str, pattern: re.Pattern[str]) -> str:
 
 
 def any_error_event(paths: RunPaths, world_size: int) -> bool:
-    return any(events_of(read_events(paths.events / f"rank{r}.jsonl"), ERROR) for r in range(world_size))
+    return any(events_of(read_events(paths.events / f"rank{r}.jsonl"), ErrorEvent) for r in range(world_size))
 
 
 def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
@@ -126,26 +126,26 @@ def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
     codes = torchrun_exit_codes(launcher_log)
     root = _root_cause_rank(launcher_log)
     last_steps: dict[str, int] = {}
-    errors: list[tuple[float, int, dict[str, Any]]] = []
+    errors: list[tuple[float, int, ErrorEvent]] = []
     for r in range(world_size):
         evs = read_events(paths.events / f"rank{r}.jsonl")
-        steps = [e["step"] for e in step_lines(evs)]
-        last_steps[str(r)] = steps[-1] if steps else 0
-        errors += [(e.get("t", 0.0), r, e) for e in events_of(evs, ERROR)]
+        steps = step_lines(evs)
+        last_steps[str(r)] = (steps[-1].step or 0) if steps else 0  # the last logged, the resumed run's after a resume
+        errors += [(e.t or 0.0, r, e) for e in events_of(evs, ErrorEvent)]
     # A rank killed by a signal leaves no error event, and its peers then fail in collectives: prefer it, unless a
     # rank failed first for a reason of its own (not a lost peer). torchrun's "first observed" is only the order
     # in which it noticed the exits, which a fast-exiting peer can win.
     killed = [r for r, c in sorted(codes.items()) if signal_cause(c) and signal_cause(c)[0] == "signal"]
-    own_errors = [x for x in errors if x[2].get("cause") not in PEER_FAILURE_CAUSES]
+    own_errors = [x for x in errors if x[2].cause not in PEER_FAILURE_CAUSES]
     if killed and (root in killed or root is None or not own_errors):
         rank = root if root is not None and root in killed else killed[0]
         cause, message = signal_cause(codes[rank])  # type: ignore[misc]
     elif errors:
-        errors.sort()
+        errors.sort(key=lambda x: (x[0], x[1]))
         _, rank, ev = errors[0]
         if root is not None and any(r == root for _, r, _ in errors):
             rank, ev = next((r, e) for _, r, e in errors if r == root)
-        cause, message = ev.get("cause", "exception"), ev.get("message", "")
+        cause, message = ev.cause or "exception", ev.message or ""
     else:
         rank = root if root is not None else 0
         cause, message = classify_text(log_tail(paths.rank_log(rank)) or launcher_log)

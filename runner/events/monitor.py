@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.events.lines import EndEvent, ErrorEvent, EvalEvent, Event, StartEvent, StepEvent, StepIndex, parse_event
 from runner.events.tail import DirTail
 
 # Weight of the newest loss in the smoothed loss. 0.1 averages over roughly the last 10 logged steps: enough to
@@ -90,7 +91,8 @@ class RankState:
     )
     _ema: float = field(default=0.0, repr=False)
     _ema_weight: float = field(default=0.0, repr=False)
-    _seen_steps: set[int] = field(default_factory=set, repr=False)
+    steps: StepIndex[StepEvent] = field(default_factory=StepIndex, repr=False)
+    """The step lines kept: one per step, the last (`StepIndex`)."""
 
     def seconds_per_step(self) -> float | None:
         """Recent wall-clock seconds per step: from event times when two steps are known (counts data loading and
@@ -138,9 +140,9 @@ class NodeState:
 class RunView:
     """State of a run, from its `events/` files: `poll()` reads what was appended, `apply()` folds one record in.
 
-    Idempotent: a rank's step is taken once (the first line for that step wins), so duplicated lines or a file
-    read twice change nothing. Unknown keys and event kinds are ignored (an unknown event still counts as a
-    heartbeat for the stall check).
+    Idempotent: a rank's step is kept once, its last line (`StepIndex`: after a resume, the resumed run's), so
+    duplicated lines or a file read twice change nothing. Unknown keys and event kinds are ignored (an unknown event
+    still counts as a heartbeat for the stall check).
     """
 
     def __init__(
@@ -165,6 +167,7 @@ class RunView:
         # Eval loss and token accuracy by step: global numbers (every rank writes the same), taken from the
         # lowest rank that reports each step.
         self.evals: dict[int, tuple[float | None, float | None]] = {}
+        self._eval_lines: dict[int, EvalEvent] = {}
         self._tail = DirTail(self.run_dir / "events")
         self._world_size: int | None = None
 
@@ -184,103 +187,132 @@ class RunView:
             changed |= self.apply(source, record)
         return changed
 
-    def apply(self, source: str, record: dict[str, Any]) -> bool:
+    def apply(self, source: str, record: dict[str, Any] | Event) -> bool:
         """Folds one record from `source` ("rank3", "node0") into the state; True when something changed."""
         m = _SOURCE.match(source)
         if m is None:
             return False
         if m.group(1) == "node":
-            return self._apply_node(int(m.group(2)), record)
-        rank = _int(record, "rank")
-        return self._apply_rank(int(m.group(2)) if rank is None else rank, record)
+            return self._apply_node(int(m.group(2)), record.line if isinstance(record, Event) else record)
+        event = record if isinstance(record, Event) else parse_event(record)
+        if event is None:
+            return False
+        return self._apply_rank(int(m.group(2)) if event.rank is None else event.rank, event)
 
     # -- per-rank events ---------------------------------------------------------------------------
 
-    def _apply_rank(self, rank: int, rec: dict[str, Any]) -> bool:
+    def _apply_rank(self, rank: int, ev: Event) -> bool:
         rs = self.ranks.get(rank)
         changed = rs is None
         if rs is None:
             rs = self.ranks[rank] = RankState(rank=rank)
-        t = _num(rec, "t")
+        t = ev.t
         if t is not None and (rs.last_t is None or t > rs.last_t):
             rs.last_t = t
             changed = True
-        event = rec.get("event")
-        if event is None:
-            if "step" in rec:
-                changed |= self._apply_step(rs, rec, t)
-        elif event == "start":
-            changed |= self._apply_start(rs, rec)
-        elif event == "eval":
-            step = _int(rec, "step")
-            if step is not None and step not in self.evals:
-                self.evals[step] = (_num(rec, "loss"), _num(rec, "accuracy"))
-                changed = True
-        elif event == "end":
+        if isinstance(ev, StepEvent):
+            changed |= self._apply_step(rs, ev)
+        elif isinstance(ev, StartEvent):
+            changed |= self._apply_start(rs, ev)
+        elif isinstance(ev, EvalEvent):
+            changed |= self._apply_eval(rank, ev)
+        elif isinstance(ev, EndEvent):
             if rs.status not in _TERMINAL:
-                rs.status = "cancelled" if rec.get("reason") == "cancelled" else "done"
+                rs.status = "cancelled" if ev.reason == "cancelled" else "done"
                 changed = True
-        elif event == "error":
+        elif isinstance(ev, ErrorEvent):
             if rs.error_t is None:  # the first error is the cause; later ones are consequences
                 rs.status = "failed"
-                rs.error_cause = _str(rec, "cause")
-                rs.error_message = _str(rec, "message")
-                rs.error_step = _int(rec, "step")
+                rs.error_cause = ev.cause
+                rs.error_message = ev.message
+                rs.error_step = ev.step
                 rs.error_t = t if t is not None else float("inf")
                 changed = True
         return changed
 
-    def _apply_start(self, rs: RankState, rec: dict[str, Any]) -> bool:
+    def _apply_eval(self, rank: int, ev: EvalEvent) -> bool:
+        # Every rank writes the same numbers: the lowest rank that reports a step is kept, its last line for the step
+        # (StepIndex's rule: a resumed run evaluates again).
+        if ev.step is None:
+            return False
+        kept = self._eval_lines.get(ev.step)
+        if kept is not None and (kept.rank or 0) < rank:
+            return False
+        self._eval_lines[ev.step] = ev
+        value = (ev.number("loss"), ev.number("accuracy"))
+        if self.evals.get(ev.step) == value:
+            return False
+        self.evals[ev.step] = value
+        return True
+
+    def _apply_start(self, rs: RankState, ev: StartEvent) -> bool:
         # Fields absent from this start line keep what an earlier one said.
         before = (rs.node, rs.local_rank, rs.host, rs.pid, rs.max_steps)
-        rs.node = _int(rec, "node_rank") if rec.get("node_rank") is not None else rs.node
-        rs.local_rank = _int(rec, "local_rank") if rec.get("local_rank") is not None else rs.local_rank
-        rs.host = _str(rec, "host") or rs.host
-        rs.pid = _int(rec, "pid") or rs.pid
-        rs.max_steps = _int(rec, "max_steps") if rec.get("max_steps") is not None else rs.max_steps
+        rs.node = ev.node_rank if ev.node_rank is not None else rs.node
+        rs.local_rank = ev.local_rank if ev.local_rank is not None else rs.local_rank
+        rs.host = ev.host or rs.host
+        rs.pid = ev.pid or rs.pid
+        rs.max_steps = ev.max_steps if ev.max_steps is not None else rs.max_steps
         changed = before != (rs.node, rs.local_rank, rs.host, rs.pid, rs.max_steps)
-        world_size = _int(rec, "world_size")
-        if world_size is not None and world_size > (self._world_size or 0):
-            self._world_size = world_size
+        if ev.world_size is not None and ev.world_size > (self._world_size or 0):
+            self._world_size = ev.world_size
             changed = True
         return changed
 
-    def _apply_step(self, rs: RankState, rec: dict[str, Any], t: float | None) -> bool:
-        step = _int(rec, "step")
-        if step is None or step in rs._seen_steps:
+    def _apply_step(self, rs: RankState, ev: StepEvent) -> bool:
+        step = ev.step
+        if step is None:
             return False
-        rs._seen_steps.add(step)
+        changed, replaced = rs.steps.add(ev)  # a step logged again (after a resume): the last line counts
+        if not changed:
+            return False
         if rs.status == "starting":
             rs.status = "running"
-        loss = _num(rec, "loss")
-        tokens = _int(rec, "tokens") or 0
-        step_s = _num(rec, "step_s")
-        mem_gib = _num(rec, "mem_gib")
-        rs.tokens_total += tokens
-        if mem_gib is not None and (rs.peak_mem_gib is None or mem_gib > rs.peak_mem_gib):
-            rs.peak_mem_gib = mem_gib
-        if loss is not None:
-            if not rs.losses or step > rs.losses[-1][0]:
-                rs.losses.append((step, loss))
-            else:  # not expected from an append-only writer, but history must stay sorted
-                bisect.insort(rs.losses, (step, loss))
-            if math.isfinite(loss):
-                rs._ema = (1 - self.loss_alpha) * rs._ema + self.loss_alpha * loss
-                rs._ema_weight = (1 - self.loss_alpha) * rs._ema_weight + self.loss_alpha
-                rs.loss_smooth = rs._ema / rs._ema_weight
+        loss, tokens, mem_gib = ev.number("loss"), ev.tokens or 0, ev.mem_gib
+        if replaced is not None:
+            self._refold(rs)
+        else:
+            rs.tokens_total += tokens
+            if mem_gib is not None and (rs.peak_mem_gib is None or mem_gib > rs.peak_mem_gib):
+                rs.peak_mem_gib = mem_gib
+            if loss is not None:
+                if not rs.losses or step > rs.losses[-1][0]:
+                    rs.losses.append((step, loss))
+                else:  # not expected from an append-only writer, but history must stay sorted
+                    bisect.insort(rs.losses, (step, loss))
+                self._smooth(rs, loss)
         if step < rs.step:
             return True
         rs.step = step
         rs.loss = loss
-        rs.lr = _num(rec, "lr")
-        rs.grad_norm = _num(rec, "grad_norm")
-        rs.step_s = step_s
+        rs.lr = ev.number("lr")
+        rs.grad_norm = ev.number("grad_norm")
+        rs.step_s = ev.step_s
         rs.mem_gib = mem_gib
-        rs.recent.append((step, t, tokens, step_s))
+        if rs.recent and rs.recent[-1][0] == step:
+            rs.recent.pop()
+        rs.recent.append((step, ev.t, tokens, ev.step_s))
         step_s_sum = sum(s for _, _, _, s in rs.recent if s is not None)
         if step_s_sum > 0:
             rs.tokens_per_s = sum(n for _, _, n, s in rs.recent if s is not None) / step_s_sum
         return True
+
+    def _smooth(self, rs: RankState, loss: float) -> None:
+        if math.isfinite(loss):
+            rs._ema = (1 - self.loss_alpha) * rs._ema + self.loss_alpha * loss
+            rs._ema_weight = (1 - self.loss_alpha) * rs._ema_weight + self.loss_alpha
+            rs.loss_smooth = rs._ema / rs._ema_weight
+
+    def _refold(self, rs: RankState) -> None:
+        """Totals, peak, loss history and smoothing again from the kept lines: a repeated step replaced one."""
+        kept = rs.steps.lines()
+        rs.tokens_total = sum(e.tokens or 0 for e in kept)
+        rs.peak_mem_gib = max((e.mem_gib for e in kept if e.mem_gib is not None), default=None)
+        rs.losses = [(e.step, loss) for e in kept if (loss := e.number("loss")) is not None]  # type: ignore[misc]
+        rs._ema = rs._ema_weight = 0.0
+        rs.loss_smooth = None
+        for _, loss in rs.losses:
+            self._smooth(rs, loss)
 
     # -- per-node samples --------------------------------------------------------------------------
 

@@ -15,10 +15,12 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem
+from runner.events.lines import EvalEvent, StepEvent, parse_event
 from runner.events.tail import JsonlTail
 
 PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
@@ -156,17 +158,19 @@ class _Trackio:
 BACKENDS = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB, "trackio": _Trackio}
 
 
-def step_metrics(e: dict[str, Any], world_size: int) -> dict[str, float]:
+def step_metrics(e: StepEvent | dict[str, Any], world_size: int) -> dict[str, float]:
     """Tracker metrics of one of rank 0's step events."""
+    if not isinstance(e, StepEvent):
+        e = StepEvent.from_line(e)
     out: dict[str, float] = {}
-    loss = e.get("global_loss", e.get("loss"))
-    for key, value in (("train/loss", loss), ("train/lr", e.get("lr")), ("train/grad_norm", e.get("grad_norm")),
-                       ("train/mem_gib", e.get("mem_gib"))):
+    loss = e.get("global_loss", e.loss)
+    for key, value in (("train/loss", loss), ("train/lr", e.lr), ("train/grad_norm", e.grad_norm),
+                       ("train/mem_gib", e.mem_gib)):
         if isinstance(value, (int, float)) and value == value:
             out[key] = float(value)
-    if e.get("step_s") and e.get("tokens") is not None:
+    if e.step_s and e.tokens is not None:
         # Rank 0's rate times the ranks: the ranks' blocks are the same size, so this is the run's rate.
-        out["train/tokens_per_s"] = e["tokens"] * world_size / e["step_s"]
+        out["train/tokens_per_s"] = e.tokens * world_size / e.step_s
     return out
 
 
@@ -188,7 +192,8 @@ def open_trackers(spec: Any, run_id: str, run_dir: Path) -> Trackers | None:
 
 
 class Trackers:
-    """The trackers of one run: open at launch, `update()` on every poll, `finish()` with the locked record."""
+    """The trackers of one run: open at launch, fed by `update()` from their own thread (`start()`), `finish()`
+    with the locked record."""
 
     def __init__(self, names: list[str], run_id: str, run_dir: Path, spec: dict[str, Any], world_size: int):
         self.world_size = world_size
@@ -197,6 +202,8 @@ class Trackers:
         self._node0 = JsonlTail(run_dir / "events" / "node0.jsonl")
         self._step = 0
         self.errors: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._feeder: threading.Thread | None = None
 
     @property
     def idents(self) -> dict[str, dict[str, Any]]:
@@ -218,13 +225,14 @@ class Trackers:
                 self._call(name, b.log, metrics, step)
 
     def update(self) -> None:
-        for e in self._rank0.read_new():
-            if "event" not in e and "step" in e:
-                self._step = int(e["step"])
+        # Lines are logged as they come: a step logged again after a resume is logged again, last, so what a tracker
+        # shows for it is the resumed run's line (the rule of runner.events.lines StepIndex).
+        for e in map(parse_event, self._rank0.read_new()):
+            if isinstance(e, StepEvent) and e.step is not None:
+                self._step = e.step
                 self._log(step_metrics(e, self.world_size), self._step)
-            elif e.get("event") == "eval" and e.get("loss") is not None:
-                self._log({"eval/loss": float(e["loss"]), "eval/accuracy": float(e.get("accuracy") or 0.0)},
-                          int(e["step"]))
+            elif isinstance(e, EvalEvent) and e.loss is not None and e.step is not None:
+                self._log({"eval/loss": e.loss, "eval/accuracy": e.accuracy or 0.0}, e.step)
         for sample in self._node0.read_new():
             gpus = {}
             for g in sample.get("gpus") or []:
@@ -233,7 +241,30 @@ class Trackers:
                         gpus[f"gpu{g.get('index', 0)}/{key}"] = float(g[key])
             self._log(gpus, self._step)
 
+    def start(self, interval_s: float = 0.5) -> None:
+        """Feed the trackers every `interval_s` from a daemon thread: a tracker's server that answers slowly (W&B,
+        MLflow) then delays only its own logging, never the loop that watches the run (the dashboard's, the
+        headless display's)."""
+        if self._feeder is None:
+            self._feeder = threading.Thread(target=self._feed, args=(interval_s,), name="trackers", daemon=True)
+            self._feeder.start()
+
+    def _feed(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.update()
+            except Exception:  # noqa: BLE001 - an unreadable event line now is read again by the next update
+                pass
+
+    def stop(self) -> None:
+        """Stop the feeding thread (after the update it is in): the caller updates from then on."""
+        self._stop.set()
+        if self._feeder is not None:
+            self._feeder.join()
+            self._feeder = None
+
     def finish(self, record_path: Path | None, status: str) -> None:
+        self.stop()
         self.update()
         for name, b in self.backends.items():
             self._call(name, b.finish, record_path, status)

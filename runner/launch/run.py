@@ -19,6 +19,7 @@ from runner.launch.process import Launcher
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
+from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
 from runner.events.tracking import Trackers, open_trackers
 
@@ -48,8 +49,6 @@ class ActiveRun:
         return self.launcher.cancelled
 
     def poll(self) -> int | None:
-        if self.trackers is not None:
-            self.trackers.update()
         return self.launcher.poll()
 
     def cancel(self, signal_name: str = "SIGINT", cause: str = "cancelled") -> None:
@@ -84,6 +83,7 @@ class ActiveRun:
         rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
                                                      _run_flops(self.spec))
         rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        rec["decisions"] = records.decisions_from_events(self.paths.events)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
@@ -96,6 +96,7 @@ class ActiveRun:
             rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
         rec["exit_code"] = exit_code
         if self.trackers is not None:
+            self.trackers.stop()
             self.trackers.update()
             rec["trackers"] = self.trackers.idents
         self.record = records.save(self.record_path, rec)
@@ -154,7 +155,8 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                                                     "after_step": (rec.get("metrics") or {}).get("steps"),
                                                     "from_step": hint["checkpoint_step"],
                                                     "checkpoint": hint["checkpoint"],
-                                                    "previous_status": rec.get("status")}]
+                                                    "previous_status": rec.get("status"),
+                                                    "scheduler": scheduler_facts()}]
         rec.pop("cancel", None)
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
         rec = records.save(record_path, rec)
@@ -169,7 +171,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
             pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
-                  "env": pins_mod.relevant_env(env)}
+                  "env": pins_mod.relevant_env(env), "scheduler": scheduler_facts(), "job": job_facts()}
         record_path = records_dir / f"{run_id}.json"
         rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
                                                              paths.run_dir, replay_of))
@@ -178,6 +180,8 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         rec = records.save(record_path, {**rec, "trackers": trackers.idents})
     launcher = Launcher(argv, paths, env, stop_with_parent=stop_with_parent)
     launcher.start()
+    if trackers is not None:
+        trackers.start()  # their own thread: the watching loop (dashboard or headless) never waits on a tracker
     sampler = NodeSampler(paths.run_dir, node_rank, spec.hardware.sample_interval_s)
     sampler.start()
     return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)

@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from runner.events.lines import StartEvent, parse_event
 from runner.events.tail import DirTail
 from runner.facts.nvml import GpuSampler
 
@@ -91,12 +92,12 @@ class NodeSampler(threading.Thread):
             gpu.close()
 
     def _discover_pids(self) -> None:
-        for _, rec in self._ranks_tail.read_new():
-            if rec.get("event") != "start" or rec.get("node_rank") != self.node:
+        for _, line in self._ranks_tail.read_new():
+            ev = parse_event(line)
+            if not isinstance(ev, StartEvent) or ev.node_rank != self.node:
                 continue
-            rank, pid = rec.get("rank"), rec.get("pid")
-            if isinstance(rank, int) and isinstance(pid, int):
-                self.rank_pids[rank] = pid
+            if ev.rank is not None and ev.pid is not None:
+                self.rank_pids[ev.rank] = ev.pid
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,9 +80,10 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def diff_records(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(dotted key, value in a, value in b) for spec, pins, metrics, status and failure, differing keys only."""
+    """(dotted key, value in a, value in b) for spec, pins, the engine's decisions, metrics, status and failure,
+    differing keys only (records read in the current schema: `records.load` migrates older ones)."""
     rows: list[tuple[str, Any, Any]] = []
-    for section in ("status", "spec", "pins", "launch", "metrics", "failure", "replay_of"):
+    for section in ("status", "spec", "pins", "launch", "decisions", "metrics", "failure", "replay_of"):
         fa, fb = flatten({section: a.get(section)}), flatten({section: b.get(section)})
         for key in sorted(set(fa) | set(fb)):
             if fa.get(key) != fb.get(key):

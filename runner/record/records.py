@@ -15,11 +15,11 @@ from typing import Any, TypedDict
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import END, START, events_of, first_event, read_events, step_lines
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
+from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
 
-SCHEMA = "sft-tui.record/1"
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
 
@@ -37,7 +37,6 @@ class RankMetrics(TypedDict, total=False):
     export: Any
     trainable_params: int
     params: int
-    attn: str
     fsdp_sharded: bool
 
 
@@ -79,6 +78,10 @@ class RunRecord(TypedDict, total=False):
     failure: Failure | None
     run_dir: str
     replay_of: str
+    decisions: dict[str, Any]
+    """What the engine decided at run time (schema 2; runner.record.schema), pinned by replay."""
+    migrated_from: str
+    """The schema the record was stored in, when load() migrated it (never stored)."""
     exit_code: int
     lock: str
 
@@ -133,6 +136,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     """Redact, lock and write a record atomically; returns what was written."""
     record = redact(json.loads(json.dumps(_finite(record))))
+    record.pop("migrated_from", None)  # what load() read it as; once saved it is in the current schema
     record["lock"] = compute_lock(record)
     atomic_write_json(path, record)
     return record
@@ -179,7 +183,21 @@ class RecordError(UserError):
 
 
 def load(path: Path) -> RunRecord:
-    """Read a record, with a one-line reason for anything that is not one."""
+    """Read a record in the current schema (an older one is migrated, in memory: runner.record.schema), with a
+    one-line reason for anything that is not one."""
+    return _migrated(path, load_stored(path))
+
+
+def _migrated(path: Path, rec: dict[str, Any]) -> RunRecord:
+    try:
+        return migrate(rec)  # type: ignore[return-value]
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of the wrong shape for its schema
+        raise RecordError(f"{path}: a {rec['schema']} record whose content does not migrate to {SCHEMA} "
+                          f"({type(e).__name__}: {e}); is it hand-edited?") from None
+
+
+def load_stored(path: Path) -> dict[str, Any]:
+    """A record as stored, in whatever known schema it was written; a one-line reason for anything that is not one."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -193,13 +211,17 @@ def load(path: Path) -> RunRecord:
             from None
     if not isinstance(rec, dict) or "schema" not in rec:
         raise RecordError(f"{path}: not a run record (no 'schema' field)")
-    if rec["schema"] != SCHEMA:
-        raise RecordError(f"{path}: unknown record schema {rec['schema']!r} (this runner reads {SCHEMA!r})")
+    version = version_of(rec["schema"])
+    if version is None or version > VERSION:
+        newer = " (written by a newer sft-tui: upgrade it)" if version else ""
+        raise RecordError(f"{path}: unknown record schema {rec['schema']!r}{newer}; this runner reads "
+                          f"{PREFIX}1 to {SCHEMA}")
     return rec
 
 
 def verify(path: Path) -> tuple[bool, str]:
-    rec = load(path)
+    """The lock is over the content as written: check it on the stored record, then that the record migrates."""
+    rec = load_stored(path)
     lock = rec.get("lock")
     if not lock:
         return False, f"{path}: record has no lock (it was not finished)"
@@ -207,7 +229,9 @@ def verify(path: Path) -> tuple[bool, str]:
     if actual != lock:
         return False, (f"{path}: lock mismatch: content changed after it was locked "
                        f"(sha256 {actual[:12]}… ≠ {lock[:12]}…)")
-    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…)"
+    _migrated(path, rec)
+    old = f", schema {rec['schema']}, read as {SCHEMA}" if rec["schema"] != SCHEMA else ""
+    return True, f"{path}: ok ({rec['status']}, lock {lock[:12]}…{old})"
 
 
 def list_records(records_dir: Path) -> list[dict[str, Any]]:
@@ -262,37 +286,35 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
         evs = read_events(events_dir / f"rank{r}.jsonl")
-        # A resumed run logs again from its checkpoint: the last line of each step is the one that counts.
-        by_step = {e["step"]: e for e in step_lines(evs)}
-        steps = [by_step[s] for s in sorted(by_step)]
-        ends = events_of(evs, END)
-        start = first_event(evs, START)
-        curves[str(r)] = [[e["step"], e["loss"]] for e in steps]
+        steps = latest_steps(evs)  # a resumed run's repeated steps: the last line counts (StepIndex)
+        ends: list[EndEvent] = events_of(evs, EndEvent)
+        start: StartEvent | None = first_event(evs, StartEvent)
+        curves[str(r)] = [[e.step, e.loss] for e in steps]
         if doc_len_sq is not None and steps and all(e.get("doc_len_sq") for e in steps):
             doc_len_sq += sum(e["doc_len_sq"] for e in steps)
         else:
             doc_len_sq = None
-        info: RankMetrics = {"last_step": steps[-1]["step"] if steps else 0,
-                                "peak_mem_gib": max((e.get("mem_gib") or 0 for e in steps), default=None)}
+        info: RankMetrics = {"last_step": steps[-1].step if steps else 0,
+                             "peak_mem_gib": max((e.mem_gib or 0 for e in steps), default=None)}
         if ends:
             end = ends[-1]
             # Each launch (the first, then every resume) reports its own tokens and time.
-            info["train_s"] = round(sum(e.get("train_s") or 0.0 for e in ends), 3)
-            info["tokens"] = sum(e.get("tokens") or 0 for e in ends)
-            info["data"] = _without_histogram(end.get("data"), doc_hists, str(r))
+            info["train_s"] = round(sum(e.train_s or 0.0 for e in ends), 3)
+            info["tokens"] = sum(e.tokens or 0 for e in ends)
+            info["data"] = _without_histogram(end.data, doc_hists, str(r))
             info["peak_mem"] = end.get("peak_mem_gib")
-            for key in ("export", "trainable_params", "params", "attn", "fsdp_sharded"):
-                if end.get(key) is not None:
-                    info[key] = end[key]
+            for key in ("export", "trainable_params", "params", "fsdp_sharded"):
+                if getattr(end, key) is not None:
+                    info[key] = getattr(end, key)
             tokens_total += info["tokens"]
             if info["train_s"]:
                 wall.append(info["train_s"])
-            if end.get("data"):
-                fingerprint.update(str(end["data"].get("fingerprint")).encode())
+            if end.data:
+                fingerprint.update(str(end.data.get("fingerprint")).encode())
         elif steps:
-            tokens_total += sum(e.get("tokens") or 0 for e in steps)
-            if start:
-                wall.append(steps[-1]["t"] - start["t"])
+            tokens_total += sum(e.tokens or 0 for e in steps)
+            if start and start.t is not None and steps[-1].t is not None:
+                wall.append(steps[-1].t - start.t)
         per_rank[str(r)] = info
     rank0 = [point for point in curves.get("0") or [] if point[1] is not None]
     train_s = max(wall) if wall else None
@@ -331,25 +353,36 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     return out
 
 
-def eval_metrics(rank0_events: list[dict[str, Any]], per_rank: dict[str, Any]) -> dict[str, Any]:
+def decisions_from_events(events_dir: Path) -> dict[str, Any]:
+    """What the engine decided (rank 0's first train_begin: `TrainBeginEvent.decisions`, every rank decides the
+    same), with whether FSDP2 sharded the model from its end event when the train_begin line does not say (a run
+    resumed from events an older version wrote). Empty when rank 0 never began training."""
+    evs = read_events(events_dir / "rank0.jsonl")
+    begin: TrainBeginEvent | None = first_event(evs, TrainBeginEvent)
+    out = begin.decisions() if begin else {}
+    ends: list[EndEvent] = events_of(evs, EndEvent)
+    if begin and "fsdp_sharded" not in out and ends and ends[-1].fsdp_sharded is not None:
+        out["fsdp_sharded"] = ends[-1].fsdp_sharded
+    return out
+
+
+def eval_metrics(rank0_events: list[Event], per_rank: dict[str, Any]) -> dict[str, Any]:
     """eval_curve (step → global eval loss, as a string-keyed map), eval_accuracy, the best and last eval, and
     whether the run stopped early; empty when the run evaluated nothing."""
-    # A resumed run evaluates again from its checkpoint: the last line of each step counts, as for steps.
-    evals = {int(e["step"]): e for e in rank0_events if e.get("event") == "eval" and "step" in e}
+    evals = latest_evals(rank0_events)  # a resumed run evaluates again: the last line of a step counts
     if not evals:
         return {}
-    steps = sorted(evals)
-    curve = {str(s): evals[s].get("loss") for s in steps}
-    finite = [(s, evals[s]["loss"]) for s in steps if evals[s].get("loss") is not None]
+    curve = {str(e.step): e.loss for e in evals}
+    finite = [(e.step, e.loss) for e in evals if e.loss is not None]
     out: dict[str, Any] = {"eval_curve": curve,
-                           "eval_accuracy": {str(s): evals[s].get("accuracy") for s in steps},
-                           "final_eval_loss": curve[str(steps[-1])],
-                           "eval_target_tokens": evals[steps[-1]].get("target_tokens")}
+                           "eval_accuracy": {str(e.step): e.accuracy for e in evals},
+                           "final_eval_loss": evals[-1].loss,
+                           "eval_target_tokens": evals[-1].target_tokens}
     if finite:
         best = min(finite, key=lambda x: x[1])
         out["best_eval_loss"], out["best_eval_step"] = best[1], best[0]
-    ends = [e for e in rank0_events if e.get("event") == "end"]
-    stopped = ends[-1].get("stopped_early") if ends else None
+    ends: list[EndEvent] = events_of(rank0_events, EndEvent)
+    stopped = ends[-1].stopped_early if ends else None
     out["stopped_early"] = stopped  # the step where early stopping ended the run, or None
     return out
 
@@ -385,18 +418,10 @@ def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None =
     return out
 
 
-def global_loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+def global_loss_curve(events: list[Event]) -> list[tuple[int, float]]:
     """(step, global loss) of the steps that had a target on some rank; a non-finite one is kept as NaN."""
-    by_step: dict[int, float] = {}
-    for e in events:
-        if "event" in e or "step" not in e or "global_loss" not in e:
-            continue
-        value = e["global_loss"]
-        if value is None and "global_loss" in (e.get("nonfinite") or {}):
-            value = math.nan
-        if isinstance(value, (int, float)):
-            by_step[e["step"]] = float(value)
-    return sorted(by_step.items())
+    return [(e.step, v if math.isfinite(v) else math.nan) for e in latest_steps(events)
+            if (v := e.number("global_loss")) is not None]
 
 
 def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float]]]) -> dict[str, Any]:

@@ -3,33 +3,62 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from runner.record import pins as pins_mod
 from runner.errors import UserError
 from runner.record.records import compare_curves
-from runner.spec import RunSpec, validate
+from runner.record.schema import schema1_decisions
+from runner.spec import ModelSpec, RunSpec, TrainSpec, validate
+
+SECTIONS = {"model": ModelSpec, "train": TrainSpec}
 
 # Pins that, when they differ, can change the numbers; --strict refuses to replay over any of them.
 STRICT_KEYS = ("packages", "torch", "cuda", "model", "dataset", "tokenizer_sha256")
 
 
+PINNED = {"attn": ("model", "attn_implementation"), "attn_kernel": ("model", "varlen_kernel"),
+          "loss_impl": ("train", "loss_impl"), "optimizer_precision": ("train", "optimizer_precision")}
+"""The engine decisions a replay pins (a record's `decisions`), and the spec field that makes an engine decide the
+same: a value the field does not take (TRL's own fused loss) is not pinned. Whether one rank was wrapped in FSDP2
+(`fsdp_sharded`) pins train.fsdp_one_rank; more ranks are always wrapped."""
+
+
+def pinned_decisions(rec: dict[str, Any]) -> dict[str, Any]:
+    """{spec field: value} that makes a replay decide as the recorded run did: its `decisions` (schema 2), or for a
+    record read without them what its schema-1 content says (`schema1_decisions`). A decision the record does not hold
+    is left to today's rules."""
+    decisions = rec["decisions"] if "decisions" in rec else schema1_decisions(rec)
+    out: dict[str, Any] = {}
+    for key, (section, name) in PINNED.items():
+        value = decisions.get(key)
+        if value is not None and value in get_args(SECTIONS[section].model_fields[name].annotation):
+            out[f"{section}.{name}"] = value
+    if decisions.get("fsdp_sharded") is not None and _ranks(rec) in (1, None):
+        out["train.fsdp_one_rank"] = bool(decisions["fsdp_sharded"])
+    return out
+
+
+def _ranks(rec: dict[str, Any]) -> int | None:
+    """How many ranks the recorded run had: its launch, else its per-rank metrics, else None (not known: pinning
+    train.fsdp_one_rank then is harmless, as more ranks are wrapped whatever it says)."""
+    world = (rec.get("launch") or {}).get("world_size")
+    per_rank = (rec.get("metrics") or {}).get("per_rank")
+    return world if isinstance(world, int) else len(per_rank) if per_rank else None
+
+
 def spec_from_record(rec: dict[str, Any], trust_remote_code: bool = False) -> RunSpec:
-    """The record's resolved spec; never runs code from the record without explicit consent."""
-    data = dict(rec["spec"])
-    train = data.get("train") or {}
-    per_rank = (rec.get("metrics") or {}).get("per_rank") or {}
-    sharded = per_rank.get("0", {}).get("fsdp_sharded") if len(per_rank) == 1 else None
-    if sharded is not None:
-        # One rank runs as it ran, wrapped in FSDP2 or not: the rule for one rank has changed between versions
-        # (native, then TRL, train the plain module by default).
-        data["train"] = {**train, "fsdp_one_rank": bool(sharded)}
-    elif "fsdp_one_rank" not in train:
-        # Recorded before a native run of one rank trained the plain module: it ran wrapped in FSDP2.
-        data["train"] = {**train, "fsdp_one_rank": True}
-    if "packing_strategy" not in data.get("train", train):
+    """The record's resolved spec with the engine's recorded decisions pinned (`pinned_decisions`: the replay runs
+    as the original did, not as today's rules would decide); never runs code from the record without explicit
+    consent."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in rec["spec"].items()}
+    for field, value in pinned_decisions(rec).items():
+        section, name = field.split(".")
+        data.setdefault(section, {})[name] = value
+    train = data.setdefault("train", {})
+    if "packing_strategy" not in train:
         # Recorded before packing strategies: blocks were cut where they filled (wrapped).
-        data["train"] = {**data.get("train", train), "packing_strategy": "wrapped"}
+        train["packing_strategy"] = "wrapped"
     spec = validate(data)
     if spec.model.trust_remote_code and not trust_remote_code:
         raise UserError(f"record {rec['id']} asks for model.trust_remote_code: replay would run the model repo's own "

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from runner.data.formats import is_heldout  # noqa: F401 - the held-out rule, kept with the row formats
 
 if TYPE_CHECKING:
-    from runner.events.lines import EventWriter
+    from runner.events.lines import Event, EventWriter
     from runner.spec import RunSpec
 
 EVAL_METHOD = "sft_eval_sums"
@@ -121,12 +121,15 @@ class Evaluator:
             batches.append(batch)
         return cls(spec, device, batches, own, pass_boundaries)
 
-    def restore(self, past_events: list[dict[str, Any]], step: int) -> None:
+    def restore(self, past_events: list[Event], step: int) -> None:
         """On resume: the best eval loss and the evaluations since it, from this rank's eval events up to `step`
         (the checkpoint's), so early stopping goes on counting as if the run had not stopped."""
-        evals = {e["step"]: e for e in past_events if e.get("event") == "eval" and e.get("step", step + 1) <= step}
-        for s in sorted(evals):
-            loss = evals[s].get("loss")
+        from runner.events.lines import latest_evals
+
+        for e in latest_evals(past_events):
+            if e.step is None or e.step > step:
+                continue
+            s, loss = e.step, e.loss
             self.history.append((s, loss if loss is not None else float("inf")))
             if loss is not None and (self.best is None or loss < self.best[1]):
                 self.best, self.stale = (s, loss), 0
@@ -170,5 +173,5 @@ class Evaluator:
             fields["best_step"], fields["best_loss"] = self.best
         self.seconds += time.perf_counter() - start
         fields["eval_s"] = round(time.perf_counter() - start, 3)
-        events.event("eval", **fields)
+        events.eval(**fields)
         return fields

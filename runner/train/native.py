@@ -180,7 +180,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
-            else "none (one rank)"}
+            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule)}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info}
 
@@ -270,12 +270,6 @@ def _freeze_gc_after_compiling(steps_done: int) -> None:
         gc.freeze()
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[PackedBlock]], loss_sum: torch.Tensor,
               n_targets: int, rank_targets: int, lr: float, grad_norm: Any, step_tokens: int, step_s: float,
               data_s: float) -> float:
@@ -296,6 +290,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
     from runner.train.evaluation import Evaluator
     from runner.train.export import export
+    from runner.train.summary import end_summary
 
     t = spec.train
     run_dir = run_dir or Path(".")
@@ -366,7 +361,6 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         evaluator.run(model, step, events)
     exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank) \
         if not cancelled and spec.output.save != "none" else None
-    return {"steps": step, "tokens": tokens_total, "train_s": round(elapsed, 3), "final_loss": last_loss,
-            "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(), "reason": "cancelled" if cancelled else "done",
-            "fsdp_sharded": _is_fsdp(model), "stopped_early": stopped_early,
-            **({"export": exported} if exported is not None else {})}
+    return end_summary(rt, model, stats, steps=step, tokens=tokens_total, train_s=elapsed, final_loss=last_loss,
+                       cancelled=cancelled, stopped_early=stopped_early, params=parts["info"]["params"],
+                       trainable_params=parts["info"]["trainable_params"], exported=exported)

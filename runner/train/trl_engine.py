@@ -47,6 +47,7 @@ from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
+from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
     CountingCollator,
     EpochOrder,
@@ -516,6 +517,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
+                 fsdp_sharded=bool(fsdp),
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  optimizer_precision=t.optimizer_precision,
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,
@@ -534,20 +536,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     if evaluator is not None and not callback.cancelled and step > 0 and callback.evaluated_at != step:
         callback.evaluate(step)
     exported = None if callback.cancelled else export(trainer, spec, rt, run_dir, tokenizer)
-    summary = _summary(trainer, callback, rt, stats, elapsed, n_params, n_trainable)
-    if exported is not None:
-        summary["export"] = exported
-    return summary
-
-
-def _summary(trainer: Any, callback: Any, rt: Runtime, stats: PackStats, elapsed: float, n_params: int,
-             n_trainable: int) -> dict[str, Any]:
-    """The rank's end-event summary, as the native engine reports it."""
-    from torch.distributed.tensor import DTensor
-
-    return {"steps": int(trainer.state.global_step), "tokens": callback.tokens_total, "train_s": round(elapsed, 3),
-            "final_loss": callback.last_loss, "peak_mem_gib": rt.peak_mem_gib(), "data": stats.to_dict(),
-            "reason": "cancelled" if callback.cancelled else "done", "params": n_params,
-            "trainable_params": n_trainable,
-            "fsdp_sharded": any(isinstance(p, DTensor) for p in trainer.model.parameters()),
-            "stopped_early": callback.stopped_early}
+    return end_summary(rt, trainer.model, stats, steps=step, tokens=callback.tokens_total, train_s=elapsed,
+                       final_loss=callback.last_loss, cancelled=callback.cancelled,
+                       stopped_early=callback.stopped_early, params=n_params, trainable_params=n_trainable,
+                       exported=exported)

@@ -55,7 +55,16 @@ def test_replay_reproduces_bit_for_bit(tiny_run, capsys):
     assert result["reproduced"] is True and result["max_abs_loss_diff"] == 0.0
     replay = records.load(Path(result["record"]))
     assert replay["replay_of"] == tiny_run["result"]["id"]
-    assert replay["metrics"]["loss_curve"] == records.load(tiny_run["record"])["metrics"]["loss_curve"]
+    original = records.load(tiny_run["record"])
+    assert replay["metrics"]["loss_curve"] == original["metrics"]["loss_curve"]
+    # The engine's decisions are recorded, pinned by the replay, and decided again the same.
+    assert original["decisions"]["attn"] == "sdpa" and original["decisions"]["fsdp_sharded"] is True
+    assert result["pinned"] == {"model.attn_implementation": "sdpa", "train.loss_impl": "chunked",
+                                "train.optimizer_precision": "fp32_master"}
+    # The same decisions; their reasons now say they were set (by the pins).
+    assert replay["decisions"]["attn_reason"] == "set by model.attn_implementation"
+    assert {k: v for k, v in replay["decisions"].items() if not k.endswith("_reason")} == \
+        {k: v for k, v in original["decisions"].items() if not k.endswith("_reason")}
 
 
 def test_replay_reports_drift_and_strict_refuses(tiny_run, monkeypatch, capsys):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tui.screens.wizard import ALL_FIELDS, STEP_OF_FIELD, literal_options
+from runner.spec import field_choices
+from tui.screens.wizard import ALL_FIELDS, STEP_OF_FIELD
 from tui.specform import field_of, load_recipe_dict, problems_of, set_path
 from tui.widgets.fields import parse_value, show_value
 
@@ -18,7 +19,7 @@ def test_new_fields_sit_in_the_method_step_and_their_problems_land_on_them():
     for path in ("dataset.eval_fraction", "dataset.eval_split", "train.eval_every", "train.early_stop_patience",
                  "train.packing_strategy", "report.to"):
         assert STEP_OF_FIELD[path] == "method"
-    assert literal_options("train.packing_strategy") == ["bfd", "wrapped"]
+    assert field_choices("train.packing_strategy") == ["bfd", "wrapped"]
     cases = [("train.eval_every", 10, "train.eval_every"),
              ("dataset.eval_fraction", 1.5, "dataset.eval_fraction"),
              ("report.to", ["tensorboard", "comet"], "report.to"),

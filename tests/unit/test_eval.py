@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from runner.record import records
 from runner.record.compare import diff_records
+from runner.events.lines import parse_event
 from runner.errors import SpecError
 from runner.record.replay import compare
 from runner.spec import load_spec
@@ -74,8 +75,8 @@ class _Events:
     def __init__(self):
         self.lines = []
 
-    def event(self, kind, **fields):
-        self.lines.append({"event": kind, **fields})
+    def eval(self, **fields):
+        self.lines.append({"event": "eval", **fields})
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_resume_restores_the_early_stopping_count():
     ev = Evaluator(spec, "cpu", batches=[], own_blocks=0)
     past = [{"event": "eval", "step": 10, "loss": 2.0}, {"event": "eval", "step": 20, "loss": 2.2},
             {"event": "eval", "step": 30, "loss": 1.0}, {"step": 20, "loss": 9.0}]
-    ev.restore(past, 20)  # resumed from the checkpoint of step 20: the eval at 30 is not part of it
+    ev.restore([parse_event(e) for e in past], 20)  # resumed from the checkpoint of step 20: the eval at 30 is not part of it
     assert ev.best == (10, 2.0) and ev.stale == 1 and [s for s, _ in ev.history] == [10, 20]
 
 

@@ -111,3 +111,34 @@ def test_a_cancelled_original_is_compared_over_the_steps_it_ran():
     assert r["reproduced"] and "over the 2 steps the original ran before it was cancelled" in r["message"]
     r = compare(_rec("cancelled", 2, ran), _rec("succeeded", 3, {"0": [[1, 2.0], [2, 1.8], [3, 1.7]]}), 0.0)
     assert not r["reproduced"] and r["first_divergence"]["step"] == 2
+
+
+def test_replay_preparation_refuses_a_broken_lock_and_missing_gpus_and_resolves_for_this_machine(tmp_path: Path,
+                                                                                                 monkeypatch):
+    """One preparation for `runner replay` and the TUI: the lock is checked, a CUDA record on a machine without GPUs
+    is refused with where to replay it, a CPU record comes back resolved with the drift rows of its pins."""
+    from runner.launch import replay as replay_prep
+    from runner.launch.replay import prepare_replay
+
+    # Capturing this machine's pins takes seconds (packages, git); what is compared with them is drift's own test.
+    monkeypatch.setattr(replay_prep, "current_pins", lambda spec, repo_dir: {"python": "3.12.1"})
+
+    cpu = records.new_record("c1", load_spec("tiny-cpu", ["hardware.nproc_per_node=auto"]).to_dict(),
+                             {"python": "0.0"}, {}, None, tmp_path)
+    cpu["status"] = "succeeded"
+    records.save(tmp_path / "c1.json", cpu)
+    prepared = prepare_replay(tmp_path / "c1.json", gpu_count=0)
+    assert prepared.original["id"] == "c1"
+    assert prepared.spec.hardware.device == "cpu" and prepared.spec.hardware.nproc_per_node == 2  # auto resolved
+    assert prepared.drift == [{"pin": "python", "recorded": "0.0", "current": "3.12.1", "strict": True}]
+
+    gpu = records.new_record("g1", load_spec("tiny-cpu", ["hardware.device=cuda"]).to_dict(), {}, {}, None, tmp_path)
+    records.save(tmp_path / "g1.json", gpu)
+    with pytest.raises(UserError, match="g1 ran on GPUs and this machine has none visible"):
+        prepare_replay(tmp_path / "g1.json", gpu_count=0)
+    assert prepare_replay(tmp_path / "g1.json", gpu_count=2).spec.hardware.device == "cuda"  # the same record, GPUs
+
+    text = (tmp_path / "c1.json").read_text()
+    (tmp_path / "c1.json").write_text(text.replace('"succeeded"', '"failed"'))
+    with pytest.raises(UserError, match="refusing to replay: .*lock mismatch"):
+        prepare_replay(tmp_path / "c1.json", gpu_count=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,6 +102,7 @@ def test_wandb_never_prompts_without_a_key(monkeypatch, tmp_path):
 TRACKIO_READ_BACK = """
 import json, sys
 from pathlib import Path
+from typing import Any
 from runner.spec import load_spec
 from runner.events.tracking import open_trackers
 from tests.unit.test_tracking import _events
@@ -148,3 +150,56 @@ def test_report_to_rejects_unknown_and_repeated_trackers():
     with pytest.raises(SpecError) as e:
         load_spec("tiny-cpu", ["report.to=[mlflow, mlflow]"])
     assert "twice" in str(e.value)
+
+
+def test_a_tracker_that_hangs_never_blocks_the_loop_watching_the_run(tmp_path):
+    """Trackers are fed from their own thread: while one hangs (a W&B or MLflow server that does not answer), the
+    run's poll (the dashboard's and the headless display's tick) returns and reads nothing for the trackers."""
+    import threading
+    import time
+
+    from runner.events.paths import RunPaths
+    from runner.launch.run import ActiveRun
+
+    hanging, answer = threading.Event(), threading.Event()
+    calls: list[tuple[str, Any]] = []
+
+    class Hanging:
+        ident = {"kind": "hanging"}
+
+        def __init__(self, run_id: str, run_dir: Path, spec: dict[str, Any]) -> None:
+            pass
+
+        def log(self, metrics: dict[str, float], step: int) -> None:
+            calls.append((threading.current_thread().name, step))
+            if not hanging.is_set():
+                hanging.set()
+                answer.wait(30)
+
+        def finish(self, record_path: Path | None, status: str) -> None:
+            calls.append((threading.current_thread().name, "finish"))
+
+    class Running:
+        def poll(self) -> int | None:
+            return None
+
+    run_dir = tmp_path / "r1"
+    _events(run_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(tracking.BACKENDS, "hanging", Hanging)
+        trackers = Trackers(["hanging"], "r1", run_dir, {}, 2)
+    run = ActiveRun("r1", load_spec("tiny-cpu"), RunPaths(run_dir), None, None, Running(), trackers=trackers)
+    trackers.start(interval_s=0.01)
+    assert hanging.wait(30)
+    with (run_dir / "events" / "rank0.jsonl").open("a") as f:  # a step arrives while the tracker hangs
+        f.write(json.dumps({"t": 9.0, "rank": 0, "step": STEPS + 1, "loss": 1.0, "global_loss": 1.0}) + "\n")
+    assert run.poll() is None
+    answer.set()
+    deadline = time.monotonic() + 30
+    while STEPS + 1 not in [step for _, step in calls]:
+        assert time.monotonic() < deadline, calls
+        time.sleep(0.01)
+    trackers.finish(None, "succeeded")
+    assert calls[-1] == (threading.current_thread().name, "finish")
+    assert {name for name, _ in calls[:-1]} == {"trackers"}, calls  # every log from the trackers' thread
+    assert [step for _, step in calls[:-1]][-1] == STEPS + 1 and trackers._feeder is None

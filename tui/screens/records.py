@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 
 from runner.record.compare import diff_records, summary_row
 from runner.errors import UserError
-from runner.record.records import RecordError, list_records, load, verify
+from runner.record.records import RecordError, list_records, verify
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
@@ -190,23 +190,11 @@ class RecordsScreen(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="replay")
     def prepare_replay(self, record_id: str) -> None:
         """Verify the lock, rebuild the spec, and list the pins that drifted (as `runner replay` does)."""
-        from runner.launch import run as run_mod
-        from runner.record.replay import current_pins, drift, spec_from_record
-        from tui.specform import plan_resolve
+        from runner.launch.replay import prepare_replay
 
-        path = self.records_dir / f"{record_id}.json"
         try:
-            ok, reason = verify(path)
-            if not ok:
-                raise UserError(f"refusing to replay: {reason}")
-            original = load(path)
-            spec = spec_from_record(original)
-            spec, planned = plan_resolve(spec, len(self.app.detected_gpus()))
-            if planned:
-                raise UserError(f"{record_id} ran on GPUs this machine does not have: replay it there "
-                                f"(`runner replay {path}`)")
-            rows = drift(original["pins"], current_pins(spec, run_mod.REPO_DIR))
-            self.post_message(self.ReplayReady(original, spec, rows))
+            prepared = prepare_replay(self.records_dir / f"{record_id}.json", len(self.app.detected_gpus()))
+            self.post_message(self.ReplayReady(prepared.original, prepared.spec, prepared.drift))
         except (UserError, RecordError) as e:
             self.post_message(self.ReplayReady({"id": record_id}, None, [], str(e)))
         except Exception as e:  # noqa: BLE001

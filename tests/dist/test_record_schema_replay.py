@@ -1,0 +1,52 @@
+"""Replays across record schemas, for real (2 gloo ranks): a schema-1 record written before schema 2 replays exactly,
+and a record's engine decisions are what the replayed ranks decide, even where today's rules would decide otherwise."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runner.events.lines import TrainBeginEvent, first_event, read_events
+from runner.record import records
+from tests.conftest import dir_args, last_json, run_cli
+
+pytestmark = pytest.mark.dist
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "record_schema1"
+
+
+def test_a_schema1_record_replays_exactly(dirs, capsys):
+    dirs["records"].mkdir(parents=True)
+    path = shutil.copy(FIXTURE / "record.json", dirs["records"] / "old.json")
+    code, out, _ = run_cli(["replay", str(path), "--json", "--plain", *dir_args(dirs)], capsys)
+    result = last_json(out)
+    assert code == 0, out
+    assert result["reproduced"] is True and result["max_abs_loss_diff"] == 0.0
+    assert result["pinned"] == {}  # two ranks, and schema 1 holds no other decision: today's rules decide
+    replay = records.load(Path(result["record"]))
+    assert replay["schema"] == "sft-tui.record/2" and "migrated_from" not in replay
+    assert replay["metrics"]["loss_curve"] == records.load(path)["metrics"]["loss_curve"]
+    # The replay, run today, records what its ranks decided.
+    assert replay["decisions"]["attn"] == "sdpa" and replay["decisions"]["loss_impl"] == "chunked"
+    assert replay["decisions"]["fsdp_sharded"] is True
+
+
+def test_replay_runs_with_the_recorded_decisions(dirs, capsys):
+    """A schema-2 record whose run chose eager attention and the full loss: the replay's ranks use them, where
+    today's rules for its `auto` spec pick sdpa and the chunked loss (the replay above shows it)."""
+    rec = records.load(FIXTURE / "record.json")
+    rec["spec"]["train"]["max_steps"] = 2
+    rec.update(id="pinned", decisions={"attn": "eager", "loss_impl": "full", "fsdp_sharded": True})
+    path = dirs["records"] / "pinned.json"
+    records.save(path, rec)
+    code, out, _ = run_cli(["replay", str(path), "--json", "--plain", *dir_args(dirs)], capsys)
+    result = last_json(out)
+    assert result["status"] == "succeeded", out
+    assert result["pinned"] == {"model.attn_implementation": "eager", "train.loss_impl": "full"}
+    replay = records.load(Path(result["record"]))
+    begin = first_event(read_events(Path(replay["run_dir"]) / "events" / "rank0.jsonl"), TrainBeginEvent)
+    assert (begin.attn, begin.loss_impl) == ("eager", "full")
+    assert (replay["decisions"]["attn"], replay["decisions"]["loss_impl"]) == ("eager", "full")

@@ -1,0 +1,100 @@
+"""The wizard's steps and the spec fields each one shows, with the keys that tell which checks an edit makes stale."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tui.widgets.fields import Kind
+
+STEPS = (("model", "Model"), ("dataset", "Dataset"), ("hardware", "Hardware"), ("method", "Method"),
+         ("plan", "Plan"), ("launch", "Launch"))
+STEP_IDS = [s for s, _ in STEPS]
+
+# (dotted path, label, kind) per step; options of selects come from the schema's Literal types (field_choices).
+FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
+    "model": [
+        ("model.id", "hub id / name", "text"),
+        ("model.path", "local path", "optional"),
+        ("model.revision", "revision", "optional"),
+        ("model.dtype", "dtype", "select"),
+        ("model.attn_implementation", "attention", "select"),
+        ("model.loader", "loader", "select"),
+        ("model.trust_remote_code", "trust remote code", "switch"),
+    ],
+    "dataset": [
+        ("dataset.id", "hub id / name", "optional"),
+        ("dataset.path", "local path", "optional"),
+        ("dataset.revision", "revision", "optional"),
+        ("dataset.split", "split", "text"),
+        ("dataset.messages_field", "messages column", "text"),
+    ],
+    "hardware": [
+        ("hardware.device", "device", "select"),
+        ("hardware.gpu", "GPU type", "select"),
+        ("hardware.nproc_per_node", "ranks per node", "int_or_auto"),
+        ("hardware.nodes", "nodes", "int"),
+        ("hardware.rdzv_endpoint", "rendezvous host:port", "text"),
+    ],
+    "method": [
+        ("engine", "engine", "select"),
+        ("method.kind", "method", "select"),
+        ("method.lora.r", "LoRA r", "int"),
+        ("method.lora.alpha", "LoRA alpha", "int"),
+        ("method.lora.target_modules", "LoRA targets", "modules"),
+        ("train.seq_len", "tokens per block", "int"),
+        ("train.micro_batch", "micro batch", "int"),
+        ("train.grad_accum", "grad accumulation", "int"),
+        ("train.lr", "learning rate", "float"),
+        ("train.schedule", "schedule", "select"),
+        ("train.warmup_steps", "warmup steps", "int"),
+        ("train.max_steps", "max steps", "optional_int"),
+        ("train.epochs", "epochs (no max)", "float"),
+        ("train.activation_checkpointing", "act. checkpointing", "switch"),
+        ("train.recompute_layers", "recompute layers", "optional_int"),
+        ("train.offload_activations", "offload activations", "switch"),
+        ("train.compile", "compile layers", "switch"),
+        ("train.loss_impl", "loss", "select"),
+        ("train.packing_strategy", "packing", "select"),
+        ("dataset.eval_fraction", "eval fraction", "float"),
+        ("dataset.eval_split", "eval split", "optional"),
+        ("train.eval_every", "eval every (steps)", "int"),
+        ("train.early_stop_patience", "early stop patience", "int"),
+        ("report.to", "trackers", "list"),
+        ("output.save", "save at end", "select"),
+    ],
+    "launch": [
+        ("name", "run name", "text"),
+        ("description", "description", "text"),
+    ],
+}
+ALL_FIELDS = [p for fields in FIELDS.values() for p, _, _ in fields]
+STEP_OF_FIELD = {p: step for step, fields in FIELDS.items() for p, _, _ in fields}
+STEP_OF_SECTION = {"model": "model", "dataset": "dataset", "hardware": "hardware", "method": "method",
+                   "train": "method", "output": "method", "engine": "method", "name": "launch", "description": "launch"}
+LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules")
+# Which panes' background work an edit makes stale.
+ARCH_INPUTS = ("model.",)
+DATA_INPUTS = ("model.", "dataset.", "train.seq_len", "train.packing_strategy")
+DEBOUNCE_S = 0.4
+HELP_HINT = "tab/shift+tab: fields · ^n/^p: next/previous step · a focused field's meaning shows here"
+STEP_HELP = {
+    "plan": "↑/↓, PgUp/PgDn, Home/End: scroll the plan (the torchrun command is at its end) · ^n: on to Launch",
+    "launch": "^l: launch · ^s: save these choices as a recipe · ^o: load a recipe · tab: run name, description",
+}
+
+
+def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
+    flat = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(data, "")
+    return json.dumps({k: v for k, v in flat.items() if any(k.startswith(p) for p in prefixes)}, sort_keys=True,
+                      default=str)
+
