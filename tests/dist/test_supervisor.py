@@ -1,16 +1,15 @@
 """The run's supervisor under real signals on real 2-rank CPU runs: SIGTERM stops with a checkpoint that resumes
-the same loss curve; a view that hangs up detaches; another view attaches and cancels; a SIGKILLed supervisor
-leaves no process and the next `runner list` finishes its record as failed."""
+the same loss curve; a SIGKILLed supervisor leaves no process and the next `runner list` finishes its record as
+failed; SLURM's warning signal checkpoints, records the run as preempted and requeues the job. (A view that hangs
+up, `runner attach` and the wizard's live view of a run started elsewhere: tests/tui/test_live_runs.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -69,17 +68,6 @@ def _wait_all_gone(procs: list[psutil.Process], within_s: float) -> None:
     assert _alive(procs) == [], f"processes left running after {within_s} s: {_alive(procs)}"
 
 
-def _lines(proc: subprocess.Popen) -> queue.Queue:
-    q: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            q.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return q
-
-
 def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(tiny_run, dirs, capsys):
     # The same spec as tiny_run (12 steps): the resumed run must end on exactly its loss curve.
     proc = _runner(["run", "tiny-cpu", "--set", "train.max_steps=12", "--json", "--plain", *dir_args(dirs)])
@@ -112,31 +100,6 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(tiny_run
     assert code == 2 and "nothing to resume" in err and path.read_bytes() == before
 
 
-def test_attach_from_another_view_shows_steps_and_cancels_after_the_first_view_hung_up(dirs):
-    first = _runner(["run", "tiny-cpu", *LONG, "--plain", *dir_args(dirs)])
-    run_dir = _wait_for_step(dirs["runs"], 1)
-    attach = _runner(["attach", run_dir.name, "--plain", *dir_args(dirs)])
-    lines = _lines(attach)
-    seen: list[str] = []
-    while not any(line.startswith("step ") for line in seen):
-        seen.append(lines.get(timeout=60))
-    first.send_signal(signal.SIGHUP)  # the first view's terminal went away: it detaches, the run goes on
-    out, err = first.communicate(timeout=30)
-    assert first.returncode == 129 and f"runner attach {run_dir.name}" in out, err
-    step_then = max(e.get("step", 0) for e in read_events(run_dir / "events" / "rank0.jsonl"))
-    _wait_for_step(dirs["runs"], step_then + 2)
-    attach.send_signal(signal.SIGINT)  # not a terminal: Ctrl+C cancels without asking
-    attach.wait(timeout=60)
-    while not lines.empty():
-        seen.append(lines.get())
-    assert attach.returncode == 130, "".join(seen)
-    rec = records.load(dirs["records"] / f"{run_dir.name}.json")
-    assert rec["status"] == "cancelled" and rec["cancel"]["by"] == "SIGINT to runner attach"
-    assert rec["metrics"]["steps"] >= step_then + 2 and records.verify(dirs["records"] / f"{run_dir.name}.json")[0]
-    text = "".join(seen)
-    assert "no checkpoint, so it cannot be resumed" in text and "cancelled:" in text
-
-
 def test_sigkilled_supervisor_leaves_no_process_and_list_finishes_the_record(dirs, capsys):
     view = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
     run_dir = _wait_for_step(dirs["runs"], 2)
@@ -158,3 +121,35 @@ def test_sigkilled_supervisor_leaves_no_process_and_list_finishes_the_record(dir
     assert records.verify(path)[0]
     # torchrun got SIGTERM when its parent died: the ranks stopped with a checkpoint, so the run can be resumed.
     assert rec["lost"]["resumable"] and rec["lost"]["checkpoint_step"] >= 2
+
+
+def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_path, capsys):
+    """The sbatch script of `runner job --to slurm` under a stub srun: USR1 to the batch shell (SLURM's warning
+    before the time limit) reaches `runner run`, the run checkpoints and is recorded as preempted, the job requeues."""
+    import socket
+
+    stubs = REPO / "tests" / "fixtures" / "slurm_stub"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
+    code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", "hardware.nproc_per_node=2", *LONG, "--port",
+                    str(port), "-o", str(script), "--runs-dir", str(runs), "--records-dir", str(recs)])[0]
+    assert code == 0
+    log = tmp_path / "scontrol.log"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_NNODES": "1",
+           "SLURM_JOB_NODELIST": "127.0.0.1", "SCONTROL_LOG": str(log),
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    run_dir = _wait_for_step(runs, 2)
+    job.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=90)
+    assert job.returncode == 0 and "requeueing job 77" in err, out[-2000:] + err[-2000:]
+    assert "requeue 77" in log.read_text()
+    path = recs / f"{run_dir.name}.json"
+    rec = records.load(path)
+    cancel = rec["cancel"]
+    assert rec["status"] == "cancelled" and cancel["cause"] == "preempted" and cancel["signal"] == "SIGUSR1"
+    assert cancel["resumable"] and cancel["checkpoint_step"] == rec["metrics"]["steps"] >= 2
+    assert records.verify(path)[0]

@@ -1,10 +1,15 @@
-"""A run started elsewhere (`runner run` in another process) is live in the app: the records browser says so,
-Enter opens its live dashboard, and `c` cancels it after asking."""
+"""A run started elsewhere (`runner run` in another process) outlives its view and is live in every other one:
+the first view hangs up (SIGHUP) and detaches, `runner attach` shows its steps, the app's records browser says it
+runs and Enter opens its live dashboard, where `c` asks first (and No keeps it running), and Ctrl+C in
+`runner attach` cancels it: every view sees the end."""
 
 from __future__ import annotations
 
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +29,11 @@ pytestmark = pytest.mark.dist
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _runner(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def _wait_for_step(runs: Path, step: int, timeout_s: float = 120) -> Path:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -35,35 +45,60 @@ def _wait_for_step(runs: Path, step: int, timeout_s: float = 120) -> Path:
     raise AssertionError(f"rank 0 never reached step {step}")
 
 
-def test_records_browser_opens_a_running_run_live_and_cancels_it_after_asking(tmp_path: Path) -> None:
+def _lines(proc: subprocess.Popen) -> queue.Queue:
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            q.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def test_a_run_started_elsewhere_is_followed_and_cancelled_from_other_views(tmp_path: Path) -> None:
     runs, records = tmp_path / "runs", tmp_path / "records"
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "run", "tiny-cpu", "--set", "train.max_steps=2000",
-                             "--set", "train.log_every=1", "--plain", "--runs-dir", str(runs), "--records-dir",
-                             str(records)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    dirs = ["--runs-dir", str(runs), "--records-dir", str(records)]
+    first = _runner(["run", "tiny-cpu", "--set", "train.max_steps=2000", "--set", "train.log_every=1", "--plain",
+                     *dirs])
     run_dir = _wait_for_step(runs, 1)
+    attach = _runner(["attach", run_dir.name, "--plain", *dirs])
+    lines = _lines(attach)
+    seen: list[str] = []
+    while not any(line.startswith("step ") for line in seen):
+        seen.append(lines.get(timeout=60))
+    first.send_signal(signal.SIGHUP)  # the first view's terminal went away: it detaches, the run goes on
+    out, err = first.communicate(timeout=30)
+    assert first.returncode == 129 and f"runner attach {run_dir.name}" in out, err
 
     async def go() -> None:
         app = make_app(runs, records, None, "records")
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: isinstance(app.screen, RecordsScreen), 20, "the records browser")
-            head = text_of(app.screen.query_one("#records-head"))
-            assert "1 running (enter: live dashboard)" in head
+            assert "1 running (enter: live dashboard)" in text_of(app.screen.query_one("#records-head"))
             await pilot.press("enter")
             await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), 20, "the live dashboard")
             dash = app.screen
-            seen = dash.view.global_step
-            await wait_for(pilot, lambda: dash.view.global_step > seen, 60, "a new step on the dashboard")
+            seen_step = dash.view.global_step
+            await wait_for(pilot, lambda: dash.view.global_step > seen_step, 60, "a new step on the dashboard")
             await pilot.press("c")
             await pilot.pause()
-            assert "Cancel run" in screen_text(app.screen)
-            assert proc.poll() is None  # asked, not yet cancelled
-            await pilot.press("y")
+            assert "Cancel run" in screen_text(app.screen)  # it asks first
+            await pilot.press("n")
+            await wait_for(pilot, lambda: app.screen is dash, 10, "the dashboard again")
+            seen_step = dash.view.global_step
+            await wait_for(pilot, lambda: dash.view.global_step > seen_step, 60, "the run going on after No")
+            attach.send_signal(signal.SIGINT)  # not a terminal: Ctrl+C in `runner attach` cancels without asking
             await wait_for(pilot, lambda: isinstance(app.screen, SummaryScreen), 90, "the summary")
             assert "CANCELLED" in screen_text(app.screen)
 
     run_async(go())
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    attach.wait(timeout=60)
+    while not lines.empty():
+        seen.append(lines.get())
+    assert attach.returncode == 130, "".join(seen)
+    text = "".join(seen)
+    assert "no checkpoint, so it cannot be resumed" in text and "cancelled:" in text
     record = records / f"{run_dir.name}.json"
     rec = load(record)
-    assert rec["status"] == "cancelled" and rec["cancel"]["by"] == "sft-tui" and verify(record)[0]
+    assert rec["status"] == "cancelled" and rec["cancel"]["by"] == "SIGINT to runner attach" and verify(record)[0]
