@@ -35,22 +35,26 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     unreachable = hub_problems(spec)
     if unreachable:
         raise SpecError("preflight found problems", unreachable)
-    preflight(spec)
-    advice = precision_advice(spec)
-    if advice and console is not None:
-        console.print(f"[yellow]note: {advice}[/yellow]")
+    # The estimate first: it takes a second, and a plan that does not fit is refused before preflight's slower
+    # checks (the rank's own packer and model) are paid for.
     try:
-        result = estimate(spec).to_dict()
+        result: dict[str, Any] | None = estimate(spec).to_dict()
     except UserError as e:
         # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
         if console is not None:
             console.print(f"[yellow]no estimate: {e}[/yellow]")
-        return None
-    if result.get("fits") is False and not force:
+        result = None
+    if result is not None and result.get("fits") is False and not force:
         unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
         raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
                         f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
                         "pass --force to launch anyway")
+    preflight(spec)
+    advice = precision_advice(spec)
+    if advice and console is not None:
+        console.print(f"[yellow]note: {advice}[/yellow]")
+    if result is None:
+        return None
     if console is not None and result.get("verdict") == "tight":
         unit = "GPU" if spec.hardware.device == "cuda" else "rank"
         console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "
