@@ -243,11 +243,19 @@ def reap_lost(records_dir: Path) -> list[str]:
     return done
 
 
+def is_live(rec: dict[str, Any]) -> bool:
+    """A `running` record whose supervisor still runs (on this host, or on another one that cannot be asked)."""
+    if rec.get("status") != "running" or not rec.get("run_dir"):
+        return False
+    state = read_state(RunPaths(Path(rec["run_dir"])))
+    return state is not None and state.get("state") != "finished" and supervisor_alive(state)
+
+
 def live_runs(records_dir: Path) -> list[dict[str, Any]]:
-    """Records whose run is still going (after reaping the lost ones)."""
+    """Records whose run is still going under a supervisor (after reaping the lost ones)."""
     reap_lost(records_dir)
-    return [r for r in records.list_records(records_dir) if r.get("status") == "running"]
+    return [r for r in records.list_records(records_dir) if is_live(r)]
 
 
-__all__ = ["EXIT_CANCELLED", "SupervisedRun", "SupervisorFailed", "attach", "finish_lost", "live_runs",
+__all__ = ["EXIT_CANCELLED", "SupervisedRun", "SupervisorFailed", "attach", "finish_lost", "is_live", "live_runs",
            "reap_lost", "spawn", "supervisor_alive"]

@@ -103,7 +103,9 @@ class RecordsScreen(Screen):
         text = f"{n} record{'s' if n != 1 else ''} in {fmt.show_path(self.records_dir)}"
         if self.marked:
             text += f" · marked: {', '.join(self.marked)}"
-        live = sum(r.get("status") == "running" for r in self.records.values())
+        from runner.launch.supervised import is_live
+
+        live = sum(is_live(r) for r in self.records.values())
         if live:
             text += f" · {live} running (enter: live dashboard)"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
@@ -140,8 +142,10 @@ class RecordsScreen(Screen):
         self._update_head()
 
     def action_open(self) -> None:
+        from runner.launch.supervised import is_live
+
         rec = self._current()
-        if rec is not None and rec.get("status") == "running" and rec.get("run_dir"):
+        if rec is not None and is_live(rec):
             self._open_live(rec)
         elif rec is not None:
             self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
