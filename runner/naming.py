@@ -32,3 +32,10 @@ def follow_paths(data: dict[str, Any], sections: set[str], embedded_prefix: str,
         notes.append(f"{section}.id is now {body['id']} (named after {section}.path; it was {old}); "
                      f"set {section}.id to name it otherwise")
     return notes
+
+
+def overridden_sections(overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """The sections (model, dataset) whose path a list of `--set` assignments changes without their id."""
+    keys = {a.split("=", 1)[0].strip() for a in overrides}
+    changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
+    return changed - {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.errors import Problem
+from runner.engines import engine_for
 
 
 BF16_PRECISIONS = ("bf16_stochastic", "bf16")
@@ -15,15 +16,16 @@ def weights_dtype(spec: Any, device: str) -> str:
     (CPU runs are exact and reproducible)."""
     if spec.model.dtype != "auto":
         return spec.model.dtype
-    if spec.engine == "native" and spec.train.optimizer_precision != "auto":
+    if not engine_for(spec.engine).fixed_optimizer_precision and spec.train.optimizer_precision != "auto":
         return "bfloat16" if spec.train.optimizer_precision in BF16_PRECISIONS else "float32"
     return "bfloat16" if device == "cuda" else "float32"
 
 
 def optimizer_precision(engine: str, requested: str, dtype: str) -> str:
     """train.optimizer_precision resolved for the weights' dtype: never plain bf16 unless asked for."""
-    if engine != "native":
-        return "fp32_master"  # TRL's trainable weights are made fp32 and computed in bf16 under autocast
+    fixed = engine_for(engine).fixed_optimizer_precision
+    if fixed:
+        return fixed  # e.g. TRL's trainable weights are made fp32 and computed in bf16 under autocast
     if requested != "auto":
         return requested
     return "bf16_stochastic" if dtype == "bfloat16" else "fp32_master"
@@ -34,8 +36,10 @@ def precision_problems(spec: Any) -> list[Problem]:
     want = spec.train.optimizer_precision
     if want == "auto":
         return []
-    if spec.engine != "native" and want != "fp32_master":
-        return [Problem("train.optimizer_precision", f"the {spec.engine} engine keeps fp32 master weights, got {want}",
+    engine = engine_for(spec.engine)
+    fixed = engine.fixed_optimizer_precision
+    if fixed and want != fixed:
+        return [Problem("train.optimizer_precision", f"{engine.lacks['train.optimizer_precision']}, got {want}",
                         "use train.optimizer_precision=auto (or engine=native)")]
     dtype = spec.model.dtype
     if dtype == "bfloat16" and want == "fp32_master":

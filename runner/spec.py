@@ -13,7 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.naming import follow_paths
+from runner.engines import ENGINES, LEVERS, engine_for
+from runner.machine import Machine, ranks_per_node, run_device
+from runner.naming import follow_paths, overridden_sections
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -177,7 +179,8 @@ class TrainSpec(_Section):
     """torch.compile each decoder layer (GPU only). With activation_checkpointing the checkpoint sits inside the
     compiled layer, so backward recomputes only what it reads (not the MLP's output projection)."""
     packing: bool = True
-    """Pack documents into exact seq_len blocks (native always packs; TRL: packing + padding-free)."""
+    """Pack documents into exact seq_len blocks (both engines; TRL through padding-free); false: one document per
+    block, padded."""
     packing_strategy: Literal["bfd", "wrapped"] = "bfd"
     """bfd = best-fit decreasing within a bounded buffer: conversations stay whole (one longer than seq_len is
     split into seq_len pieces); wrapped = concatenate and cut every seq_len tokens, a conversation cut at a block
@@ -202,11 +205,12 @@ class TrainSpec(_Section):
     less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+TRACKERS = typing.get_args(TrackerName)  # the trackers, named once (runner.events.tracking keys its packages by them)
 
 
 class ReportSpec(_Section):
-    to: list[Literal["tensorboard", "mlflow", "wandb", "trackio"]] = Field(default_factory=list)
+    to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers to log to (from the launcher, never prompting): tensorboard (runs/<id>/tensorboard),
     mlflow (MLFLOW_TRACKING_URI, or a file store in runs/<id>/mlruns), wandb (WANDB_MODE, WANDB_PROJECT as set),
     trackio (local). Each needs its package installed: pip install 'sft-tui[tensorboard]' and so on."""
@@ -399,20 +403,21 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
-    # Recompute levers of the native engine: each is set when it differs from the value that switches it off.
+    # Recompute levers: each is set when it differs from the value that switches it off (runner.engines.LEVERS).
     t = spec.train
-    for field, is_set, off, trl_says in (
-            ("recompute_layers", t.recompute_layers is not None, "null",
-             "the trl engine checkpoints every layer or none"),
-            ("offload_activations", t.offload_activations, "false", "the trl engine does not offload activations"),
-            ("recompute_attention", not t.recompute_attention, "true", "the trl engine recomputes whole layers")):
+    engine = engine_for(spec.engine)
+    for field, is_set in (("recompute_layers", t.recompute_layers is not None),
+                          ("offload_activations", t.offload_activations),
+                          ("recompute_attention", not t.recompute_attention)):
         if not is_set:
             continue
+        off = LEVERS[f"train.{field}"].off
         if not t.activation_checkpointing:
             out.append(Problem(f"train.{field}", "only applies with activation checkpointing",
                                f"set train.activation_checkpointing=true, or train.{field}={off}"))
-        if spec.engine != "native":
-            out.append(Problem(f"train.{field}", trl_says, f"use engine=native, or train.{field}={off}"))
+        if not engine.honours(f"train.{field}"):
+            able = " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(f"train.{field}"))
+            out.append(Problem(f"train.{field}", engine.lacks[f"train.{field}"], f"use {able}, or train.{field}={off}"))
     out += eval_problems(spec)
     out += precision_problems(spec)
     for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
@@ -538,10 +543,7 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
         data = read_spec_file(find_spec_file(str(spec)))
     for assignment in overrides:
         apply_override(data, assignment)
-    keys = {a.split("=", 1)[0].strip() for a in overrides}
-    changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
-    changed -= {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
-    said = follow_paths(data, changed, EMBEDDED_PREFIX,
+    said = follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX,
                         {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
     if notes is not None:
         notes += said
@@ -555,22 +557,19 @@ def resolve_embedded(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None) -> RunSpec:
-    """Fill the `auto` values that depend on the machine, so the record holds what actually ran."""
-    if cuda_available is None or gpu_count is None:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-        gpu_count = torch.cuda.device_count() if cuda_available else 0
-    device = spec.hardware.device
-    if device == "auto":
-        device = "cuda" if cuda_available else "cpu"
-    if device == "cuda" and not cuda_available:
+def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,
+            machine: Machine | None = None) -> RunSpec:
+    """Fill the `auto` values that depend on the machine the run will see (runner.machine; here by default, or
+    `gpu_count` GPUs when cuda_available), so the record holds what actually ran."""
+    if machine is None:
+        machine = Machine.here() if cuda_available is None or gpu_count is None else \
+            Machine(gpu_count if cuda_available else 0)
+    gpu_count = machine.gpus
+    device = run_device(spec, machine)
+    if device == "cuda" and not gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.device", "cuda was asked for but no GPU is visible",
                                                  "use hardware.device=cpu or run on a GPU machine")])
-    nproc = spec.hardware.nproc_per_node
-    if nproc == "auto":
-        nproc = gpu_count if device == "cuda" else 2
+    nproc = ranks_per_node(spec, device, machine)
     if device == "cuda" and spec.hardware.nodes == 1 and nproc > gpu_count:
         raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
                                                  f"{nproc} ranks but only {gpu_count} GPUs visible",

@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 
+from runner.events.paths import RunPaths
 from runner.errors import PredictedNotToFit, UserError
 from runner.spec import RunSpec
 from tui.backends import Backends
@@ -142,7 +143,7 @@ class SftApp(App):
         from runner.launch.supervised import spawn
 
         try:
-            resolved, planned = plan_resolve(spec, len(self.detected_gpus()))
+            resolved, planned = plan_resolve(spec, self.detected_gpus())
             if planned:
                 raise UserError("this spec plans GPUs this machine does not have: save it and launch it there")
             if original is not None:
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.watch is not None:
-        if not (args.watch / "events").is_dir():
+        if not RunPaths(args.watch).events.is_dir():
             print(f"error: --watch expects a run folder with an events/ folder, got {args.watch}", file=sys.stderr)
             return 2
         start = "dashboard"

@@ -10,7 +10,10 @@ from typing import Any
 import yaml
 
 from runner.errors import Problem, SpecError, UserError
-from runner.spec import RunSpec, apply_override, find_spec_file, read_spec_file, resolve, validate
+from runner.machine import Machine, target_machine
+from runner.naming import follow_paths, overridden_sections
+from runner.spec import (EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, resolve,
+                         validate)
 
 DEFAULT_RECIPE = "tiny-cpu"
 # Fields a saved recipe always spells out, even at their default: what the run is, on what.
@@ -67,7 +70,10 @@ def load_recipe_dict(ref: str | Path, overrides: list[str] | tuple[str, ...] = (
     data = read_spec_file(find_spec_file(str(ref)))
     for assignment in overrides:
         apply_override(data, assignment)
-    return full_dict(data)
+    data = full_dict(data)
+    # A new path names the model or data after it, as `runner run --set` does (runner.naming).
+    follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX, {})
+    return data
 
 
 def problems_of(data: dict[str, Any]) -> list[Problem]:
@@ -127,15 +133,23 @@ def save_recipe(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def plan_resolve(spec: RunSpec, gpu_count: int) -> tuple[RunSpec, bool]:
-    """The spec with its `auto` values filled for planning, and whether it is only a plan for other hardware.
+def sweep_target(spec: RunSpec, resolved: RunSpec) -> RunSpec:
+    """What the wizard's what-if sweep plans: the resolved run; for a CPU run (the what-if is about GPUs) the same
+    run on as many GPUs per node as it has ranks, resolved by the same rule as any run."""
+    if resolved.hardware.device != "cpu":
+        return resolved
+    n = resolved.hardware.nproc_per_node
+    d = spec.to_dict()
+    d["hardware"].update(device="cuda", nproc_per_node=n)
+    return resolve(RunSpec.model_validate(d), machine=Machine(n, declared=True))
 
-    On a machine with GPUs (or none and a CPU spec) this is what would launch here. A CUDA spec on a machine
-    without GPUs is a planned target: resolved as if its nproc_per_node GPUs (8 when auto) were present.
-    """
-    if gpu_count > 0:
-        return resolve(spec, cuda_available=True, gpu_count=gpu_count), False
-    if spec.hardware.device == "cuda":
-        n = spec.hardware.nproc_per_node
-        return resolve(spec, cuda_available=True, gpu_count=8 if n == "auto" else int(n)), True
-    return resolve(spec, cuda_available=False, gpu_count=0), False
+
+def plan_resolve(spec: RunSpec, gpus: list[dict[str, Any]] | int) -> tuple[RunSpec, bool]:
+    """The spec with its `auto` values filled for planning, and whether it is only a plan for other hardware:
+    resolved for the machine its run will see (runner.machine.target_machine), as the launcher and the estimator
+    resolve it. `gpus`: this machine's GPUs as NVML lists them (runner.facts.nvml.detect_gpus), or their count."""
+    from runner.facts.gpus import machine_from_nvml
+
+    here = Machine(gpus) if isinstance(gpus, int) else machine_from_nvml(gpus)
+    machine = target_machine(spec, here)
+    return resolve(spec, machine=machine), machine.declared

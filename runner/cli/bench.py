@@ -12,7 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from runner.events.paths import RunPaths
 from runner.launch import run as run_mod
+from runner.engines import LEVERS, engine_for
 from runner.errors import UserError
 from runner.events.lines import EndEvent, TrainBeginEvent, first_event, latest_steps, read_events
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token, utilisation
@@ -31,28 +33,29 @@ def parse_sweeps(sweeps: list[str]) -> list[tuple[str, list[str]]]:
     return [parse_sweep(s) for s in sweeps]
 
 
-NATIVE_ONLY = {"train.recompute_layers": "null", "train.offload_activations": "false",
-               "train.recompute_attention": "true", "train.optimizer_precision": "auto"}
-"""Levers only the native engine has, with the value that switches each off: a trl row runs without them (and
-the row says so), so one spec can hold the native engine's best settings and still be compared with TRL. TRL
-keeps fp32 master weights whatever the precision asked (its `auto`), so `--sweep train.optimizer_precision=auto,bf16`
-gives one trl row beside both native ones, in one table whose losses are compared."""
+# A row's engine runs without the levers it lacks (runner.engines: Engine.lacks, each set to its LEVERS `off`
+# value, and the row says so), so one spec can hold the native engine's best settings and still be compared with
+# TRL. TRL keeps fp32 master weights whatever the precision asked (its `auto`), so
+# `--sweep train.optimizer_precision=auto,bf16` gives one trl row beside both native ones, in one table whose losses
+# are compared.
 
 
-def _native_only_off(override: str) -> str:
+def _lacked_off(engine: str, override: str) -> str:
     key = override.split("=", 1)[0]
-    return f"{key}={NATIVE_ONLY[key]}" if key in NATIVE_ONLY else override
+    return f"{key}={LEVERS[key].off}" if key in engine_for(engine).lacks else override
+
+
+def _row_engine(combo: list[str]) -> str:
+    return combo[0].split("=", 1)[1]
 
 
 def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list[str]]:
-    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps. A trl row skips
-    sweeps over native-only fields (it would repeat the same run)."""
+    """Override lists, one per benchmark row: engine × the cartesian product of the sweeps. A row skips sweeps
+    over the levers its engine lacks (it would repeat the same run)."""
     axes = [[f"engine={e}" for e in engines]] + [[f"{k}={v}" for v in vals] for k, vals in sweeps]
     out, seen = [], set()
     for c in itertools.product(*axes):
-        combo = list(c)
-        if combo[0] != "engine=native":
-            combo = [_native_only_off(o) for o in combo]
+        combo = [_lacked_off(_row_engine(list(c)), o) for o in c]
         if tuple(combo) not in seen:
             seen.add(tuple(combo))
             out.append(combo)
@@ -60,13 +63,14 @@ def combos(engines: list[str], sweeps: list[tuple[str, list[str]]]) -> list[list
 
 
 def row_spec(spec_ref: str, overrides: list[str], combo: list[str], steps: int) -> tuple[RunSpec, list[str]]:
-    """The row's spec and the native-only settings that a non-native row leaves out."""
+    """The row's spec and the settings its engine lacks that the row leaves out."""
     dropped: list[str] = []
-    if combo[0] != "engine=native":
+    lacks = engine_for(_row_engine(combo)).lacks
+    if lacks:
         base = load_spec(spec_ref, overrides).to_dict()
-        dropped = [f for f in NATIVE_ONLY if f.split(".")[1] in base[f.split(".")[0]]  # a field this version has
-                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() != NATIVE_ONLY[f].replace("null", "none")]
-    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={NATIVE_ONLY[f]}" for f in dropped),
+        dropped = [f for f in lacks if f.split(".")[1] in base[f.split(".")[0]]  # a field this version has
+                   and str(base[f.split(".")[0]][f.split(".")[1]]).lower() != LEVERS[f].off.replace("null", "none")]
+    spec = load_spec(spec_ref, [*overrides, *combo, *(f"{f}={LEVERS[f].off}" for f in dropped),
                                 f"train.max_steps={steps}",
                                 "train.log_every=1", "output.save=none"])
     return resolve(spec), dropped
@@ -89,7 +93,7 @@ def summarize(spec: RunSpec, events_dir: Path, warmup: int, ceiling_tflops: floa
     begin: dict[str, Any] = {}
     final_loss = None
     for r in range(spec.world_size):
-        evs = read_events(events_dir / f"rank{r}.jsonl")
+        evs = read_events(RunPaths.of_events(events_dir).rank_events(r))
         steps = [e for e in latest_steps(evs) if e.step > warmup]
         end: EndEvent | None = first_event(evs, EndEvent)
         if r == 0:
@@ -307,8 +311,8 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         lines.append(f"| {r['model']} | " + " | ".join(_value(r, c) for c in COLUMNS) + " |")
     if any(r.get("doc_tokens") for r in result["rows"]):
-        lines += ["", "docs: tokens per document trained on (mean / p50 / p90 / max, before any split) and their "
-                      "count; split: documents split across blocks"]
+        lines += ["", "docs: tokens per document as trained (mean / p50 / p90 / max; a conversation split across "
+                      "blocks counts as its pieces) and their count; split: pieces of split documents"]
     if result.get("repeats"):
         lines += ["", "## Repeats", "", "| configuration | tokens/s per run | spread (max − min) / median |",
                   "| --- | --- | --- |"]

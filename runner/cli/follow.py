@@ -17,10 +17,10 @@ from typing import Any
 
 from rich.console import Console
 
+from runner.errors import EXIT_DETACHED
 from runner.launch.supervised import SupervisedRun
 
 POLL_S = 0.5
-EXIT_DETACHED_HUP = 128 + signal.SIGHUP
 
 
 @dataclass
@@ -74,7 +74,7 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
                     display.update()
                 sig = signals.pop()
                 if sig == signal.SIGHUP:
-                    return Followed(EXIT_DETACHED_HUP, detached=True)
+                    return Followed(EXIT_DETACHED, detached=True)
                 if sig is not None and not requested:
                     if sig == signal.SIGINT and ask and console.is_terminal:
                         display.close()

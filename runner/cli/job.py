@@ -144,6 +144,7 @@ def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
     """`runner job` once SPEC is loaded: check everything, then allocate the run id, write its spec and the file."""
     from runner.events.paths import RunPaths
     from runner.launch.command import new_run_id, write_spec
+    from runner.machine import Machine
     from runner.spec import resolve
 
     target = getattr(args, "to", None) or "slurm"
@@ -154,7 +155,7 @@ def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
         args.repo, args.commit = _source(args)
     nproc = int(spec.hardware.nproc_per_node)
     # The nodes, not this machine, decide what `auto` means: GPUs unless the spec asks for CPU ranks.
-    spec = resolve(spec, cuda_available=spec.hardware.device != "cpu", gpu_count=nproc)
+    spec = resolve(spec, machine=Machine(nproc, declared=True) if spec.hardware.device != "cpu" else Machine())
     if target == "skypilot" and spec.hardware.device == "cuda" and spec.hardware.gpu == "auto" \
             and not args.accelerator:
         raise UserError("--to skypilot needs the GPU type for resources.accelerators: --set hardware.gpu=H100-80GB "

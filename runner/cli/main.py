@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.cli.job import add_job_args, record_spec, write_job
-from runner.errors import UserError
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+from runner.errors import (EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_VERIFIED,
+                           EXIT_OK, UserError)
+from runner.engines import ENGINES
 # Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
 # need every character (a run id, a field name), so it gets a width no line reaches.
 PIPE_COLUMNS = "100000"
@@ -388,9 +388,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from runner.cli.bench import bench
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    bad = [e for e in engines if e not in ("native", "trl")]
+    bad = [e for e in engines if e not in ENGINES]
     if bad:
-        raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use native and/or trl")
+        raise UserError(f"--engines: unknown engine(s) {', '.join(bad)}; use {' and/or '.join(ENGINES)}")
     if args.repeat < 1:
         raise UserError(f"--repeat expects 1 or more runs per configuration, got {args.repeat}")
     result = bench(args.spec, args.overrides, engines, args.sweep, args.steps, args.warmup, args.out, args.runs_dir,

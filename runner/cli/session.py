@@ -11,16 +11,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runner.events.paths import RunPaths
 from runner.record import records
 from runner.launch.command import check_run_target
 from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
-from runner.errors import PredictedNotToFit, UserError
+from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
+                           PredictedNotToFit, UserError)
 from runner.launch.replay import prepare_replay
 from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
-
-EXIT_OK, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_CANCELLED = 0, 1, 3, 130
-EXIT_DETACHED_HUP = 129  # the view lost its terminal; the run goes on
 
 
 def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
@@ -87,7 +86,7 @@ def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bo
 
 
 def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
-    if code == EXIT_DETACHED_HUP:
+    if code == EXIT_DETACHED:
         return code
     if rec is None:  # a node other than 0: no record here, the supervisor's exit code says it all
         return EXIT_OK if code == 0 else code if code >= EXIT_CANCELLED else EXIT_FAILED
@@ -159,7 +158,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
     from runner.spec import apply_override, read_spec_file, validate
     from runner.train.checkpoint import complete_checkpoints
 
-    spec_path = run_dir / "spec.json"
+    spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     check_run_target(run_dir.parent, records_dir, run_dir.name)
@@ -260,7 +259,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                         f"({', '.join(r['pin'] for r in strict_rows[:5])}{'…' if len(strict_rows) > 5 else ''})")
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, original.get("estimate"),
                                     replay_of=original["id"])
-    if code == EXIT_DETACHED_HUP:
+    if code == EXIT_DETACHED:
         return code
     _report(console, active)
     rec = active.record or {}

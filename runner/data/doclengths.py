@@ -1,5 +1,6 @@
-"""Document-length statistics of what a run trained on: each rank counts the lengths of its documents (tokens of
-the tokenised conversation, before any split across blocks) in a histogram, and the record merges the ranks'.
+"""Document-length statistics of what a run trained on: each rank counts the lengths of the document segments in
+the blocks it trained on (a whole tokenised conversation, or the piece of one split across blocks that lay in a
+trained block) in a histogram, and the record merges the ranks'. Their tokens are the real tokens trained.
 
 No torch: the record and `runner bench` read these from the ranks' end events.
 """

@@ -117,7 +117,7 @@ def _last_line_matching(text: str, pattern: re.Pattern[str]) -> str:
 
 
 def any_error_event(paths: RunPaths, world_size: int) -> bool:
-    return any(events_of(read_events(paths.events / f"rank{r}.jsonl"), ErrorEvent) for r in range(world_size))
+    return any(events_of(read_events(paths.rank_events(r)), ErrorEvent) for r in range(world_size))
 
 
 def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
@@ -128,7 +128,7 @@ def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
     last_steps: dict[str, int] = {}
     errors: list[tuple[float, int, ErrorEvent]] = []
     for r in range(world_size):
-        evs = read_events(paths.events / f"rank{r}.jsonl")
+        evs = read_events(paths.rank_events(r))
         steps = step_lines(evs)
         last_steps[str(r)] = (steps[-1].step or 0) if steps else 0  # the last logged, the resumed run's after a resume
         errors += [(e.t or 0.0, r, e) for e in events_of(evs, ErrorEvent)]

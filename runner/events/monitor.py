@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.events.lines import EndEvent, ErrorEvent, EvalEvent, Event, StartEvent, StepEvent, StepIndex, parse_event
+from runner.events.paths import RunPaths
 from runner.events.tail import DirTail
 
 # Weight of the newest loss in the smoothed loss. 0.1 averages over roughly the last 10 logged steps: enough to
@@ -168,7 +169,7 @@ class RunView:
         # lowest rank that reports each step.
         self.evals: dict[int, tuple[float | None, float | None]] = {}
         self._eval_lines: dict[int, EvalEvent] = {}
-        self._tail = DirTail(self.run_dir / "events")
+        self._tail = DirTail(RunPaths(self.run_dir).events)
         self._world_size: int | None = None
 
     @property

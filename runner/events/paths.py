@@ -1,4 +1,5 @@
-"""The run folder's layout: where a run's spec, events and logs live."""
+"""The run folder's layout: where a run's spec, events, logs, checkpoints and exports live. Every path into a run
+folder is built here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pathlib import Path
 class RunPaths:
     run_dir: Path
 
+    @classmethod
+    def of_events(cls, events_dir: Path) -> RunPaths:
+        """The run folder around an events folder."""
+        return cls(Path(events_dir).parent)
+
     @property
     def spec(self) -> Path:
         return self.run_dir / "spec.json"
@@ -17,6 +23,12 @@ class RunPaths:
     @property
     def events(self) -> Path:
         return self.run_dir / "events"
+
+    def rank_events(self, rank: int) -> Path:
+        return self.events / f"rank{rank}.jsonl"
+
+    def node_events(self, node: int) -> Path:
+        return self.events / f"node{node}.jsonl"
 
     @property
     def logs(self) -> Path:
@@ -28,6 +40,18 @@ class RunPaths:
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.run_dir / "export"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.run_dir / "tensorboard"
 
     @property
     def supervisor(self) -> Path:

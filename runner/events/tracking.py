@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runner.events.paths import RunPaths
 from runner.errors import Problem
 from runner.events.lines import EvalEvent, StepEvent, parse_event
 from runner.events.tail import JsonlTail
@@ -55,7 +56,7 @@ class _TensorBoard:
     def __init__(self, run_id: str, run_dir: Path, spec: dict[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.dir = run_dir / "tensorboard"
+        self.dir = RunPaths(run_dir).tensorboard
         self.writer = SummaryWriter(log_dir=str(self.dir))
         self.writer.add_text("spec", "```\n" + json.dumps(spec, indent=2) + "\n```", 0)
         self.ident = {"path": str(self.dir)}
@@ -198,8 +199,8 @@ class Trackers:
     def __init__(self, names: list[str], run_id: str, run_dir: Path, spec: dict[str, Any], world_size: int):
         self.world_size = world_size
         self.backends: dict[str, Any] = {name: BACKENDS[name](run_id, run_dir, spec) for name in names}
-        self._rank0 = JsonlTail(run_dir / "events" / "rank0.jsonl")
-        self._node0 = JsonlTail(run_dir / "events" / "node0.jsonl")
+        self._rank0 = JsonlTail(RunPaths(run_dir).rank_events(0))
+        self._node0 = JsonlTail(RunPaths(run_dir).node_events(0))
         self._step = 0
         self.errors: dict[str, str] = {}
         self._stop = threading.Event()

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from runner.engines import engine_for
 from runner.facts.families import EAGER, FLASH, FLEX, SDPA, VARLEN, family_of, text_config
 
 VARLEN_MIN_TOKENS = 32_768
@@ -248,9 +249,10 @@ def fsdp_wrapped(engine: str, world: int, device: str, fsdp_one_rank: bool, weig
     """
     if world > 1:
         return True
-    if engine == "trl":
-        return device == "cuda" and fsdp_one_rank
-    return fsdp_one_rank or (device == "cuda" and not weights_bf16)
+    e = engine_for(engine)
+    if fsdp_one_rank:
+        return device == "cuda" or e.fsdp_one_cpu_rank
+    return e.fsdp_one_gpu_rank_unless_bf16 and device == "cuda" and not weights_bf16
 
 
 @dataclass(frozen=True)
@@ -280,7 +282,7 @@ def precision(engine: str, device: str, model_dtype: str, fsdp: bool) -> Precisi
     computes in bf16 over weights kept in model.dtype (an unwrapped rank holds bf16 weights, `fsdp_wrapped`); on CPU
     everything stays in model.dtype (exact replays).
     """
-    if engine == "trl":
+    if engine_for(engine).autocast:
         bf16 = device == "cuda" and model_dtype != "float32"
         if bf16:
             return Precision("bfloat16", "float32", True)
@@ -355,8 +357,9 @@ def resolve_loss_impl(requested: str, config: Any) -> tuple[str, str]:
 def choose_loss(engine: str, requested: str, config: Any) -> tuple[str, str]:
     """(loss implementation, reason) for either engine: the native engine's `resolve_loss_impl`; `trl-fused` for the
     TRL engine (SFTTrainer's fused LM head, whatever train.loss_impl says)."""
-    if engine == "trl":
-        return "trl-fused", "TRL's fused lm head"
+    fixed = engine_for(engine).fixed_loss
+    if fixed is not None:
+        return fixed
     return resolve_loss_impl(requested, config)
 
 

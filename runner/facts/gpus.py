@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from runner.errors import Problem, UserError
+from runner.machine import Machine
 
 # Where no matmul ceiling has been measured, the practical ceiling is this share of the datasheet peak:
 # the H200 here runs an 8192³ bf16 matmul at ~790 of its 989 TFLOP/s (references.md, "The machine we can measure on").
@@ -129,3 +130,19 @@ def ceiling_tflops_here(device: str) -> float | None:
     except Exception:  # noqa: BLE001 - NVML trouble: no MFU, the run goes on
         return None
     return found[0].ceiling_tflops if found else None
+
+
+def machine_of(detected: tuple[GpuType, int] | None) -> Machine:
+    """`detect_gpu`'s answer as the Machine a plan sees (a type the catalog does not know has no catalog name)."""
+    if detected is None:
+        return Machine()
+    g, count = detected
+    return Machine(count, None if g.name.startswith("unknown:") else g.name)
+
+
+def machine_from_nvml(found: list[dict]) -> Machine:
+    """NVML's GPU list (runner.facts.nvml.detect_gpus) as a Machine."""
+    if not found:
+        return Machine()
+    g = match_gpu_name(found[0].get("name") or "", found[0].get("mem_total_gib"))
+    return Machine(len(found), g.name if g else None)

@@ -19,13 +19,12 @@ from runner.launch.process import Launcher
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
+from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
-EXIT_CANCELLED = 130
-EXIT_STOPPED = 128 + signal.SIGTERM
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from runner.events.lines import StartEvent, parse_event
+from runner.events.paths import RunPaths
 from runner.events.tail import DirTail
 from runner.facts.nvml import GpuSampler
 
@@ -56,7 +57,8 @@ class NodeSampler(threading.Thread):
 
     def __init__(self, run_dir: str | os.PathLike[str], node: int, interval_s: float = 2.0):
         super().__init__(name=f"node-sampler-{node}", daemon=True)
-        self.events_dir = Path(run_dir) / "events"
+        self.paths = RunPaths(Path(run_dir))
+        self.events_dir = self.paths.events
         self.node = node
         self.interval_s = interval_s
         self.rank_pids: dict[int, int] = {}
@@ -75,7 +77,7 @@ class NodeSampler(threading.Thread):
             log.exception("node sampler %d: GPU sampler failed to start", self.node)
             return
         psutil.cpu_percent(interval=None)  # primes the CPU counter; the first line then covers one interval
-        path = self.events_dir / f"node{self.node}.jsonl"
+        path = self.paths.node_events(self.node)
         try:
             while not self._stop_event.wait(self.interval_s):
                 try:

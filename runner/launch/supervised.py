@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UserError
+from runner.errors import EXIT_FAILED, UserError
 from runner.events.paths import RunPaths
 from runner.launch.supervisor import (EXIT_CANCELLED, finish_unfinished, log_path, read_state, send_request,
                                       state_path)
 from runner.record import records
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXIT_FAILED = 1
 START_TIMEOUT_S = 600.0  # pins (hashing the model and data) come before torchrun starts
 
 

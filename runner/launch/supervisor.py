@@ -21,16 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.events.paths import RunPaths
 from runner.record.records import atomic_write_json, now_iso
 
-EXIT_CANCELLED = 130
 POLL_S = 0.5
 # What each request does: (how the ranks stop, the cause the record names, the exit code).
 REQUESTS = {
     "cancel": ("cancel", "cancelled", EXIT_CANCELLED),
-    "stop": ("stop", "stopped", 128 + signal.SIGTERM),
-    "preempt": ("stop", "preempted", 128 + signal.SIGTERM),
+    "stop": ("stop", "stopped", EXIT_STOPPED),
+    "preempt": ("stop", "preempted", EXIT_STOPPED),
 }
 SIGNAL_REQUESTS = {signal.SIGINT: "cancel", signal.SIGTERM: "stop", signal.SIGUSR1: "preempt"}
 

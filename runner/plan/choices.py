@@ -20,7 +20,9 @@ from runner.facts.decisions import (
 )
 from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
-from runner.facts.gpus import GpuType, detect_gpu, gpu_type
+from runner.engines import engine_for
+from runner.facts.gpus import GpuType, detect_gpu, gpu_type, machine_of
+from runner.machine import Machine, ranks_per_node, target_machine
 from runner.spec import RunSpec, weights_dtype
 
 
@@ -98,16 +100,11 @@ def make_plan(spec: RunSpec) -> Plan:
             if gpu.name.startswith("unknown:"):
                 reasons.append(f"GPU '{gpu.name[8:]}' is not in the catalog: throughput assumed equal to an H100")
         device = "cuda"
-    nproc = hw.nproc_per_node
-    if nproc == "auto":
-        if device == "cpu":
-            nproc = 2
-        else:
-            if detected is None:
-                found = detect_gpu()
-                detected = found if found and found[0].name == (gpu.name if gpu else "") else None
-            nproc = detected[1] if detected else 8
-    nproc = int(nproc)
+    machine = Machine()
+    if hw.nproc_per_node == "auto" and device == "cuda":
+        machine = target_machine(spec, machine_of(detected if detected is not None else detect_gpu()),
+                                 gpu.name if gpu else None)
+    nproc = ranks_per_node(spec, device, machine)
     if nproc < 1:
         raise UserError("invalid spec", [Problem("hardware.nproc_per_node", f"must be at least 1, got {nproc}",
                                                  "use 1 or more")])
@@ -135,14 +132,15 @@ def gdn_kernels_installed() -> bool:
 def offloads_activations(spec: RunSpec, device: str) -> bool:
     """Recomputed layers' inputs go to host memory: the native engine on a GPU with train.offload_activations."""
     t = spec.train
-    return t.offload_activations and t.activation_checkpointing and spec.engine == "native" and device == "cuda"
+    return t.offload_activations and t.activation_checkpointing and engine_for(spec.engine).offloads_activations \
+        and device == "cuda"
 
 
 def keeps_attention_outputs(spec: RunSpec, attn: str, device: str) -> bool:
     """Recomputed layers keep their varlen attention outputs instead of running the kernel again
     (train.recompute_attention=false; the native engine's selective checkpoint policy, runner.train.model)."""
     t = spec.train
-    return (not t.recompute_attention and spec.engine == "native" and attn == "varlen" and device == "cuda"
+    return (not t.recompute_attention and engine_for(spec.engine).selective_recompute and attn == "varlen" and device == "cuda"
             and t.activation_checkpointing and not offloads_activations(spec, device))
 
 

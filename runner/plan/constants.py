@@ -104,6 +104,9 @@ TEMPLATE_TOKENS_PER_MESSAGE = 5
 """Chat-template tokens around each message (ChatML: <|im_start|>role\\n ... <|im_end|>\\n)."""
 CHARS_PER_TOKEN = 4.0
 DATASET_SAMPLE_ROWS = 256
+WHOLE_FILE_ROWS = 10_000
+"""A local data file of at most this many rows is read whole: exact token counts, and planned steps that are the
+steps the ranks run (runner.plan.timing.shard_steps). About a second for the embedded 2,500 rows."""
 
 PARAMWRAPPER_TRAFFIC = 3.0
 """Bytes moved per byte of a layer's expert stack each time ParamWrapper merges it (write B·A, read W and the delta,

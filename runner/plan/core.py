@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runner.engines import engine_for
+
 from runner.plan.constants import (
     BREAKDOWN_KEYS,
     CPU_PROCESS_GIB,
@@ -40,7 +42,7 @@ class DeviceMemory:
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
     if plan.device == "cuda":
         assert plan.gpu is not None
-        fraction = TRL_FRAGMENTATION_FRACTION if plan.spec.engine == "trl" else FRAGMENTATION_FRACTION
+        fraction = TRL_FRAGMENTATION_FRACTION if engine_for(plan.spec.engine).hf_trainer else FRAGMENTATION_FRACTION
         # What the allocator holds beyond that at its peak: each stream's pool at its own largest. The reduce-scatter
         # stream's idle blocks show in nvidia-smi but are free segments the allocator releases before it reports an
         # out-of-memory, so the verdict does not count them.
@@ -81,15 +83,16 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     headroom = dev.capacity - per_gpu
 
     data = dataset_size(spec, plan.loaded)
+    packs = engine_for(spec.engine).packs(t.packing)
     attn_len = doc_len
     if doc_len is None:
         doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
-        attn_len = (data.attention_len(t.seq_len) if t.packing and data.lengths else None) or doc_len
+        attn_len = (data.attention_len(t.seq_len) if packs and data.lengths else None) or doc_len
     tokens = tokens_per_step(spec, plan.world, doc_len)
     flops, attn_flops = flops_per_step(plan, attn_len, tokens)
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
-    if t.packing and data.lengths:
+    if packs and data.lengths:
         from runner.train.packing import packing_preview
 
         packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.facts.catalog import LoadedArch
-from runner.plan.constants import CHARS_PER_TOKEN, DATASET_SAMPLE_ROWS, KNOWN_DATASETS, TEMPLATE_TOKENS_PER_MESSAGE
+from runner.plan.constants import (CHARS_PER_TOKEN, DATASET_SAMPLE_ROWS, KNOWN_DATASETS, TEMPLATE_TOKENS_PER_MESSAGE,
+                                   WHOLE_FILE_ROWS)
 from runner.spec import RunSpec
 
 
@@ -23,6 +24,9 @@ class DataSize:
     """Tokens of each sampled row, in file order (what the packing preview packs)."""
     row_format: dict[str, Any] | None = None
     """The rows' format as runner.data.formats detects it (format, variant, columns, detected)."""
+    row_lengths: tuple[int, ...] = ()
+    """Tokens of every row in file order (0 for a row that trains nothing), when the sample holds every row of one file:
+    what each rank's shard holds, hence the exact steps (runner.plan.timing.shard_steps). Empty otherwise."""
 
     def attention_len(self, seq_len: int) -> int | None:
         """Σ piece² / Σ piece over the sampled rows cut into pieces of at most seq_len (what packing makes of them):
@@ -47,8 +51,8 @@ def dataset_size(spec: RunSpec, loaded: LoadedArch) -> DataSize:
     return DataSize(None, None, None, "")
 
 
-def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
-    """The first rows of each local data file (a sample) and the number of rows in all of them."""
+def _sample_rows(path: str, limit: int = DATASET_SAMPLE_ROWS) -> tuple[list[dict[str, Any]], int]:
+    """The first `limit` rows of each local data file (a sample) and the number of rows in all of them."""
     from runner.data.datafiles import data_suffix, is_gzip, open_binary
 
     p = Path(path)
@@ -61,7 +65,7 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
                 # A .gz is read decompressed; past 64 MB its rows are estimated from text compressing about 4×.
                 size = f.stat().st_size * (4 if is_gzip(f) else 1)
                 with open_binary(f) as fh:
-                    head = [line for _, line in zip(range(DATASET_SAMPLE_ROWS), fh) if line.strip()]
+                    head = [line for _, line in zip(range(limit), fh) if line.strip()]
                 rows += [json.loads(x) for x in head]
                 if f.stat().st_size <= 64 << 20:
                     with open_binary(f) as fh:
@@ -72,14 +76,14 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
                 with open_binary(f) as fh:
                     data = json.loads(fh.read())
                 data = data if isinstance(data, list) else data.get("data", [])
-                rows += data[:DATASET_SAMPLE_ROWS]
+                rows += data[:limit]
                 n_rows += len(data)
             else:
                 import pyarrow.parquet as pq
 
                 meta = pq.ParquetFile(f)
                 n_rows += meta.metadata.num_rows
-                rows += meta.read_row_group(0).slice(0, DATASET_SAMPLE_ROWS).to_pylist()
+                rows += meta.read_row_group(0).slice(0, limit).to_pylist()
         except Exception:
             continue
     return rows, n_rows
@@ -88,6 +92,8 @@ def _sample_rows(path: str) -> tuple[list[dict[str, Any]], int]:
 @functools.lru_cache(maxsize=16)
 def _local_size(path: str, row_format: Any, model_dir: str) -> DataSize:
     rows, n_rows = _sample_rows(path)
+    if Path(path).is_file() and len(rows) < n_rows <= WHOLE_FILE_ROWS:
+        rows, n_rows = _sample_rows(path, n_rows)
     if not rows or not n_rows:
         return DataSize(None, None, None, "")
     from runner.data.formats import FormatError, detect, row_texts
@@ -111,8 +117,20 @@ def _local_size(path: str, row_format: Any, model_dir: str) -> DataSize:
     for i, n in zip(owner, counts):
         lengths[i] += n
     per_row = sum(lengths) / len(rows)
+    every_row = len(rows) == n_rows and Path(path).is_file()
+    # The packer skips a row that trains nothing (no trained turn): it makes no block.
+    trained = tuple(n if _has_targets(r, row_format) else 0 for r, n in zip(rows, lengths)) if every_row else ()
     return DataSize(n_rows, int(per_row * n_rows), per_row, f"{how} over {len(rows)} of {n_rows} rows",
-                    tuple(n for n in lengths if n), detected)
+                    tuple(n for n in lengths if n), detected, trained)
+
+
+def _has_targets(row: Any, row_format: Any) -> bool:
+    from runner.data.formats import FormatError, detect, to_sample
+
+    try:
+        return isinstance(row, dict) and to_sample(row, detect([row], row_format), row_format).has_targets
+    except FormatError:
+        return False
 
 
 def _count_tokens(texts: list[str], model_dir: str) -> tuple[list[int], str]:
@@ -128,3 +146,40 @@ def _count_tokens(texts: list[str], model_dir: str) -> tuple[list[int], str]:
             pass
     return [int(len(x) / CHARS_PER_TOKEN) for x in texts], "chars/4"
 
+
+
+def _without_nulls(value: Any) -> Any:
+    """A row as a stable key: the streaming reader fills keys missing from a row with None, the sample does not."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def reader_lengths(spec: RunSpec, data: DataSize, readers: int) -> list[list[int]] | None:
+    """Tokens of the rows each of `readers` reads, in its order, through the rank's own reader (so a plan shards
+    and shuffles as the run does); None when a row it reads is not one the sample measured."""
+    from runner.spec import resolve_embedded
+
+    path = resolve_embedded(spec.dataset.path)
+    out = _reader_lengths(str(path), path.stat().st_mtime_ns, spec.dataset.split, spec.train.seed, readers,
+                          data.row_lengths)
+    return None if out is None else [list(x) for x in out]
+
+
+@functools.lru_cache(maxsize=16)
+def _reader_lengths(path: str, mtime_ns: int, split: str, seed: int, readers: int,
+                    row_lengths: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+    from runner.train.data import load_examples
+
+    rows, _ = _sample_rows(path, len(row_lengths))
+    length = {json.dumps(_without_nulls(r), sort_keys=True, default=str): n for r, n in zip(rows, row_lengths)}
+    out = []
+    for reader in range(readers):
+        ds = load_examples(Path(path), None, None, split, reader, readers, seed)
+        keys = [json.dumps(_without_nulls(dict(r)), sort_keys=True, default=str) for r in ds]
+        if any(k not in length for k in keys):
+            return None
+        out.append(tuple(length[k] for k in keys if length[k]))
+    return tuple(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runner.facts.catalog import LAYER_LINEAR
+from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes
 from runner.plan.constants import (
     ADAM_STATES_PER_PARAM,
@@ -99,7 +100,7 @@ class Step:
 
 def step_sizes(plan: Plan) -> Step:
     spec = plan.spec
-    trl = spec.engine == "trl"
+    trl = engine_for(spec.engine).hf_trainer  # accelerate's FSDP2 and the Trainer's casts
     b = DTYPE_BYTES[plan.dtype]
     cuda = plan.device == "cuda"
     prec = plan.precision  # compute dtype and the trainable weights' dtype, as the engine decides

@@ -23,6 +23,7 @@ from runner.data.datafiles import (  # noqa: F401 - re-exported
 from runner.errors import Problem, SpecError
 from runner.data.formats import FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
+from runner.engines import engine_for
 from runner.spec import RunSpec, resolve_embedded
 from runner.events.tracking import tracker_problems
 
@@ -51,15 +52,12 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     if config is not None:
         out += _packing_problems(spec, config)
         out += _lora_problems(spec, config)
-        if spec.engine == "trl":
-            from runner.train.trl_engine import trl_problems
-
-            out += trl_problems(spec, config, _device(spec), lora=False)
+        out += engine_for(spec.engine).check_problems(spec, config, _device(spec))
     out += _attention_problems(spec, config)
     out += _hardware_problems(spec)
     out += tracker_problems(list(spec.report.to))
-    if spec.method.kind == "lora" and spec.output.save == "full" and spec.engine == "native":
-        out.append(Problem("output.save", "full export of a LoRA run is not supported by the native engine",
+    if spec.method.kind == "lora" and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
+        out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",
                            "use output.save=adapter (load it on the base model with peft)"))
     return out
 
@@ -74,7 +72,7 @@ def precision_advice(spec: RunSpec) -> str | None:
     """A warning when plain bf16 parameters would round most AdamW updates away (train.optimizer_precision=bf16:
     parameters and states in bf16, rounded to nearest; AdamW moves each weight by about lr per step)."""
     t = spec.train
-    if spec.engine != "native" or t.optimizer_precision != "bf16":
+    if engine_for(spec.engine).fixed_optimizer_precision or t.optimizer_precision != "bf16":
         return None
     if t.lr >= TYPICAL_WEIGHT * BF16_ULP:
         return None
@@ -274,7 +272,7 @@ def _packing_problems(spec: RunSpec, config: Any) -> list[Problem]:
         return []
     from runner.train.attention import packing_support, recurrent_layer_types
 
-    if spec.engine == "trl" and recurrent_layer_types(config):
+    if engine_for(spec.engine).boundaries_from_collator and recurrent_layer_types(config):
         from runner.train.trl_engine import collator_passes_boundaries
 
         if not collator_passes_boundaries():
@@ -312,7 +310,7 @@ def _attention_problems(spec: RunSpec, config: Any = None) -> list[Problem]:
     (runner.facts.decisions via runner.train.attention.attention_for); the trl engine's own check covers it there."""
     from runner.train.attention import attention_for, attention_problem
 
-    if config is None or spec.engine == "trl":
+    if config is None or engine_for(spec.engine).checks_own_attention:
         impl = spec.model.attn_implementation
         problem = None if impl == "auto" or config is not None else attention_problem(impl, _device(spec))
         return [Problem("model.attn_implementation", f"{impl} cannot run here: {problem}", "use auto")] \

@@ -27,6 +27,7 @@ from runner.plan.data_size import DataSize
 from runner.plan.memory import Memory
 from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.facts.flops import hardware_flops
+from runner.engines import engine_for
 from runner.spec import RunSpec
 
 
@@ -36,7 +37,7 @@ def recompute_skipped_params(plan: Plan) -> int:
     a dense MLP's output projection, so it is not recomputed; a MoE layer's expert outputs feed the routing
     weights' gradient and are. Offloaded layers keep transformers' eager checkpoint."""
     spec = plan.spec
-    if spec.engine != "native" or not spec.train.compile or plan.device != "cuda" \
+    if not engine_for(spec.engine).checkpoint_inside_compile or not spec.train.compile or plan.device != "cuda" \
             or offloads_activations(spec, plan.device):
         return 0
     arch = plan.arch
@@ -70,7 +71,7 @@ def tokens_per_step(spec: RunSpec, world: int, doc_len: int) -> int:
     """Tokens of one optimizer step over all ranks: whole blocks when packed, one document per sequence when not."""
     t = spec.train
     per_rank_seqs = t.micro_batch * t.grad_accum
-    if spec.engine == "native" or t.packing:
+    if engine_for(spec.engine).packs(t.packing):
         return t.seq_len * per_rank_seqs * world
     return min(doc_len, t.seq_len) * per_rank_seqs * world
 
@@ -79,17 +80,62 @@ def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
                   packing_efficiency: float | None = None) -> int | None:
     """train.max_steps, else the steps of train.epochs over the dataset; None when its size is unknown.
 
-    Packed, the blocks hold `packing_efficiency` real tokens per block token (bfd leaves room at block ends) and
-    the eval share of the rows (dataset.eval_fraction) never trains."""
+    Exact when every row's length is known (`shard_steps`). Otherwise: packed, the blocks hold
+    `packing_efficiency` real tokens per block token (bfd leaves room at block ends) and the eval share of the rows
+    (dataset.eval_fraction) never trains; not packed, one block a row."""
     t = spec.train
     if t.max_steps is not None:
         return t.max_steps
-    if (spec.engine == "native" or t.packing) and data.tokens:
+    exact = shard_steps(spec, data, world)
+    if exact is not None:
+        return exact
+    packs = engine_for(spec.engine).packs(t.packing)
+    if packs and data.tokens:
         trained = data.tokens * (1.0 - spec.dataset.eval_fraction) * t.epochs
         return max(1, math.ceil(trained / (tokens * (packing_efficiency or 1.0))))
-    if not (spec.engine == "native" or t.packing) and data.rows:
+    if not packs and data.rows:
         return max(1, math.ceil(data.rows * t.epochs / (t.micro_batch * t.grad_accum * world)))
     return None
+
+
+def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
+    """The steps a run of one epoch makes when every row's length is known (`DataSize.row_lengths`): each rank's
+    shard, read by the rank's own reader (runner.train.data.load_examples: shuffled, then every n-th row; a reader
+    is a rank, or a rank's DataLoader worker), cut into blocks as the rank's packer cuts them, then the engine's
+    rule for ranks with unequal blocks. None when it cannot be exact: other than one epoch, held-out rows, or
+    lengths not all known."""
+    t = spec.train
+    if not data.row_lengths or t.epochs != 1 or spec.dataset.eval_fraction or not spec.dataset.path:
+        return None
+    from runner.plan.data_size import reader_lengths
+    from runner.train.packing import packing_preview
+
+    engine = engine_for(spec.engine)
+    workers = max(1, t.data_workers) if engine.data_workers else 1
+    shards = reader_lengths(spec, data, world * workers)
+    if shards is None:
+        return None
+    blocks = []
+    for rank in range(world):
+        n = 0
+        for lengths in shards[rank * workers:(rank + 1) * workers]:
+            if engine.packs(t.packing):
+                n += packing_preview(lengths, t.seq_len, t.packing_strategy)["blocks"]
+            else:
+                n += sum(math.ceil(x / t.seq_len) for x in lengths)
+        blocks.append(n)
+    return steps_over_ranks(engine.pads_ranks_to_longest, blocks, t.micro_batch, t.grad_accum)
+
+
+def steps_over_ranks(pads_to_longest: bool, blocks: list[int], micro_batch: int, grad_accum: int) -> int:
+    """Optimizer steps for ranks holding `blocks` each. Padded to the longest rank, as the Trainer counts them
+    (ceil of batches over grad_accum). Otherwise the loop stops after the step in which the first rank runs out,
+    a step that runs when some rank still had a block for it (runner.train.native.train)."""
+    if pads_to_longest:
+        return math.ceil(math.ceil(max(blocks) / micro_batch) / grad_accum)
+    per_step = micro_batch * grad_accum
+    filled = min(b // per_step for b in blocks)  # steps every rank fills
+    return filled + 1 if any(b > filled * per_step for b in blocks) else filled
 
 
 def setup_seconds(plan: Plan) -> float:
@@ -106,11 +152,12 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
     spec, arch, t, gpu = plan.spec, plan.arch, plan.spec.train, plan.gpu
     assert gpu is not None
     hfu, source = calibration(plan)
-    unwrapped = spec.engine == "native" and not plan.sharded
+    hf_trainer = engine_for(spec.engine).hf_trainer
+    unwrapped = not hf_trainer and not plan.sharded
     if unwrapped:
         hfu *= UNWRAPPED_RATE_FACTOR
         source += f"; × {UNWRAPPED_RATE_FACTOR} for one unwrapped rank"
-    elif spec.engine == "trl" and not plan.sharded:
+    elif hf_trainer and not plan.sharded:
         hfu *= TRL_UNWRAPPED_RATE_FACTOR
         source += f"; × {TRL_UNWRAPPED_RATE_FACTOR} for one unwrapped process (autocast casts)"
     rate = plan.world * gpu.ceiling_tflops * 1e12 * hfu
@@ -131,6 +178,6 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
         # Each offloaded input comes back over the host link on the compute stream, just before its recompute
         # (the forward copies run on a side stream, overlapped).
         step_s += t.grad_accum * mem.host_offload / (HOST_LINK_GB_S * 1e9)
-    step_s += TRL_STEP_OVERHEAD_S if spec.engine == "trl" else \
+    step_s += TRL_STEP_OVERHEAD_S if hf_trainer else \
         UNWRAPPED_STEP_OVERHEAD_S if unwrapped else GPU_STEP_OVERHEAD_S
     return step_s, hfu, source

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from runner.errors import UserError
+from runner.engines import engine_for
 from runner.plan.core import predict
 from runner.plan.result import Estimate
 from runner.spec import RunSpec, load_spec
@@ -11,7 +12,7 @@ from runner.spec import RunSpec, load_spec
 def _candidates(spec: RunSpec, nproc: int, loss_impl: str) -> list[tuple[str, list[str]]]:
     t, hw = spec.train, spec.hardware
     out: list[tuple[str, list[str]]] = []
-    if spec.engine == "native" and loss_impl == "full":
+    if engine_for(spec.engine).fixed_loss is None and loss_impl == "full":
         out.append(("chunked loss", ["train.loss_impl=chunked"]))
     if not t.activation_checkpointing:
         out.append(("activation checkpointing on", ["train.activation_checkpointing=true"]))
@@ -45,8 +46,9 @@ def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
             continue
         tried.append((label, alt))
         if alt.verdict in target:
+            per = "rank" if spec.hardware.device == "cpu" else "GPU"  # a CPU run's memory is host RAM per rank
             return (f"{label} ({' '.join('--set ' + o for o in overrides)}): predicted {alt.per_gpu_gib:.1f} of "
-                    f"{alt.gpu_memory_gib:.1f} GiB per GPU")
+                    f"{alt.gpu_memory_gib:.1f} GiB per {per}")
     if est.verdict == "tight":
         return "tight: no single change makes room; consider more GPUs or fewer tokens per block"
     return "no single change fits: combine them (e.g. LoRA with fewer tokens per block) or plan for a larger GPU"

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
+from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
@@ -285,7 +286,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     fingerprint = hashlib.sha256()
     doc_hists: dict[str, Any] = {}  # rank → its documents' length histogram (end event data.doc_lengths)
     for r in range(world_size):
-        evs = read_events(events_dir / f"rank{r}.jsonl")
+        evs = read_events(RunPaths.of_events(events_dir).rank_events(r))
         steps = latest_steps(evs)  # a resumed run's repeated steps: the last line counts (StepIndex)
         ends: list[EndEvent] = events_of(evs, EndEvent)
         start: StartEvent | None = first_event(evs, StartEvent)
@@ -336,7 +337,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     for key in ("export", "trainable_params", "params"):
         if key in rank0_info:
             out[key] = rank0_info[key]
-    rank0_events = read_events(events_dir / "rank0.jsonl")
+    rank0_events = read_events(RunPaths.of_events(events_dir).rank_events(0))
     global_losses = global_loss_curve(rank0_events)
     if global_losses:
         # The loss over every rank's target tokens: defined whenever any rank had a target, unlike one rank's.
@@ -399,7 +400,8 @@ def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
 
 def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
     """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
-    lengths of the documents trained on (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank)."""
+    lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
+    document counts as the pieces that trained)."""
     data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
     if not data:
         return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -11,8 +12,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from runner.events.paths import RunPaths
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
+from runner.engines import engine_for
 from runner.spec import RunSpec
 
 
@@ -29,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from runner.train import runtime
 
-    runtime.redirect_output(run_dir / "logs" / f"rank{rank}.log")
-    events = EventWriter(run_dir / "events" / f"rank{rank}.jsonl", rank)
+    paths = RunPaths(run_dir)
+    runtime.redirect_output(paths.rank_log(rank))
+    events = EventWriter(paths.rank_events(rank), rank)
     events.start(local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
                  world_size=int(os.environ["WORLD_SIZE"]), pid=os.getpid(), host=socket.gethostname(),
                  max_steps=spec.train.max_steps)
@@ -38,14 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rt = runtime.init(spec.hardware.device)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
-        if spec.engine == "trl":
-            from runner.train.trl_engine import train
-        else:
-            from runner.train.native import train
+        train = importlib.import_module(engine_for(spec.engine).entry).train
         summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.end(step=step, **summary)
-        print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss {summary['final_loss']}", flush=True)
+        loss = summary["final_loss"]  # 4 decimals, as the dashboard's rank table and the summary give it
+        print(f"[rank {rank}] {summary['reason']} after {step} steps, final loss "
+              f"{f'{loss:.4f}' if isinstance(loss, float) else loss}", flush=True)
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the event file before we exit
         traceback.print_exc()

@@ -31,10 +31,10 @@ class PackedBlock:
     examples: int = 0
     skipped_no_assistant: int = 0
     split_documents: int = 0
-    # Tokens of each document that begins in this block, before any split: the statistics of what was trained on
-    # follow the blocks drawn (a block built but never drawn adds none).
+    # Tokens of each document segment in this block (a whole document, or the piece of a split one held here): the
+    # statistics of what was trained on follow the blocks drawn (a block built but never drawn adds none).
     doc_lengths: tuple[int, ...] = ()
-    doc_splits: int = 0  # of those documents, the ones that continue in a later block
+    doc_splits: int = 0  # of those segments, the pieces of documents split across blocks
 
     def document_segment_lengths(self) -> list[int]:
         """Lengths of the segments that hold real tokens (documents or their pieces), padding left out."""

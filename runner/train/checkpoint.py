@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from runner.events.paths import RunPaths
 
-CHECKPOINTS_DIR = "checkpoints"
 META = "meta.json"
 
 
 def checkpoints_root(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINTS_DIR
+    return RunPaths(run_dir).checkpoints
 
 
 def step_dir(run_dir: Path, step: int) -> Path:

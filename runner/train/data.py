@@ -22,9 +22,11 @@ Rules, in the order the data meets them:
   length) and no targets.
 * No packing (`train.packing=false`): one document per block, padded to seq_len; a longer document is split into
   seq_len pieces the same way. For models whose layers cannot keep packed documents apart.
-* Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the whole
-  length of every document that begins in it (`doc_lengths`, `doc_splits`), so PackStats, fed the blocks a rank
-  trains on, reports the lengths of the documents trained on (runner.data.doclengths; the record merges the ranks').
+* Statistics: each block carries what the stream consumed for it (examples, skipped, split documents) and the
+  length of every document segment it holds (`doc_lengths`: a whole conversation, or the piece of a split one that
+  lies in this block; `doc_splits`: how many are pieces), so PackStats, fed the blocks a rank trains on, reports
+  the documents as they trained (runner.data.doclengths; the record merges the ranks'): their tokens add up to the
+  real tokens trained, and a run that trained only pieces of long conversations still counts them.
 """
 
 from __future__ import annotations
@@ -208,8 +210,8 @@ class PackStats:
     padded_tokens: int = 0
     fingerprint: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
     fingerprint_blocks: int = 0
-    doc_lengths: Counter = field(default_factory=Counter, repr=False)  # length → documents, of the blocks added
-    doc_splits: int = 0  # of those documents, the ones split across blocks
+    doc_lengths: Counter = field(default_factory=Counter, repr=False)  # length → document segments, blocks added
+    doc_splits: int = 0  # of those segments, the pieces of documents split across blocks
 
     def add(self, block: PackedBlock, documents: bool = True) -> None:
         """Count a block; `documents=False` leaves its documents out of the length statistics (a block that was
@@ -228,7 +230,7 @@ class PackStats:
             self.fingerprint_blocks += 1
 
     def add_documents(self, block: PackedBlock, times: int = 1) -> None:
-        """The documents that begin in this block, trained on `times` times."""
+        """The document segments of this block (whole documents or pieces), trained on `times` times."""
         for n in block.doc_lengths:
             self.doc_lengths[n] += times
         self.doc_splits += block.doc_splits * times
@@ -245,7 +247,8 @@ class PackStats:
             "packing_efficiency": round(self.real_tokens / total, 4) if total else None,
             "target_share": round(self.target_tokens / total, 4) if total else None,
             "fingerprint": self.fingerprint.hexdigest(),
-            # Documents trained on (tokens before any split): a summary, and the histogram the record merges.
+            # Documents as trained (whole, or the piece in a trained block): a summary, and the histogram the record
+            # merges; their tokens are the real tokens trained.
             "doc_tokens": {**doclengths.summary(self.doc_lengths), "split": self.doc_splits},
             "doc_lengths": doclengths.histogram(self.doc_lengths),
         }
@@ -271,12 +274,13 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
     buf: list[int] = []
     loss: list[bool] = []
     starts: list[int] = []  # offsets in buf where documents begin; 0 may mean "a new document starts the block"
-    lengths: list[int] = []  # the whole length of the document beginning at each of `starts`
     pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
 
-    def emit(ids: list[int], mask: list[bool], st: list[int], docs: list[int], splits: int = 0) -> PackedBlock:
+    def emit(ids: list[int], mask: list[bool], st: list[int], continued: bool, cut: bool) -> PackedBlock:
+        """`continued`: the block begins inside a document; `cut`: its last document goes on in the next block."""
         block = carry_counts(make_block(ids, mask, st, seq_len, pad_id), pending)
-        block.doc_lengths, block.doc_splits = tuple(docs), splits
+        segments = block.document_segment_lengths()
+        block.doc_lengths, block.doc_splits = tuple(segments), min(len(segments), int(continued) + int(cut))
         if stats is not None:
             stats.add(block)
         return block
@@ -290,11 +294,9 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
             if len(ids) > seq_len:
                 pending["split_documents"] += 1
             for a in range(0, len(ids), seq_len):
-                yield emit(ids[a:a + seq_len], mask[a:a + seq_len], [0], [len(ids)] if a == 0 else [],
-                           int(a == 0 and len(ids) > seq_len))
+                yield emit(ids[a:a + seq_len], mask[a:a + seq_len], [0], a > 0, a + seq_len < len(ids))
             continue
         starts.append(len(buf))
-        lengths.append(len(ids))
         buf.extend(ids)
         loss.extend(mask)
         while len(buf) >= seq_len:
@@ -302,14 +304,12 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
             # when it started in this block (a document spanning several blocks is one split document).
             if len(buf) > seq_len and seq_len not in starts and any(s < seq_len for s in starts):
                 pending["split_documents"] += 1
-            here = [(s, n) for s, n in zip(starts, lengths) if s < seq_len]
-            yield emit(buf[:seq_len], loss[:seq_len], starts, [n for _, n in here],
-                       sum(s + n > seq_len for s, n in here))
+            yield emit(buf[:seq_len], loss[:seq_len], starts, not starts or starts[0] != 0,
+                       len(buf) > seq_len and seq_len not in starts)
             buf, loss = buf[seq_len:], loss[seq_len:]
-            lengths = [n for s, n in zip(starts, lengths) if s >= seq_len]
             starts = [s - seq_len for s in starts if s >= seq_len]
     if buf:
-        yield emit(buf, loss, starts, lengths)
+        yield emit(buf, loss, starts, not starts or starts[0] != 0, False)
 
 
 def collate(blocks: list[PackedBlock]) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from runner.events.paths import RunPaths
 
-EXPORT_DIR = "export"
 
 
 def sha256_file(path: Path) -> str:
@@ -41,7 +41,7 @@ def export(kind: str, model: nn.Module, tokenizer: Any, run_dir: Path, rank: int
         return None
     if kind not in ("adapter", "full"):
         raise ValueError(f"output.save must be none, adapter or full, got {kind!r}")
-    out_dir = run_dir / EXPORT_DIR
+    out_dir = RunPaths(run_dir).export
     # For an adapter, peft keeps only the adapter tensors of the state dict it is given, under its own key names.
     state = _gather(model, trainable_only=kind == "adapter")
     if rank != 0:

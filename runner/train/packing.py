@@ -104,10 +104,10 @@ def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad
                 ids.extend(docs[i][0][a:b])
                 mask.extend(docs[i][1][a:b])
             # The consumed counts ride on the first block of the buffer, so they add up wherever blocks go; each
-            # document's length rides on the block holding its first piece.
+            # block carries its document segments (whole documents, or the pieces of split ones it holds).
             block = carry_counts(make_block(ids, mask, starts, seq_len, pad_id), pending)
-            block.doc_lengths = tuple(len(docs[i][0]) for i, a, _ in block_items if a == 0)
-            block.doc_splits = sum(a == 0 and b < len(docs[i][0]) for i, a, b in block_items)
+            block.doc_lengths = tuple(b - a for _, a, b in block_items)
+            block.doc_splits = sum((a, b) != (0, len(docs[i][0])) for i, a, b in block_items)
             if stats is not None:
                 stats.add(block)
             yield block

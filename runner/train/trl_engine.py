@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runner.events.paths import RunPaths
 from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
@@ -416,11 +417,11 @@ def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: A
 
     Collective (FSDP gathers the weights); rank 0 writes and returns {dir, kind, files: {name: sha256}}.
     """
-    from runner.train.export import EXPORT_DIR, file_hashes
+    from runner.train.export import file_hashes
 
     if spec.output.save == "none":
         return None
-    out = run_dir / EXPORT_DIR
+    out = RunPaths(run_dir).export
     if spec.output.save == "full" and spec.method.kind == "lora":
         _export_merged(trainer, spec, rt, out)
     else:
@@ -495,7 +496,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     if fsdp is None and bf16:
         fp32_master_weights(model)
     liger = use_liger(spec, rt.device, config)
-    args = sft_config(spec, rt, run_dir / "checkpoints", fsdp, bf16, liger)
+    args = sft_config(spec, rt, RunPaths(run_dir).checkpoints, fsdp, bf16, liger)
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":
         from accelerate.utils import FullyShardedDataParallelPlugin

@@ -243,18 +243,22 @@ def test_ragged_end_stops_both_ranks_on_the_same_step(tmp_path):
     assert ends[0]["steps"] == ends[1]["steps"] == 2
     assert _steps(run_dir, short_rank)[2]["target_tokens"] == 0
     assert _steps(run_dir, 1 - short_rank)[2]["target_tokens"] > 0
-    # Every conversation was trained on (the long one's length rides on its first block, which was drawn): the
-    # record's document statistics are the chat-templated conversations' own lengths, the long one unsplit.
+    # The record's document statistics count what trained: the short rank's conversations whole and the two pieces of
+    # the long one that the long rank drew (the rest never trained), whose tokens are the real tokens trained.
     tok = AutoTokenizer.from_pretrained(EMBEDDED / "model")
     rendered = [tok.apply_chat_template(m, tokenize=True) for m in (long_turns, short, short)]
     n = sorted(len(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered)
     assert n[-1] > 2 * spec.train.seq_len
     seq, rest = spec.train.seq_len, n[-1] % spec.train.seq_len
-    assert ends[1 - short_rank]["data"]["real_tokens"] in {2 * seq, seq + rest}
+    long_real = ends[1 - short_rank]["data"]["real_tokens"]
+    assert long_real in {2 * seq, seq + rest}
     packing = active.record["metrics"]["packing"]
-    assert packing["doc_tokens"] == {"count": 3, "tokens": sum(n), "mean": round(sum(n) / 3, 1), "p50": n[1],
-                                     "p90": n[2], "max": n[2], "split": 1}
-    assert packing["split_documents"] == 1 and sum(e["data"]["doc_tokens"]["count"] for e in ends) == 3
+    docs = packing["doc_tokens"]
+    shorts = ends[short_rank]["data"]["examples"]
+    assert {k: docs[k] for k in ("count", "tokens", "max", "split")} == {
+        "count": 2 + shorts, "tokens": long_real + shorts * n[0], "max": seq, "split": 2}
+    assert docs["tokens"] == packing["real_tokens"]
+    assert packing["split_documents"] == 1 and sum(e["data"]["doc_tokens"]["count"] for e in ends) == 2 + shorts
     assert all("doc_lengths" not in d["data"] for d in active.record["metrics"]["per_rank"].values())
 
 

@@ -31,21 +31,35 @@ CAPACITY_GIB = {"H100-80GB": 79.65, "H200": 140.4, "B200": 179.06, "B300": 268.5
 
 
 def fake_estimate(spec: RunSpec) -> dict[str, Any]:
-    """A deterministic stand-in with the estimator's keys: memory grows with tokens per block."""
-    gpu = spec.hardware.gpu if spec.hardware.device == "cuda" else "cpu"
+    """A deterministic stand-in with every field of the real `Estimate` (test_fake_backends holds it to them):
+    memory grows with tokens per block."""
+    device = spec.hardware.device
+    gpu = spec.hardware.gpu if device == "cuda" else "cpu"
     capacity = CAPACITY_GIB.get(gpu, 23.4)
+    # A CPU rank's own memory is its process; a GPU's, the CUDA context and NCCL (the estimator's part names).
     parts = {"params": 3.2, "grads": 3.2, "optimizer": 12.8, "activations": round(spec.train.seq_len / 1024 * 2.5, 2),
-             "cuda_context_nccl": 1.5}
+             "process" if device == "cpu" else "cuda_context_nccl": 1.5}
     total = round(sum(parts.values()), 2)
     headroom = round(capacity - total, 2)
     verdict = "fits" if headroom > 0.1 * capacity else "tight" if headroom > 0 else "does not fit"
     steps = spec.train.max_steps or 1000
+    t = spec.train
+    tokens = t.seq_len * t.micro_batch * t.grad_accum * spec.world_size
     return {"fits": headroom > 0, "verdict": verdict, "headroom_gib": headroom, "per_gpu_gib": total,
-            "per_gpu_allocated_gib": round(total - 1.5, 2), "gpu_memory_gib": capacity, "gpu": gpu,
-            "world_size": spec.world_size, "breakdown": parts, "step_s": 0.75, "steps": steps,
-            "total_s": 0.75 * steps, "approximate": spec.hardware.device == "cpu",
+            "per_gpu_allocated_gib": round(total - 1.5, 2), "per_gpu_reserved_gib": total,
+            "gpu_memory_gib": capacity, "gpu": gpu, "world_size": spec.world_size, "breakdown": parts,
+            "step_s": 0.75, "steps": steps, "total_s": 0.75 * steps, "tokens_per_step": tokens,
+            "flops_per_step": 6.0 * 230_080 * tokens, "hfu_assumed": 0.4, "approximate": device == "cpu",
+            "approximate_reason": "",
             "suggestion": None if headroom > 0 else "turn on train.activation_checkpointing or halve train.seq_len",
-            "arch": fake_arch(spec)}
+            "arch": fake_arch(spec), "peak_phase": "backward_start", "per_gpu_basis": "", "device": device,
+            "engine": spec.engine, "method": spec.method.kind, "seq_len": t.seq_len,
+            "attn_implementation": spec.model.attn_implementation, "loss_impl": t.loss_impl,
+            "activation_checkpointing": t.activation_checkpointing, "params_trainable": 230_080,
+            "arch_source": "path", "doc_len": 49, "dataset_tokens": None, "hfu_source": "", "phases_gib": {},
+            "host_offload_gib": 0.0,
+            "peak_mem_gib": {"rss": total} if device == "cpu" else {"allocated": total - 1.5, "reserved": total},
+            "approximate_scope": "", "dataset_format": None, "packing": None}
 
 
 def fake_sweep(spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
@@ -55,7 +69,7 @@ def fake_sweep(spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[st
     for combo in itertools.product(*(v for _, v in axes)):
         values = dict(zip((k for k, _ in axes), combo))
         row_spec = load_spec(spec.to_dict(), [f"{k}={v}" for k, v in values.items()])
-        rows.append({**fake_estimate(row_spec), "swept": values})
+        rows.append({**values, "swept": values, **fake_estimate(row_spec)})  # a real sweep row's layout
     return rows
 
 
@@ -185,17 +199,57 @@ def fixed_python(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- Pilot helpers ------------------------------------------------------------------------------------
 
 
-async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout_s: float, what: str,
-                   step_s: float = 0.1) -> None:
+POLL_S = 0.05  # how often a condition is looked at again while the app runs; never a wait for something to happen
+
+
+async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Let the app run until `predicate()` holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
+        await pilot.pause()  # the messages queued for the app and the screen are handled, then the app is idle
         if predicate():
             # Let a screen that just appeared finish mounting (Header sets its title in a task of its own).
-            await pilot.pause(0.05)
+            await pilot.pause()
             return
-        await pilot.pause(step_s)
-    assert predicate(), f"timed out after {timeout_s:.0f} s waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        await asyncio.sleep(POLL_S)  # workers and timers run meanwhile
+
+
+def quiet(app: Any) -> bool:
+    """Nothing pending could still change what the screen shows: its panes are mounted, no debounce timer is armed,
+    no worker is running, and on the Plan or Launch step the plan, sweep and preflight are in."""
+    screen = app.screen
+    if getattr(screen, "_debounce", None) or not getattr(screen, "ready", True):
+        return False
+    if getattr(screen, "step", None) in ("plan", "launch") and not screen.plan_complete:
+        return False
+    return all(worker.is_finished for worker in app.workers)
+
+
+async def settle(pilot: Any, timeout_s: float = 60) -> None:
+    """Wait until the app is quiet three looks in a row (a worker's result can schedule more work): what an action
+    could have caused has happened by then, so a check that something did not happen means it."""
+    deadline = time.monotonic() + timeout_s
+    looks = 0
+    while looks < 3:
+        await pilot.pause()
+        looks = looks + 1 if quiet(pilot.app) else 0
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for the app to settle"
+        if not looks:
+            await asyncio.sleep(POLL_S)
+
+
+def record_notices(app: Any) -> list[tuple[str, str]]:
+    """Every notification the app shows from now on, as (title, message): kept after its toast times out."""
+    seen: list[tuple[str, str]] = []
+    notify = app.notify
+
+    def recorded(message: str, *, title: str = "", **kw: Any) -> Any:
+        seen.append((title, message))
+        return notify(message, title=title, **kw)
+
+    app.notify = recorded
+    return seen
 
 
 async def ready(pilot: Any) -> Any:

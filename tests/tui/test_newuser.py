@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import Button, DataTable, Input
 
-from tests.tui.conftest import (CLOCK_T, DASH_ID, RUN_ID_B, fake_estimate, fixed_backends, ready, run_async,
-                                synthetic_record, wait_for)
+from tests.tui.conftest import (CLOCK_T, DASH_ID, RUN_ID_B, fake_estimate, fixed_backends, ready, record_notices,
+                                run_async, settle, synthetic_record, wait_for)
 from tests.tui.helpers import fill, table_rows, terminal_text, text_of
 from tui import format as fmt
 from tui.app import make_app
@@ -51,8 +51,10 @@ def test_a_dataset_it_cannot_read_keeps_launch_off(tmp_path: Path) -> None:
             bar = text_of(wiz.query_one("#problems"))
             assert bar.startswith("✗ 1 problem") and "spec is valid" not in bar
             assert "✗1" in str(wiz.query_one("#steps").get_option_at_index(1).prompt)
+            notices = record_notices(app)
             await pilot.press("ctrl+l")
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: any(t == "Cannot launch" for t, _ in notices), 10, "launch refused")
+            await settle(pilot)
             assert isinstance(app.screen, WizardScreen)  # no "Launch anyway": nothing to force
             wiz.go("launch")
             await wait_for(pilot, lambda: wiz.plan_complete, 60, "the plan and preflight")
@@ -73,10 +75,13 @@ def test_launch_pressed_while_checking_waits_for_preflight_then_refuses(tmp_path
         app = _app(tmp_path, "model", backends=backends)
         async with app.run_test(size=(100, 30)) as pilot:
             wiz = await ready(pilot)
+            notices = record_notices(app)
             await pilot.press("ctrl+l")
             await wait_for(pilot, lambda: wiz.plan_complete, 30, "preflight")
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, WizardScreen) and not wiz.launching
+            # the queued launch is decided once preflight is in: refused, with the problem named
+            await wait_for(pilot, lambda: any(t == "Cannot launch" for t, _ in notices), 10, "launch refused")
+            await settle(pilot)
+            assert isinstance(app.screen, WizardScreen) and not wiz.launching and not wiz.launch_queued
             assert wiz.blockers() == found and wiz.query_one("#launch", Button).disabled
 
     run_async(go())
@@ -92,12 +97,12 @@ def test_only_a_not_fit_verdict_offers_to_force(tmp_path: Path) -> None:
         app = _app(tmp_path, "launch")
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
+            notices = record_notices(app)
             app.post_message(LaunchFailed("preflight found problems"))
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: ("Not launched", "preflight found problems") in notices, 10, "the notice")
             assert not isinstance(app.screen, ConfirmScreen)
             app.post_message(LaunchFailed("predicted not to fit", spec=object()))  # type: ignore[arg-type]
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, ConfirmScreen)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the Launch anyway question")
 
     run_async(go())
 
@@ -107,18 +112,19 @@ def test_focus_and_help_follow_the_step(tmp_path: Path) -> None:
         app = _app(tmp_path, "wizard")
         async with app.run_test(size=(100, 30)) as pilot:
             wiz = await ready(pilot)
-            await pilot.pause(0.1)
-            assert app.focused is wiz.query_one("#f-model-id Input")
+            await wait_for(pilot, lambda: app.focused is wiz.query_one("#f-model-id Input"), 10, "model.id focused")
             await pilot.press("ctrl+n")
-            await pilot.pause(0.1)
-            assert wiz.step == "dataset" and app.focused is wiz.query_one("#f-dataset-id Input")
-            assert text_of(wiz.query_one("#help")).startswith("dataset.id ")
+            await wait_for(pilot, lambda: app.focused is wiz.query_one("#f-dataset-id Input"), 10,
+                           "dataset.id focused")
+            assert wiz.step == "dataset"
+            await wait_for(pilot, lambda: text_of(wiz.query_one("#help")).startswith("dataset.id "), 10,
+                           "dataset.id's meaning")
             await pilot.press("tab")
-            await pilot.pause(0.1)
-            assert text_of(wiz.query_one("#help")).startswith("dataset.path ")
+            await wait_for(pilot, lambda: text_of(wiz.query_one("#help")).startswith("dataset.path "), 10,
+                           "dataset.path's meaning")
             await pilot.press("ctrl+n", "ctrl+n", "ctrl+n")
-            await pilot.pause(0.1)
-            assert wiz.step == "plan" and app.focused is wiz.query_one("#pane-plan")
+            await wait_for(pilot, lambda: app.focused is wiz.query_one("#pane-plan"), 10, "the plan pane focused")
+            assert wiz.step == "plan"
             assert "scroll the plan" in text_of(wiz.query_one("#help"))
 
     run_async(go())
@@ -132,23 +138,22 @@ def test_end_on_the_step_list_scrolls_the_plan_and_stays_on_it(tmp_path: Path, f
             await wait_for(pilot, lambda: wiz.plan_complete and wiz.sweep is not None, 30, "the plan")
             pane = wiz.query_one("#pane-plan")
             wiz.query_one("#steps").focus()
-            for key in ("end", "pagedown", "home", "pageup"):
+            for key, at_end in (("end", True), ("pagedown", True), ("home", False), ("pageup", False)):
                 await pilot.press(key)
-                await pilot.pause(0.1)
+                # the key is decided once the pane has scrolled where it sends it
+                await wait_for(pilot, lambda: pane.scroll_y == (pane.max_scroll_y if at_end else 0), 10, key)
                 assert wiz.step == "plan", key
             await pilot.press("end")
-            await pilot.pause(0.2)
-            assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y
+            await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 10, "the plan's end")
+            assert pane.max_scroll_y > 0
             assert "runner.train --spec" in terminal_text(app)  # the torchrun command's end is on screen
             pane.focus()
             await pilot.press("home")
-            await pilot.pause(0.2)
-            assert pane.scroll_y == 0
+            await wait_for(pilot, lambda: pane.scroll_y == 0, 10, "the plan's top")
             await pilot.press("down")  # arrows on the list still walk the steps
             wiz.query_one("#steps").focus()
             await pilot.press("down")
-            await pilot.pause(0.1)
-            assert wiz.step == "launch"
+            await wait_for(pilot, lambda: wiz.step == "launch", 10, "the Launch step")
 
     run_async(go())
 
@@ -159,14 +164,11 @@ def test_ctrl_q_quits_after_escape_on_the_load_dialog(tmp_path: Path) -> None:
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             await pilot.press("ctrl+o")
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, PathPrompt)
+            await wait_for(pilot, lambda: isinstance(app.screen, PathPrompt), 10, "the load dialog")
             await pilot.press("escape")
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, WizardScreen)
+            await wait_for(pilot, lambda: isinstance(app.screen, WizardScreen), 10, "the wizard again")
             await pilot.press("ctrl+q")
-            await pilot.pause(0.2)
-            assert not app.is_running
+            await wait_for(pilot, lambda: not app.is_running, 10, "the app to quit")
 
     run_async(go())
 
@@ -182,17 +184,17 @@ def test_title_names_the_recipe_and_save_proposes_a_new_name(tmp_path: Path, mon
             wiz = await ready(pilot)
             assert wiz.sub_title == "recipe tiny-cpu"
             fill(wiz, "model.id", "org/My-Model-7B")
-            await pilot.pause()
+            await wait_for(pilot, lambda: wiz.data["model"]["id"] == "org/My-Model-7B", 10, "the typed model id")
             await pilot.press("ctrl+s")
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: isinstance(app.screen, SaveRecipePrompt), 10, "the save dialog")
             prompt = app.screen
-            assert isinstance(prompt, SaveRecipePrompt)
             assert prompt.query_one("#save-name", Input).value == "my-model-7b-full"
             assert prompt.query_one("#save-description", Input).value == \
                 "full fine-tune of org/My-Model-7B on sft-tui/tiny-chat"
             assert prompt.query_one("#save-path", Input).value == "recipes/my-model-7b-full.yaml"
             await pilot.press("enter")
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: (tmp_path / "recipes" / "my-model-7b-full.yaml").is_file(), 10,
+                           "the recipe saved")
             saved = (tmp_path / "recipes" / "my-model-7b-full.yaml").read_text()
             assert "name: my-model-7b-full" in saved and "org/My-Model-7B" in saved
             assert wiz.data["name"] == "my-model-7b-full"
@@ -225,7 +227,8 @@ def test_one_memory_figure_with_one_label_everywhere(tmp_path: Path, synth: Path
         app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
                        backends=fixed_backends(), clock=lambda: CLOCK_T, poll_s=60.0)
         async with app.run_test(size=(100, 30)) as pilot:
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and
+                           "estimate" in text_of(app.screen.query_one("#gpus")), 10, "the dashboard's GPU panel")
             assert "estimate 44.80 GiB needed per GPU" in text_of(app.screen.query_one("#gpus"))
         wiz = _app(tmp_path, "plan")
         async with wiz.run_test(size=(100, 30)) as pilot:
@@ -241,7 +244,8 @@ def test_records_browser_shows_steps_and_dataset_at_80_columns(synth: Path) -> N
     async def go() -> None:
         app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: isinstance(app.screen, RecordsScreen) and
+                           app.screen.query_one("#records", DataTable).row_count == 3, 10, "the three records")
             shown = terminal_text(app)
             table = app.screen.query_one("#records", DataTable)
             rows = table_rows(table)
@@ -263,13 +267,13 @@ def test_a_finished_run_without_steps_does_not_say_waiting(synth: Path) -> None:
         app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=run_dir, backends=fixed_backends(),
                        clock=lambda: CLOCK_T, poll_s=60.0)
         async with app.run_test(size=(100, 30)) as pilot:
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), 10, "the dashboard")
             dash = app.screen
-            assert isinstance(dash, DashboardScreen)
             dash.record = synthetic_record(DASH_ID, status="failed")
             dash.refresh_view(True)
-            await pilot.pause(0.1)
             chart = dash.query_one("#chart")
+            await wait_for(pilot, lambda: "ended before its first step" in chart.render().plain, 10,
+                           "the chart's sentence")
             assert "waiting" not in chart.render().plain and "ended before its first step" in chart.render().plain
 
     run_async(go())
@@ -302,10 +306,10 @@ def test_replay_dashboard_title_keeps_the_run_id(synth: Path) -> None:
     async def go() -> None:
         app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: isinstance(app.screen, RecordsScreen), 10, "the records list")
             await app.push_screen(DashboardScreen(Path("runs") / DASH_ID, original=original, clock=lambda: CLOCK_T,
                                                   poll_s=60.0))
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: "replay of" in terminal_text(app), 10, "the replay's dashboard")
             shown = terminal_text(app)
             assert DASH_ID in shown.splitlines()[0]
             assert f"replay of {original['id']}" in shown
@@ -318,12 +322,12 @@ def test_summary_and_record_open_at_80_columns(synth: Path) -> None:
         app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{RUN_ID_B}.json",
                        backends=fixed_backends())
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause(0.3)
-            assert isinstance(app.screen, SummaryScreen) and RUN_ID_B in terminal_text(app)
+            await wait_for(pilot, lambda: isinstance(app.screen, SummaryScreen) and RUN_ID_B in terminal_text(app),
+                           10, "the summary naming the run")
             app.push_screen(RecordScreen(app.screen.record, Path("records") / f"{RUN_ID_B}.json"))
-            await pilot.pause(0.3)
-            assert RUN_ID_B in terminal_text(app)
-            assert isinstance(app.screen, RecordScreen) and not isinstance(app.screen, RecordsScreen)
+            await wait_for(pilot, lambda: isinstance(app.screen, RecordScreen) and RUN_ID_B in terminal_text(app),
+                           10, "the record naming the run")
+            assert not isinstance(app.screen, RecordsScreen)
 
     run_async(go())
 
@@ -334,8 +338,9 @@ def test_the_longest_field_meaning_is_whole_at_80_columns(tmp_path: Path) -> Non
         async with app.run_test(size=(80, 24)) as pilot:
             wiz = await ready(pilot)
             wiz.query_one("#f-train-offload-activations Switch").focus()
-            await pilot.pause(0.2)
             help_w = wiz.query_one("#help")
+            await wait_for(pilot, lambda: text_of(help_w).startswith("train.offload_activations"), 10,
+                           "the field's meaning")
             doc = text_of(help_w)
             assert doc.startswith("train.offload_activations (default False)") and doc.endswith("in forward.")
             assert help_w.size.height * (help_w.size.width - 2) >= len(doc)  # the region holds all of it
@@ -376,7 +381,8 @@ def test_fixing_the_input_elsewhere_lifts_a_stale_block(tmp_path: Path) -> None:
             assert wiz.blockers() and "✗1" in str(wiz.query_one("#steps").get_option_at_index(3).prompt)
             wiz.go("method")
             fill(wiz, "train.seq_len", "512")
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: wiz.data["train"]["seq_len"] == 512, 10, "the new seq_len")
+            await settle(pilot)
             assert wiz.blockers() == []  # checked again on the Plan or at launch, not blocked by the old finding
 
     run_async(go())
@@ -389,9 +395,10 @@ def test_a_record_that_failed_before_its_first_step_says_so(synth: Path) -> None
     async def go() -> None:
         app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: isinstance(app.screen, RecordsScreen), 10, "the records list")
             await app.push_screen(RecordScreen(rec, Path("records") / "x.json"))
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: "no step was logged" in app.screen.query_one("#record-chart").render().plain,
+                           10, "the record's chart")
             chart = app.screen.query_one("#record-chart")
             assert "no step was logged: the run failed before its first step" in chart.render().plain
             assert "waiting" not in chart.render().plain

@@ -20,6 +20,7 @@ from tests.tui.helpers import screen_text, table_rows, text_of
 from tui import format as fmt
 from tui.app import make_app
 from tui.screens.dashboard import DashboardScreen
+from tui.screens.modals import ConfirmScreen
 from tui.screens.records import DiffScreen, RecordsScreen
 from tui.screens.summary import SummaryScreen
 from tui.screens.wizard import STEP_IDS, WizardScreen
@@ -60,8 +61,7 @@ def test_walk_wizard_launch_watch_and_record(tmp_path: Path) -> None:
             max_steps = wiz.query_one("#f-train-max-steps Input")
             max_steps.focus()
             await pilot.press("end", *["backspace"] * 5, "8")
-            await pilot.pause()
-            assert wiz.data["train"]["max_steps"] == 8
+            await wait_for(pilot, lambda: wiz.data["train"]["max_steps"] == 8, 10, "max_steps=8 typed in")
             await pilot.press("ctrl+n")
             assert wiz.step == "plan"
             await wait_for(pilot, lambda: wiz.plan is not None, 60, "the plan")
@@ -133,7 +133,7 @@ def test_cancel_with_confirmation_leaves_no_process(tmp_path: Path) -> None:
             pids = _tree(dash.active.pid)
             assert len(pids) >= 3  # torchrun and its two ranks
             await pilot.press("c")
-            await pilot.pause()
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
             assert "Cancel run" in screen_text(app.screen)  # the confirmation, not yet cancelled
             assert dash.active.poll() is None
             await pilot.press("y")
@@ -159,7 +159,7 @@ def test_quit_during_a_run_cancels_it_first(tmp_path: Path) -> None:
             state["pids"] = _tree(dash.active.pid)
             state["record"] = dash.active.record_path
             await pilot.press("ctrl+q")
-            await pilot.pause()
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
             assert "Cancel it and quit?" in screen_text(app.screen)
             await pilot.press("y")
             await wait_for(pilot, lambda: not app.is_running, RUN_S, "the app to exit")

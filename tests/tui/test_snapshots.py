@@ -9,12 +9,12 @@ Regenerate with `pytest tests/tui/test_snapshots.py --snapshot-update` and look 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, T0, fixed_backends
+from tests.tui.conftest import CLOCK_T, DASH_ID, REPO, RUN_ID, RUN_ID_B, T0, fixed_backends, wait_for
+from tests.tui.conftest import settle as settle_app
 from tui.app import make_app
 
 SIZE = (100, 30)
@@ -23,24 +23,14 @@ SIZES = pytest.mark.parametrize("size", [SIZE, SMALL], ids=["100x30", "80x24"])
 
 
 async def settle(pilot) -> None:
-    """Wait until the screen is quiet: panes mounted, no debounce timer pending, no worker running, three times in
-    a row (a worker's result message can schedule more work)."""
-    app = pilot.app
-    deadline = time.monotonic() + 60
-    quiet = 0
-    while quiet < 3 and time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        await app.workers.wait_for_complete()
-        screen = app.screen
-        busy = bool(getattr(screen, "_debounce", None)) or not getattr(screen, "ready", True)
-        if getattr(screen, "step", None) in ("plan", "launch"):
-            busy = busy or not screen.plan_complete
-        quiet = 0 if busy else quiet + 1
+    """Wait until the screen is quiet (see conftest.settle), then steady the focused field's cursor: the same picture
+    every time."""
     from textual.widgets import Input
 
-    for widget in app.screen.query(Input):  # the focused field's cursor stays lit: the same picture every time
+    await settle_app(pilot)
+    for widget in pilot.app.screen.query(Input):
         widget.cursor_blink = False
-    await pilot.pause(0.1)
+    await pilot.pause()
 
 
 @pytest.fixture
@@ -67,7 +57,8 @@ def test_wizard_plan_scrolled_to_its_end(snap_compare, in_repo: None, size: tupl
         await settle(pilot)
         pilot.app.screen.query_one("#steps").focus()
         await pilot.press("end")
-        await pilot.pause(0.1)
+        pane = pilot.app.screen.query_one("#pane-plan")
+        await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 10, "the plan's end")  # 0 when it all fits
 
     assert snap_compare(wizard("plan"), terminal_size=size, run_before=to_end)
 
@@ -178,9 +169,11 @@ def test_load_recipe_prompt(snap_compare, in_repo: None, monkeypatch: pytest.Mon
     async def prompt(pilot) -> None:
         from textual.widgets import Input
 
+        from tui.screens.modals import PathPrompt
+
         await settle(pilot)
         await pilot.press("ctrl+o")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, PathPrompt), 10, "the load dialog")
         pilot.app.screen.query_one(Input).cursor_blink = False  # a steady cursor: the same picture every time
 
     assert snap_compare(wizard("launch"), terminal_size=SIZE, run_before=prompt)
@@ -190,9 +183,11 @@ def test_save_recipe_prompt(snap_compare, in_repo: None) -> None:
     async def prompt(pilot) -> None:
         from textual.widgets import Input
 
+        from tui.screens.modals import SaveRecipePrompt
+
         await settle(pilot)
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, SaveRecipePrompt), 10, "the save dialog")
         for widget in pilot.app.screen.query(Input):
             widget.cursor_blink = False
 
@@ -202,7 +197,9 @@ def test_save_recipe_prompt(snap_compare, in_repo: None) -> None:
 def test_cancel_confirmation(snap_compare, synth: Path) -> None:
     async def confirm(pilot) -> None:
         await settle(pilot)
+        from tui.screens.modals import ConfirmScreen
+
         await pilot.app.push_screen(pilot.app.screen.cancel_dialog())
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), 10, "the confirmation")
 
     assert snap_compare(dashboard(synth), terminal_size=SIZE, run_before=confirm)

@@ -550,10 +550,10 @@ def _measured_spec(name: str, row: dict, configs: dict, data_path=None):
 
     if name.startswith("bench "):
         spec_ref, sets = _bench_command(row["command"], data_path)
-        from runner.cli.bench import NATIVE_ONLY
+        from runner.engines import LEVERS, engine_for
 
-        # A trl row runs without the native-only levers (the bench drops them, and says so in newer results).
-        left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if row["engine"] != "native" else []
+        # A row runs without the levers its engine lacks (the bench drops them, and says so in newer results).
+        left_out = [f"{f}={LEVERS[f].off}" for f in engine_for(row["engine"]).lacks]
         # Rows measured with flash-attn-4 installed ran their varlen attention through it.
         kernel = ["model.varlen_kernel=flash-attn-4"] if row.get("versions", {}).get("flash-attn-4") else []
         return load_spec(spec_ref, [*_data_as_measured(row), *_recompute_as_measured(row), *sets, *row["overrides"],
@@ -714,15 +714,15 @@ LIMIT_RUNS = sorted((BENCH / "bench-h200").glob("limit-*.json"))
 def test_estimator_predicts_the_measured_limits_within_10_percent(path, generated_data):
     """`runner bench --max-seq-len` results: the largest block that fit on the H200, per engine, against the
     limit the estimator gives today for the same spec on the same grid."""
-    from runner.cli.bench import NATIVE_ONLY
     from runner.cli.bench_limit import grid, predicted_limit
+    from runner.engines import LEVERS, engine_for
 
     result = json.loads(path.read_text())
     spec_ref, sets = _bench_command(result["command"], generated_data)
     lo, hi, step = result["limits"]["grid"]
     assert result["limits"]["engines"]
     for engine, row in result["limits"]["engines"].items():
-        left_out = [f"{f}={off}" for f, off in NATIVE_ONLY.items()] if engine != "native" else []
+        left_out = [f"{f}={LEVERS[f].off}" for f in engine_for(engine).lacks]
         spec = load_spec(spec_ref, [*sets, f"engine={engine}", *left_out, *_as_measured(row)])
         measured = row["measured_max_seq_len"]
         assert row["search_complete"] and measured < hi  # a real limit, inside the range searched

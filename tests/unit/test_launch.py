@@ -33,9 +33,21 @@ def test_multi_node_uses_c10d_rendezvous_per_node():
     assert [x for x in a if "node-rank" not in x] == [x for x in b if "node-rank" not in x]
 
 
-def test_build_command_is_pure():
-    spec = _spec()
-    assert build_command(spec, Path("s.json"), "id") == build_command(spec, Path("s.json"), "id")
+def test_build_command_is_pure(tmp_path: Path, monkeypatch):
+    """The argv depends on its arguments alone: not on the working directory or the environment (torchrun's own
+    variables included), and building it neither changes the spec nor writes anything."""
+    spec = _spec(nodes=2, nproc_per_node=3, rdzv_endpoint="head:29400")
+    before = spec.to_dict()
+    expected = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--max-restarts=0",
+                "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=id",
+                "-m", "runner.train", "--spec", "s.json"]
+    monkeypatch.chdir(tmp_path)
+    assert build_command(spec, Path("s.json"), "id", node_rank=1) == expected
+    for key, value in (("MASTER_ADDR", "elsewhere"), ("MASTER_PORT", "1"), ("WORLD_SIZE", "99"),
+                       ("NPROC_PER_NODE", "7"), ("PET_NNODES", "5"), ("CUDA_VISIBLE_DEVICES", "0")):
+        monkeypatch.setenv(key, value)
+    assert build_command(spec, Path("s.json"), "id", node_rank=1) == expected
+    assert spec.to_dict() == before and list(tmp_path.iterdir()) == []
 
 
 def test_run_ids_never_collide_in_the_same_second(tmp_path: Path):

@@ -130,9 +130,11 @@ def test_make_block_keeps_bfd_documents_apart():
 
 
 @pytest.mark.parametrize(("strategy", "packing"), [("bfd", True), ("wrapped", True), ("wrapped", False)])
-def test_each_document_length_rides_on_the_block_holding_its_first_token(strategy, packing):
-    """Whole lengths (before any split), once each, on the block where the document begins: the statistics of the
-    documents trained on follow the blocks drawn. Examples without a target are not documents."""
+def test_document_statistics_count_what_the_blocks_trained(strategy, packing):
+    """Each block carries its document segments (whole documents, or the pieces of split ones it holds): the
+    statistics of any blocks drawn add up to their real tokens, and a run that trained only the later pieces of long
+    conversations still counts them (it counted 0 documents for 4,629 real tokens trained when a document was
+    counted only where it began, at its whole length)."""
     from collections import Counter
 
     rng = random.Random(5)
@@ -142,23 +144,31 @@ def test_each_document_length_rides_on_the_block_holding_its_first_token(strateg
     kept = lengths[:7] + lengths[8:]
     stats = PackStats()
     blocks = list(pack(docs, 128, 0, stats, packing=packing, strategy=strategy))
-    assert Counter(n for b in blocks for n in b.doc_lengths) == Counter(kept) == stats.doc_lengths
-    starts = {tuple(d[0][:5]): n for d, n in zip(docs, lengths)}  # a document's first tokens → its length
     for b in blocks:
-        segs = _segments(b)
-        firsts = Counter(n for s in segs if (n := starts.get(tuple(s[:5]))) is not None)
-        extra = Counter(b.doc_lengths) - firsts
-        assert not firsts - Counter(b.doc_lengths)
-        # A document whose first piece is the block's last few tokens cannot be told by its first five here.
-        assert not extra or (sum(extra.values()) == 1 and len(segs[-1]) < 5)
-    s = sorted(kept)  # nearest rank: the smallest length that share of the documents does not exceed
-    assert stats.to_dict()["doc_tokens"] == {"count": len(s), "tokens": sum(s), "mean": round(sum(s) / len(s), 1),
-                                             "p50": s[math.ceil(0.5 * len(s)) - 1],
-                                             "p90": s[math.ceil(0.9 * len(s)) - 1], "max": s[-1],
-                                             "split": stats.split_documents}
-    assert stats.split_documents > 0  # every block was added: the split documents trained on are all the split ones
+        assert list(b.doc_lengths) == [len(s) for s in _segments(b)]
+    summary = stats.to_dict()["doc_tokens"]
+    assert summary["tokens"] == sum(kept) == stats.real_tokens
+    assert summary["count"] == sum(len(_segments(b)) for b in blocks)
+    # Pieces: a document of n > 128 tokens is at least ceil(n / 128) of them (wrapped may cut a shorter one too).
+    assert summary["split"] >= sum(math.ceil(n / 128) for n in kept if n > 128)
     if strategy == "bfd" or not packing:
-        assert stats.split_documents == sum(n > 128 for n in kept)
+        assert summary["split"] == sum(math.ceil(n / 128) for n in kept if n > 128)
+        assert summary["count"] == sum(math.ceil(n / 128) for n in kept)
+    # Blocks holding no document's first token (the middle of a long conversation) trained real tokens: they count.
+    middles = [b for b in blocks if b.doc_lengths and all(
+        tuple(s[:5]) not in {tuple(d[0][:5]) for d in docs} for s in _segments(b))]
+    assert middles
+    some = PackStats()
+    for b in middles:
+        some.add(b)
+    part = some.to_dict()["doc_tokens"]
+    assert part["count"] == sum(len(b.doc_lengths) for b in middles) > 0
+    assert part["tokens"] == some.real_tokens > 0 and part["split"] == part["count"]
+    s = sorted(n for b in middles for n in b.doc_lengths)  # nearest rank over the segments
+    assert part == {"count": len(s), "tokens": sum(s), "mean": round(sum(s) / len(s), 1),
+                    "p50": s[math.ceil(0.5 * len(s)) - 1], "p90": s[math.ceil(0.9 * len(s)) - 1], "max": s[-1],
+                    "split": len(s)}
+    assert Counter(n for b in blocks for n in b.doc_lengths) == stats.doc_lengths
 
 
 def test_document_statistics_merge_over_ranks_exactly():

@@ -28,14 +28,15 @@ def _write(path: Path, rank: int, steps: list[tuple[int, float | None, float | N
 
 def test_lines_parse_strictly_and_the_record_keeps_the_global_loss(tmp_path: Path):
     # rank 0 has no target at steps 2 and 3 (the middle of a long prompt); step 3 diverges on rank 1
-    _write(tmp_path, 0, [(1, 2.0, 2.5, 4), (2, None, 1.5, 0), (3, None, float("nan"), 0), (4, None, 1.2, 0)])
-    _write(tmp_path, 1, [(1, 3.0, 2.5, 4), (2, 1.5, 1.5, 4), (3, float("nan"), float("nan"), 4), (4, 1.2, 1.2, 4)])
+    events = tmp_path / "events"  # a run folder's events, as metrics_from_events reads them
+    _write(events, 0, [(1, 2.0, 2.5, 4), (2, None, 1.5, 0), (3, None, float("nan"), 0), (4, None, 1.2, 0)])
+    _write(events, 1, [(1, 3.0, 2.5, 4), (2, 1.5, 1.5, 4), (3, float("nan"), float("nan"), 4), (4, 1.2, 1.2, 4)])
     lines = [json.loads(x, parse_constant=_refuse) for r in (0, 1)
-             for x in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+             for x in (events / f"rank{r}.jsonl").read_text().splitlines()]
     diverged = [e for e in lines if e.get("step") == 3]
     assert all(e["grad_norm"] is None and e["nonfinite"]["grad_norm"] == "inf" for e in diverged)
     assert [e["nonfinite"].get("loss") for e in diverged] == [None, "nan"]  # no targets is not a divergence
-    m = metrics_from_events(tmp_path, 2, "cpu")
+    m = metrics_from_events(events, 2, "cpu")
     assert m["loss_curve"]["0"] == [[1, 2.0], [2, None], [3, None], [4, None]]
     assert m["final_loss"] == m["final_global_loss"] == 1.2 and m["first_loss"] == 2.5
 

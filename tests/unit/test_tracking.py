@@ -152,6 +152,19 @@ def test_report_to_rejects_unknown_and_repeated_trackers():
     assert "twice" in str(e.value)
 
 
+def test_every_tracker_is_named_once_and_has_its_package_and_extra():
+    import tomllib
+
+    from runner.events.tracking import PACKAGES
+    from runner.spec import TRACKERS
+
+    assert list(PACKAGES) == list(TRACKERS)
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = extras["project"]["optional-dependencies"]
+    for name, (_, package) in PACKAGES.items():
+        assert any(req.startswith(package) for req in extras[name]), (name, extras.get(name))
+
+
 def test_a_tracker_that_hangs_never_blocks_the_loop_watching_the_run(tmp_path):
     """Trackers are fed from their own thread: while one hangs (a W&B or MLflow server that does not answer), the
     run's poll (the dashboard's and the headless display's tick) returns and reads nothing for the trackers."""

@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from runner.events.paths import RunPaths
 from runner.events.failure import log_tail
 from runner.events.monitor import RunView
 from tui import format as fmt
@@ -151,18 +152,25 @@ class DashboardScreen(Screen):
         view = self.view
         max_steps = view.max_steps
         step = view.global_step
-        bar_w = 20
         status, token = self._status()
+        line = self.query_one("#run-line", Static)
         parts = [Content(f" {status} ").stylize(f"bold $text-{token} on ${token}-muted"), Content("  "),
                  Content(f"step {step}/{max_steps}" if max_steps else f"step {step}").stylize("bold")]
+        tail = Content(f"  {view.tokens_per_s:,.0f} tok/s  ETA {fmt.duration(view.eta_s)}  "
+                       f"ranks {len(view.ranks)}/{view.world_size}")
         if max_steps:
             done = min(1.0, step / max_steps)
-            filled = round(done * bar_w)
-            parts += [Content("  "), Content("━" * filled).stylize("$primary"),
-                      Content("━" * (bar_w - filled)).stylize("$text-disabled"), Content(f" {100 * done:3.0f}%")]
-        parts.append(Content(f"  {view.tokens_per_s:,.0f} tok/s  ETA {fmt.duration(view.eta_s)}  "
-                             f"ranks {len(view.ranks)}/{view.world_size}"))
-        self.query_one("#run-line", Static).update(Content("").join(parts))
+            percent = Content(f" {100 * done:3.0f}%")
+            # The bar takes what the line leaves, up to 20 cells, so the line stays one row at 80 columns.
+            room = (line.content_size.width or self.app.size.width - 2) - sum(len(p) for p in parts) - len(tail)
+            bar_w = min(20, room - 2 - len(percent))
+            if bar_w >= 5:
+                filled = round(done * bar_w)
+                parts += [Content("  "), Content("━" * filled).stylize("$primary"),
+                          Content("━" * (bar_w - filled)).stylize("$text-disabled")]
+            parts.append(percent)
+        parts.append(tail)
+        line.update(Content("").join(parts))
 
     def _status(self) -> tuple[str, str]:
         if self.record is not None:
@@ -185,6 +193,7 @@ class DashboardScreen(Screen):
         table = self.query_one("#ranks", DataTable)
         all_flags = view.rank_flags()
         colors = {k: fmt.theme_color(self.app, k) for k in ("error", "warning", "success")}
+        added = False
         for r in sorted(view.ranks):
             rs = view.ranks[r]
             flags = list(all_flags[r])
@@ -200,13 +209,20 @@ class DashboardScreen(Screen):
             if r not in self._row_keys:
                 table.add_row(*row, key=str(r))
                 self._row_keys.add(r)
+                added = True
                 self._row_cache[r] = row
                 continue
             before = self._row_cache[r]
             for i, (col, value) in enumerate(zip(RANK_COLUMNS, row)):
                 if value != before[i]:
-                    table.update_cell(str(r), col, value)
+                    # A column sized for "-" before the first step must widen to "6.2822": cut to its old width
+                    # the loss read "6.28" beside a 4-decimal smooth.
+                    table.update_cell(str(r), col, value, update_width=True)
             self._row_cache[r] = row
+        if added:  # ranks appear in the order their first event arrives; the table lists them by rank
+            table.sort("rank", key=int)
+            if str(self.log_rank) in {k.value for k in table.rows}:  # the cursor stays on the rank whose log shows
+                table.move_cursor(row=table.get_row_index(str(self.log_rank)))
 
     def _update_gpus(self) -> None:
         view = self.view
@@ -249,7 +265,7 @@ class DashboardScreen(Screen):
         panel.update(Content("\n").join(lines))
 
     def _update_log(self) -> None:
-        path = self.run_dir / "logs" / f"rank{self.log_rank}.log"
+        path = RunPaths(self.run_dir).rank_log(self.log_rank)
         try:
             size = path.stat().st_size
         except OSError:
@@ -259,10 +275,10 @@ class DashboardScreen(Screen):
         self._log_size, self._log_rank_shown = size, self.log_rank
         self.query_one("#log-title", Static).update(
             Content("").join([Content(f"log of rank {self.log_rank} ").stylize("bold"),
-                              Content(fmt.show_path(path)).stylize("$text-muted"),
-                              Content("  (r: next rank, or pick a row)").stylize("$text-muted")]))
+                              Content("(r: next)  ").stylize("$text-muted"),
+                              Content(fmt.show_path(path)).stylize("$text-muted")]))
         text = log_tail(path, LOG_TAIL_BYTES) if size else ""
-        lines = text.splitlines()[-40:] if text else ["(no output yet)"]
+        lines = terminal_lines(text)[-40:] if text else ["(no output yet)"]
         self.query_one("#log", Static).update(Text.from_ansi("\n".join(lines), no_wrap=True, end=""))
         self.query_one("#log", Static).scroll_end(animate=False)
 
@@ -379,3 +395,10 @@ def failure_sentence(failure: dict[str, Any]) -> str:
     log = failure.get("log")
     return (f"rank {failure.get('rank')} failed at step {failure.get('last_step', '?')}: {failure.get('cause')}: "
             f"{failure.get('message')}" + (f" (log: {fmt.show_path(log)})" if log else ""))
+
+
+def terminal_lines(text: str) -> list[str]:
+    """The lines a terminal would show for this log text: a progress bar redraws its line with carriage returns
+    (tqdm's "Loading weights" writes dozens of states), so each line keeps only what was drawn last."""
+    lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    return lines[:-1] if lines and not lines[-1] else lines

@@ -314,6 +314,8 @@ class RecordScreen(Screen):
                                       Content(f"✗ {reason}").stylize("$text-error")),
             Content(f"  status   {row['status']}"),
             Content(f"  model    {row['model']}   method {row['method']}"),
+            *[Content(f"  {'dataset' if i == 0 else '':<7}  {part}") for i, part in enumerate(
+                textwrap.wrap(dataset_line(self.record.get("spec") or {}), 64, break_on_hyphens=False))],
             Content(f"  steps    {row['steps']}   final loss {fmt.num(row['final_loss'])}   tok/s "
                     f"{fmt.num(row['tokens_per_s'], ',.0f')}"),
         ]
@@ -332,6 +334,23 @@ class RecordScreen(Screen):
 
     def action_back(self) -> None:
         self.app.back_from(self)
+
+
+def dataset_line(spec: dict[str, Any]) -> str:
+    """The data a record trained on, as a new user set it: its name, the file, and the format and columns when
+    they were set (`local/qa (qa.json) · alpaca · instruction=question, output=answer`)."""
+    from runner.record.compare import dataset_name
+
+    ds = spec.get("dataset") or {}
+    parts = [str(dataset_name(spec) or "-")]
+    path = ds.get("path")
+    if path and not str(path).startswith("embedded:"):
+        parts[0] += f" ({fmt.show_path(path)})"
+    if ds.get("format") not in (None, "auto"):
+        parts.append(str(ds["format"]))
+    if ds.get("columns"):
+        parts.append(", ".join(f"{k}={v}" for k, v in ds["columns"].items()))
+    return " · ".join(parts)
 
 
 class DiffScreen(Screen):
@@ -356,23 +375,40 @@ class DiffScreen(Screen):
         rows = diff_records(self.a, self.b)
         head = self.query_one("#diff-head", Static)
         head.update(Content("").join([Content("A ").stylize("bold"), Content(str(self.a.get("id"))),
-                                      Content("   B ").stylize("bold"), Content(str(self.b.get("id"))),
-                                      Content(f"   {len(rows)} field(s) differ").stylize("$text-muted")]))
+                                      Content("  B ").stylize("bold"), Content(str(self.b.get("id"))),
+                                      Content(f"  ({len(rows)} differ)").stylize("$text-muted")]))
         table = self.query_one("#diff", DataTable)
         table.add_column("field", key="field")
         table.add_column("A", key="a")
         table.add_column("B", key="b")
         if not rows:
             table.add_row("(no differences in spec, pins or metrics)", "", "")
-        # Both values in view: each gets half of what the field names leave (the full text is in `runner diff`).
+        # Both values in view, in what the field names leave (the full text is in `runner diff`).
         names = max((len(k) for k, _, _ in rows), default=10)
-        width = max(12, min(44, (self.app.size.width - names - 8) // 2))
+        width_a, width_b = value_widths(rows, self.app.size.width - names - 8)
         for key, va, vb in rows:
-            table.add_row(key, _short(va, width), _short(vb, width))
+            table.add_row(key, _short(va, width_a), _short(vb, width_b))
         table.focus()
 
     def action_back(self) -> None:
         self.app.back_from(self)
+
+
+def value_widths(rows: list[tuple[str, Any, Any]], room: int) -> tuple[int, int]:
+    """Widths of the A and B columns in `room` cells: each its longest value when both fit; else a column that
+    needs under half keeps what it needs and the other takes the rest; else half each (at least 12)."""
+    need_a = max((len(_text(a)) for _, a, _ in rows), default=1)
+    need_b = max((len(_text(b)) for _, _, b in rows), default=1)
+    if need_a + need_b <= room:
+        return need_a, need_b
+    half = max(12, room // 2)
+    if min(need_a, need_b) <= half:
+        return (need_a, max(12, room - need_a)) if need_a <= need_b else (max(12, room - need_b), need_b)
+    return half, half
+
+
+def _text(v: Any) -> str:
+    return "-" if v is None else str(v)
 
 
 def _short(v: Any, width: int = 44) -> Text:

@@ -54,6 +54,48 @@ def _downsample(points: Sequence[tuple[int, float]], x_of, buckets: int) -> list
     return out
 
 
+def label_decimals(largest: float) -> int:
+    """One precision for every y label, the most that fits LABEL_W beside the largest one's integer digits (4 for
+    losses under 10, as the rank table shows them): labels that mix precisions read as different quantities."""
+    digits = len(str(int(abs(largest)))) + (largest < 0)
+    return max(0, min(4, LABEL_W - 3 - digits))
+
+
+class _Frame:
+    """The plot's scale: steps to pixel columns, losses to pixel rows (padded 4% so no curve touches an edge)."""
+
+    def __init__(self, points: Sequence[tuple[int, float]], plot_w: int, plot_h: int) -> None:
+        self.plot_w, self.plot_h = plot_w, plot_h
+        self.px_w, self.px_h = plot_w * 2, plot_h * 4
+        self.s_min = min(s for s, _ in points)
+        self.s_max = max(s for s, _ in points)
+        y_min = min(v for _, v in points)
+        y_max = max(v for _, v in points)
+        if y_max - y_min < 1e-9:
+            y_min, y_max = y_min - 0.5, y_max + 0.5
+        self.pad = (y_max - y_min) * 0.04
+        self.y_min, self.y_max = y_min - self.pad, y_max + self.pad
+        self.decimals = label_decimals(self.y_max)
+
+    def x_of(self, step: int) -> int:
+        if self.s_max == self.s_min:
+            return 0
+        return round((step - self.s_min) / (self.s_max - self.s_min) * (self.px_w - 1))
+
+    def y_of(self, v: float) -> int:
+        return round((self.y_max - v) / (self.y_max - self.y_min) * (self.px_h - 1))
+
+    def label(self, row: int) -> float | None:
+        """The y value a row is labelled with: the top, the bottom and (when there is room) the middle."""
+        if row == 0:
+            return self.y_max - self.pad
+        if row == self.plot_h - 1:
+            return self.y_min + self.pad
+        if row == self.plot_h // 2 and self.plot_h >= 5:
+            return (self.y_max + self.y_min) / 2
+        return None
+
+
 class LossChart(Widget):
     """Set `series` ({rank: [(step, loss), ...]}) with `set_series`; `smoothed` draws the EMA instead."""
 
@@ -99,24 +141,21 @@ class LossChart(Widget):
         if not points:
             lines = [legend] + [Content("")] * (plot_h // 2) + [Content(self.empty_text).stylize("$text-muted")]
             return Content("\n").join(lines)
-        s_min = min(s for s, _ in points)
-        s_max = max(s for s, _ in points)
-        y_min = min(v for _, v in points)
-        y_max = max(v for _, v in points)
-        if y_max - y_min < 1e-9:
-            y_min, y_max = y_min - 0.5, y_max + 0.5
-        pad = (y_max - y_min) * 0.04
-        y_min, y_max = y_min - pad, y_max + pad
-        px_w, px_h = plot_w * 2, plot_h * 4
+        frame = _Frame(points, plot_w, plot_h)
+        bits, owner = self._plot(series, frame)
+        ranks = list(series)
+        lines = [legend] + [self._row(row, bits[row], owner[row], ranks, frame) for row in range(plot_h)]
+        axis_left = " " * (LABEL_W - 1) + "└"
+        left, right = f"step {frame.s_min}", f"{frame.s_max}"
+        gap = max(1, plot_w - len(left) - len(right))
+        lines.append(Content(axis_left + left + " " * gap + right).stylize("$text-muted"))
+        return Content("\n").join(lines)
 
-        def x_of(step: int) -> int:
-            return 0 if s_max == s_min else round((step - s_min) / (s_max - s_min) * (px_w - 1))
-
-        def y_of(v: float) -> int:
-            return round((y_max - v) / (y_max - y_min) * (px_h - 1))
-
-        bits = [[0] * plot_w for _ in range(plot_h)]
-        owner = [[-1] * plot_w for _ in range(plot_h)]
+    def _plot(self, series: dict[int, list[tuple[int, float]]], frame: _Frame) -> tuple[list[list[int]],
+                                                                                       list[list[int]]]:
+        """Braille dot bits per cell and the series that drew each cell last."""
+        bits = [[0] * frame.plot_w for _ in range(frame.plot_h)]
+        owner = [[-1] * frame.plot_w for _ in range(frame.plot_h)]
 
         def dot(x: int, y: int, k: int) -> None:
             cx, cy = x >> 1, y >> 2
@@ -125,46 +164,34 @@ class LossChart(Widget):
 
         for k, (_, pts) in enumerate(series.items()):
             prev = None
-            for step, v in _downsample(pts, x_of, px_w):
-                cur = (x_of(step), y_of(v))
-                if prev is None or s_max == s_min:
+            for step, v in _downsample(pts, frame.x_of, frame.px_w):
+                cur = (frame.x_of(step), frame.y_of(v))
+                if prev is None or frame.s_max == frame.s_min:
                     dot(*cur, k)
                 else:
                     self._line(prev, cur, k, dot)
                 prev = cur
+        return bits, owner
 
-        ranks = list(series)
-        lines = [legend]
-        for row in range(plot_h):
-            if row == 0:
-                label = y_max - pad
-            elif row == plot_h - 1:
-                label = y_min + pad
-            elif row == plot_h // 2 and plot_h >= 5:
-                label = (y_max + y_min) / 2
-            else:
-                label = None
-            text = f"{label:>{LABEL_W - 2}.4g} ┤" if label is not None else " " * (LABEL_W - 1) + "│"
-            spans: list[Span] = [Span(0, len(text), "$text-muted")]
-            chars = []
-            start = len(text)
-            run_owner, run_start = -2, start
-            for col in range(plot_w):
-                b = bits[row][col]
-                chars.append(chr(BRAILLE_BASE + b) if b else " ")
-                o = owner[row][col] if b else -1
-                if o != run_owner:
-                    if run_owner >= 0:
-                        spans.append(Span(run_start, start + col, self._style(ranks[run_owner])))
-                    run_owner, run_start = o, start + col
-            if run_owner >= 0:
-                spans.append(Span(run_start, start + plot_w, self._style(ranks[run_owner])))
-            lines.append(Content(text + "".join(chars), spans=spans))
-        axis_left = " " * (LABEL_W - 1) + "└"
-        left, right = f"step {s_min}", f"{s_max}"
-        gap = max(1, plot_w - len(left) - len(right))
-        lines.append(Content(axis_left + left + " " * gap + right).stylize("$text-muted"))
-        return Content("\n").join(lines)
+    def _row(self, row: int, bits: list[int], owner: list[int], ranks: list[int], frame: _Frame) -> Content:
+        """One plot row: its y label (first, middle and last rows) and its cells, styled by the series drawn."""
+        label = frame.label(row)
+        text = (f"{label:>{LABEL_W - 2}.{frame.decimals}f} ┤" if label is not None
+                else " " * (LABEL_W - 1) + "│")
+        spans: list[Span] = [Span(0, len(text), "$text-muted")]
+        chars = []
+        start = len(text)
+        run_owner, run_start = -2, start
+        for col, b in enumerate(bits):
+            chars.append(chr(BRAILLE_BASE + b) if b else " ")
+            o = owner[col] if b else -1
+            if o != run_owner:
+                if run_owner >= 0:
+                    spans.append(Span(run_start, start + col, self._style(ranks[run_owner])))
+                run_owner, run_start = o, start + col
+        if run_owner >= 0:
+            spans.append(Span(run_start, start + len(bits), self._style(ranks[run_owner])))
+        return Content(text + "".join(chars), spans=spans)
 
     @staticmethod
     def _style(rank: int) -> str:

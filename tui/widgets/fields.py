@@ -13,8 +13,8 @@ from textual.widgets import Input, Label, Select, Static, Switch
 
 from runner.errors import Problem
 
-Kind = Literal["text", "optional", "int", "optional_int", "float", "int_or_auto", "modules", "list", "select",
-               "switch"]
+Kind = Literal["text", "optional", "int", "optional_int", "float", "int_or_auto", "modules", "list", "mapping",
+               "select", "switch"]
 
 
 def parse_value(kind: Kind, text: str) -> Any:
@@ -37,6 +37,12 @@ def parse_value(kind: Kind, text: str) -> Any:
             return s
     if kind == "list":  # comma-separated names; empty = none
         return [p.strip() for p in s.split(",") if p.strip()]
+    if kind == "mapping":  # "key=value, key=value"; empty = none; a piece without "=" goes to the spec as typed,
+        # so its check names what a mapping takes
+        pairs = [p.split("=", 1) for p in s.split(",") if p.strip()]
+        if any(len(p) != 2 or not p[0].strip() for p in pairs):
+            return text
+        return {k.strip(): v.strip() for k, v in pairs}
     if kind == "modules":
         if "," in s:
             return [p.strip() for p in s.split(",") if p.strip()]
@@ -49,6 +55,8 @@ def show_value(value: Any) -> str:
         return ""
     if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
     if isinstance(value, float):
         return format(value, "g")
     return str(value)

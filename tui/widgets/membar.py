@@ -57,7 +57,9 @@ class MemoryBar(Widget):
                 cells.append(Content("█" * n).stylize(PART_STYLES[i % len(PART_STYLES)]))
                 used += n
         if cap is not None and cap > 0:
-            cap_col = min(bar_w - 1, round(cap / scale_gib * bar_w) - 1)
+            # At least column 0: a capacity under half a cell of the scale (a plan many times too big) would put
+            # the marker at column -1, and the bar would be drawn twice over, onto a second row.
+            cap_col = max(0, min(bar_w - 1, round(cap / scale_gib * bar_w) - 1))
             if used <= cap_col:
                 cells.append(Content("░" * (cap_col - used)).stylize("$text-muted"))
                 cells.append(Content("│").stylize("$text-muted"))

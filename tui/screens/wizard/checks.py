@@ -16,12 +16,12 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
-from runner.spec import RunSpec, optimizer_precision, validate, weights_dtype
+from runner.spec import RunSpec, validate
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.screens.wizard.fields import ARCH_INPUTS, DATA_INPUTS, spec_key
 from tui.screens.wizard.render import (render_arch, render_detect, render_packing, render_plan, render_sweep,
                                        render_tokens)
-from tui.specform import plan_resolve
+from tui.specform import plan_resolve, sweep_target
 
 DEBOUNCE_S = 0.4
 
@@ -157,7 +157,7 @@ class WizardChecks(Screen):
     def _data_preflight(self, spec: RunSpec) -> list[Problem]:
         """Preflight's model and dataset findings: what `runner run` would say about the same input."""
         try:
-            resolved, _ = plan_resolve(spec, len(self.app.detected_gpus()))
+            resolved, _ = plan_resolve(spec, self.app.detected_gpus())
             problems = self.app.backends.preflight(resolved)
         except Exception:  # noqa: BLE001 - then the preview's own error is shown
             return []
@@ -189,7 +189,7 @@ class WizardChecks(Screen):
         try:
             spec = validate(data)
             gpus = self.app.detected_gpus()
-            resolved, planned = plan_resolve(spec, len(gpus))
+            resolved, planned = plan_resolve(spec, gpus)
         except UserError as e:
             self.post_message(self.PlanReady(key, {"error": str(e)}))
             return
@@ -256,16 +256,11 @@ class WizardChecks(Screen):
             gpu_types.append(resolved.hardware.gpu)
         seq_lens = sorted({*SWEEP_SEQ_LENS, resolved.train.seq_len})
         axes = [("train.seq_len", seq_lens), ("hardware.gpu", gpu_types)]
-        target = resolved
         if resolved.hardware.device == "cpu":
-            # The what-if is about GPUs: the same run on as many GPUs per node as it has ranks.
-            d = resolved.to_dict()
-            d["hardware"]["device"] = "cuda"
-            if spec.model.dtype == "auto":
-                d["model"]["dtype"] = weights_dtype(spec, "cuda")
-            d["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision,
-                                                                    d["model"]["dtype"])
-            target = RunSpec.model_validate(d)
+            # The what-if compares GPU types: on a CPU plan a table of GPUs answers a question nobody asked (and
+            # takes the 80×24 pane); it says where to ask it.
+            return {"cpu": True}
+        target = sweep_target(spec, resolved)
         try:
             rows = self.app.backends.sweep(target, axes)
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title

@@ -27,7 +27,12 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("dataset.path", "local path", "optional"),
         ("dataset.revision", "revision", "optional"),
         ("dataset.split", "split", "text"),
-        ("dataset.messages_field", "messages column", "text"),
+        # How rows read, as the Dataset step's own errors ask: the conversation column goes in columns
+        # (messages=...), so no "messages column" shows for alpaca or ShareGPT data.
+        ("dataset.format", "format", "select"),
+        ("dataset.columns", "columns", "mapping"),
+        ("dataset.roles", "role names", "mapping"),
+        ("dataset.train_on", "train on", "select"),
     ],
     "hardware": [
         ("hardware.device", "device", "select"),
@@ -76,6 +81,9 @@ LORA_FIELDS = ("method.lora.r", "method.lora.alpha", "method.lora.target_modules
 # Which panes' background work an edit makes stale.
 ARCH_INPUTS = ("model.",)
 DATA_INPUTS = ("model.", "dataset.", "train.seq_len", "train.packing_strategy")
+# The data and model are named after a new local path unless their id was typed (runner.naming, as the CLI does).
+FOLLOWED_IDS = {"model.path": "model.id", "dataset.path": "dataset.id"}
+MAPPING_HINT = "; typed as name=value pairs separated by commas, e.g. instruction=question, output=answer"
 DEBOUNCE_S = 0.4
 HELP_HINT = "tab/shift+tab: fields · ^n/^p: next/previous step · a focused field's meaning shows here"
 STEP_HELP = {

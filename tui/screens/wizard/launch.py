@@ -157,6 +157,7 @@ class WizardLaunch(Screen):
     def load_data(self, data: dict[str, Any], recipe: str | None = None) -> None:
         self.data = data
         self.origin = copy.deepcopy(data)
+        self.named_ids.clear()  # the loaded recipe names its data afresh
         if recipe:
             self.recipe = recipe
             self.sub_title = f"recipe {recipe}"

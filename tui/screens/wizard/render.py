@@ -153,6 +153,11 @@ def render_sweep(screen: Screen, sweep: dict[str, Any], plan: dict[str, Any]) ->
     """The what-if grid as text: a Static, so that it is laid out with the rest of the pane in the same frame."""
     grid_w = screen.query_one("#sweep", Static)
     title = screen.query_one("#sweep-title", Static)
+    if sweep.get("cpu"):
+        title.update(Content("what-if by GPU type: plan for GPUs (Hardware: device cuda)").stylize(
+            "$text-muted"))
+        grid_w.display = False
+        return
     if sweep.get("error"):
         title.update(Content(f"what-if table unavailable: {sweep['error']}").stylize("$text-muted"))
         grid_w.display = False

@@ -19,8 +19,9 @@ from runner.errors import Problem
 from runner.spec import field_choices, field_docs
 from tui import format as fmt
 from tui.screens.wizard.checks import WizardChecks
-from tui.screens.wizard.fields import (ALL_FIELDS, ARCH_INPUTS, DATA_INPUTS, FIELDS, HELP_HINT, LORA_FIELDS, STEP_HELP,
-                                       STEP_IDS, STEP_OF_FIELD, STEP_OF_SECTION, STEPS, spec_key)
+from tui.screens.wizard.fields import (ALL_FIELDS, ARCH_INPUTS, DATA_INPUTS, FIELDS, FOLLOWED_IDS, HELP_HINT,
+                                       LORA_FIELDS, MAPPING_HINT, STEP_HELP, STEP_IDS, STEP_OF_FIELD, STEP_OF_SECTION,
+                                       STEPS, spec_key)
 from tui.screens.wizard.launch import WizardLaunch
 from tui.specform import field_of, get_path, problems_of, set_path
 from tui.widgets.fields import SpecField
@@ -44,7 +45,6 @@ class StepList(OptionList):
             screen.scroll_pane(how)
 
 
-
 class WizardScreen(WizardLaunch, WizardChecks):
     """The spec being built lives in `self.data` (a full raw dict); every edit revalidates the whole of it."""
 
@@ -65,6 +65,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
         self.first_step = self.step
         self.ready = False  # every pane is mounted (see _mount_rest)
         self.docs = {p: (doc, default) for p, doc, default in field_docs()}
+        self.named_ids: set[str] = set()  # ids typed here, which a new path then leaves alone
         self.problems: list[Problem] = []
         self.gpus: list[dict[str, Any]] | None = None
         self.plan: dict[str, Any] | None = None
@@ -146,7 +147,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
             if kind == "select":
                 options = ["auto", *self.app.backends.gpu_types()] if path == "hardware.gpu" else field_choices(path)
             choices = field_choices(path) if kind != "select" else []
-            hint = f"; one of {', '.join(map(str, choices))}" if choices else ""
+            hint = f"; one of {', '.join(map(str, choices))}" if choices else MAPPING_HINT if kind == "mapping" else ""
             # One paragraph: the schema's line breaks are for `runner fields`, the help line wraps by itself.
             field = SpecField(path, label, get_path(self.data, path), kind,
                               doc=" ".join(f"{path} (default {default!r}{hint}): {doc}".split()), options=options)
@@ -249,6 +250,10 @@ class WizardScreen(WizardLaunch, WizardChecks):
         if get_path(self.data, event.path) == event.value:
             return
         set_path(self.data, event.path, event.value)
+        if event.path in FOLLOWED_IDS.values():
+            self.named_ids.add(event.path)
+        elif event.path in FOLLOWED_IDS:
+            self._follow_path(event.path)
         self.revalidate()
         if event.path == "method.kind":
             self._show_lora()
@@ -260,6 +265,26 @@ class WizardScreen(WizardLaunch, WizardChecks):
             self._schedule("plan")
         self._update_hardware()
         self._update_launch()
+
+    def _follow_path(self, path_field: str) -> None:
+        """A new local path renames the model or data after it (local/<name>), unless its id was typed here:
+        the id is what `runner list`, the records and the pins show, and the recipe's would name every run alike."""
+        from runner.naming import path_name
+
+        id_field, path = FOLLOWED_IDS[path_field], get_path(self.data, path_field)
+        if id_field in self.named_ids or not path or str(path).startswith("embedded:"):
+            return
+        new = path_name(str(path))
+        if get_path(self.data, id_field) == new:
+            return
+        set_path(self.data, id_field, new)
+        self.query_one("#f-" + id_field.replace(".", "-").replace("_", "-"), SpecField).set_value(new)
+        # Said on the help line, which each keystroke of the path rewrites (a toast per keystroke would pile up).
+        self.query_one("#help", Static).update(f"{id_field} is now {new}, named after {path_field} (the recipe's "
+                                               f"was {self.origin_id(id_field)}); type an id to name it otherwise")
+
+    def origin_id(self, id_field: str) -> Any:
+        return get_path(self.origin, id_field)
 
     def on_spec_field_focused(self, event: SpecField.Focused) -> None:
         self.query_one("#help", Static).update(event.doc)

@@ -1,0 +1,64 @@
+"""What a run will see (`Machine`: its GPUs, detected here or declared for planning) and the `auto` values of
+hardware.* that follow from it: the one rule the launcher, the estimator, the wizard and its sweep share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CPU_RANKS = 2
+"""Ranks of a CPU run with hardware.nproc_per_node=auto (gloo; the embedded demo's two)."""
+GPUS_PER_NODE = 8
+"""GPUs per node of a declared target whose count the spec leaves at auto: the usual node."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The GPUs per node a run will see (0: none) and their catalog type when known."""
+
+    gpus: int = 0
+    gpu: str | None = None
+    declared: bool = False
+    """A target the spec declares (planned from elsewhere), not this machine."""
+
+    @classmethod
+    def here(cls) -> Machine:
+        """The GPUs torch sees here (CUDA_VISIBLE_DEVICES applies): what a launch gets."""
+        import torch
+
+        return cls(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def target_machine(spec: Any, here: Machine, wanted: str | None = None) -> Machine:
+    """The machine a spec's run will see: this one, unless the spec asks for GPUs this one lacks (a hardware.gpu
+    type other than the one here, or GPUs when none is visible, with hardware.device=cuda or a named
+    hardware.gpu); then the declared target: hardware.nproc_per_node GPUs (GPUS_PER_NODE when auto) of
+    hardware.gpu. `wanted`: hardware.gpu's catalog name, where the caller has looked it up (it may be an alias)."""
+    hw = spec.hardware
+    if hw.device == "cpu":
+        return here
+    named = hw.gpu != "auto"
+    other_type = named and here.gpu is not None and here.gpu != (wanted or hw.gpu)
+    if here.gpus and not other_type:
+        return here
+    if not here.gpus and hw.device == "auto" and not named:
+        return here  # auto on a machine without GPUs: a CPU run
+    n = hw.nproc_per_node
+    return Machine(GPUS_PER_NODE if n == "auto" else int(n), (wanted or hw.gpu) if named else None, declared=True)
+
+
+def run_device(spec: Any, machine: Machine) -> str:
+    """hardware.device resolved: auto is cuda where the machine has GPUs, else cpu."""
+    device = spec.hardware.device
+    return ("cuda" if machine.gpus else "cpu") if device == "auto" else device
+
+
+def ranks_per_node(spec: Any, device: str, machine: Machine) -> int:
+    """hardware.nproc_per_node resolved: as set, else one rank per GPU (GPUS_PER_NODE for a GPU plan on a
+    machine whose GPUs are not known), CPU_RANKS on CPU."""
+    n = spec.hardware.nproc_per_node
+    if n != "auto":
+        return int(n)
+    if device != "cuda":
+        return CPU_RANKS
+    return machine.gpus or GPUS_PER_NODE

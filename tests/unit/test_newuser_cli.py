@@ -1,0 +1,16 @@
+"""What a new user reads from the CLI about a plan that does not fit on CPU: one memory wording throughout, the
+suggestion included (it said "GiB per GPU" on a CPU run, where every other line says per rank)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.cli.main import EXIT_OK, main
+
+
+def test_a_cpu_suggestion_speaks_of_ranks_not_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "tiny-cpu", "--set", "train.seq_len=4194304"]) == EXIT_OK
+    out = capsys.readouterr().out
+    suggestion = [line for line in out.splitlines() if line.startswith("suggestion:")]
+    assert len(suggestion) == 1 and suggestion[0].endswith(" GiB per rank"), suggestion
+    assert "does not fit:" in out and "per GPU" not in out
