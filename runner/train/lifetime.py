@@ -1,4 +1,4 @@
-"""Process lifetime on Linux: ask for a signal when the parent dies, so no run process outlives its launcher."""
+"""Process lifetime on Linux: a signal when the parent dies, so no rank or torchrun outlives its launcher."""
 
 from __future__ import annotations
 
