@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Tests never reach the hub; code that would is tested on local paths.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The packing check's verdicts go to a cache of this test session (subprocesses inherit it), never the user's.
+os.environ.setdefault("SFT_TUI_CACHE_DIR", tempfile.mkdtemp(prefix="sft-tui-cache-"))
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str] | None = None) -> tuple[int, str, str]:

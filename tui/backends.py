@@ -29,6 +29,7 @@ class Backends:
     detect_gpus_fn: Callable[[], list[dict[str, Any]]] | None = None
     gpu_types_list: Sequence[str] | None = None
     preflight_fn: Callable[[RunSpec], list[Problem]] | None = None
+    packing_check_fn: Callable[[RunSpec], str | None] | None = None
 
     def estimate(self, spec: RunSpec) -> dict[str, Any]:
         """The estimator's dict for a resolved spec (runner.plan)."""
@@ -70,6 +71,16 @@ class Backends:
         from runner.plan.hub import hub_problems
 
         return hub_problems(spec) + preflight_problems(spec)
+
+    def packing_check(self, spec: RunSpec) -> str | None:
+        """The packing check's verdict line for a spec preflight passed (runner.plan.packcheck; the preflight that
+        passed it left it in the cache), or None. With a pinned preflight, only a pinned answer."""
+        if self.packing_check_fn is not None or self.preflight_fn is not None:
+            return self.packing_check_fn(spec) if self.packing_check_fn is not None else None
+        from runner.plan.preflight import packing_check
+
+        verdict = packing_check(spec)
+        return None if verdict is None else verdict.describe()
 
     def detect_gpus(self) -> list[dict[str, Any]]:
         if self.detect_gpus_fn is not None:

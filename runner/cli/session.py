@@ -29,7 +29,7 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     from runner.plan import estimate
     from runner.errors import SpecError
     from runner.plan.hub import hub_problems
-    from runner.plan.preflight import precision_advice, preflight
+    from runner.plan.preflight import packing_check, precision_advice, preflight
 
     unreachable = hub_problems(spec)
     if unreachable:
@@ -49,11 +49,16 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
                         f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
                         "pass --force to launch anyway")
     preflight(spec)
+    check = packing_check(spec)
+    if check is not None and console is not None:
+        console.print(escape(check.describe()), highlight=False)
     advice = precision_advice(spec)
     if advice and console is not None:
         console.print(f"[yellow]note: {advice}[/yellow]")
     if result is None:
         return None
+    if check is not None:
+        result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
     if console is not None and result.get("verdict") == "tight":
         unit = "GPU" if spec.hardware.device == "cuda" else "rank"
         console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "

@@ -128,6 +128,11 @@ _REGISTRY: tuple[Family, ...] = (
     _f("qwen3", "Qwen3DecoderLayer", sliding_window=True, qk_norm=True, liger=True, counted_exactly=True),
     _f("qwen3_moe", "Qwen3MoeDecoderLayer", moe=True, sliding_window=True, qk_norm=True, mlp_proj=(),
        expert_tensors=FUSED_EXPERTS, liger=True, counted_exactly=True),
+    # Qwen2-VL / Qwen2.5-VL take packed positions as 4 rows [text; t; h; w] (runner.train.masks
+    # install_text_positions): with the 3 rotary rows alone their mask is plain causal.
+    *(_f(t, layer, attention_paths=NO_FLEX, sliding_window=True, qkv_bias=True)
+      for t, layer in (("qwen2_vl", "Qwen2VLDecoderLayer"), ("qwen2_vl_text", "Qwen2VLDecoderLayer"),
+                       ("qwen2_5_vl", "Qwen2_5_VLDecoderLayer"), ("qwen2_5_vl_text", "Qwen2_5_VLDecoderLayer"))),
     _f("qwen3_vl", "Qwen3VLTextDecoderLayer", qk_norm=True, attention_paths=NO_FLEX, counted_exactly=True),
     _f("qwen3_vl_text", "Qwen3VLTextDecoderLayer", qk_norm=True, attention_paths=NO_FLEX, counted_exactly=True),
     _f("qwen3_next", "Qwen3NextDecoderLayer", moe=True, expert_tensors=FUSED_EXPERTS,

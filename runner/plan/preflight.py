@@ -50,7 +50,14 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += model_problems
     out += _template_problems(spec, rows)
     if config is not None:
-        out += _packing_problems(spec, config)
+        packing = _packing_problems(spec, config)
+        out += packing
+        if not packing and not out:
+            # A shrunk copy of the model proves packing exact on the run's path (runner.plan.packcheck); only for a
+            # spec that is otherwise sound, since it builds and runs that copy.
+            from runner.plan.packcheck import check_problems
+
+            out += check_problems(spec, config, _device(spec))
         out += _lora_problems(spec, config)
         out += engine_for(spec.engine).check_problems(spec, config, _device(spec))
     out += _attention_problems(spec, config)
@@ -60,6 +67,19 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
         out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",
                            "use output.save=adapter (load it on the base model with peft)"))
     return out
+
+
+def packing_check(spec: RunSpec) -> Any:
+    """The packing check's verdict for this run (runner.plan.packcheck.Verdict; cached by the preflight that
+    computed it), or None when there is none: no packing, no readable config, or an attention path refused."""
+    if not spec.train.packing:
+        return None
+    config, problems = _model_config(spec)
+    if config is None or problems:
+        return None
+    from runner.plan.packcheck import packing_verdict
+
+    return packing_verdict(spec, config, _device(spec))
 
 
 BF16_ULP = 2.0**-8

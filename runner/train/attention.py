@@ -33,7 +33,13 @@ from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
 from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
-from runner.train.masks import PACKED_MASK_HOOK, install_packed_mask, packed_mask_route  # noqa: F401
+from runner.train.masks import (  # noqa: F401
+    PACKED_MASK_HOOK,
+    TEXT_POSITION_ROW,
+    install_packed_mask,
+    install_text_positions,
+    packed_mask_route,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Kernels and what a model class supports
@@ -316,6 +322,21 @@ def _patch_targets(module: Any) -> tuple[str, str] | None:
     return None
 
 
+def _own_layout(module: Any) -> bool:
+    """Whether the module's gated-delta layers have a layout runner.train.gated_delta computes itself."""
+    from runner.train.gated_delta import layout_of
+
+    for cls in _gated_delta_classes(module):
+        try:
+            # The class's own text: a hub-kernels install (the `kernels` package) wraps __init__ at import.
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        if layout_of(lambda part: f"self.{part} =" in source) is not None:
+            return True
+    return False
+
+
 def packing_support(config: Any) -> PackingSupport:
     """Can a model with this config train on packed blocks here without documents leaking into each other?"""
     recurrent = recurrent_layer_types(config)
@@ -332,6 +353,9 @@ def packing_support(config: Any) -> PackingSupport:
         module = _gated_delta_module(config)
         if all(kernels.values()):
             return PackingSupport(True, "flash-linear-attention + causal-conv1d kernels fed cu_seqlens/seq_idx")
+        if module is not None and _own_layout(module):
+            return PackingSupport(True, f"this project's per-document gated-delta path for the {kinds} layers "
+                                        "(runner.train.gated_delta; exact, slower than the kernels)")
         if module is not None and _patch_targets(module) is not None:
             missing = " and ".join(k for k, ok in kernels.items() if not ok)
             return PackingSupport(True, f"per-document PyTorch path for the {kinds} layers ({missing} not installed:"
@@ -426,8 +450,15 @@ def install_document_reset(model: torch.nn.Module) -> str | None:
     support = packing_support(config)
     if not support.safe:
         raise ValueError(f"{support.reason} (fix: {support.fix})")
-    modules = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")}
+    from runner.train.gated_delta import has_own_path, install_own_path
+
     kernels = gated_delta_kernels()
+    layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    if not all(kernels.values()):
+        for m in layers:
+            if has_own_path(m) and not getattr(m, "_sft_own_gated_delta", False):
+                install_own_path(m)
+    modules = {type(m).__module__ for m in layers if not getattr(m, "_sft_own_gated_delta", False)}
     for name in modules:
         module = sys.modules[name]
         targets = _patch_targets(module)
@@ -461,9 +492,10 @@ def keep_documents_apart(model: torch.nn.Module, packing: bool, dtype: torch.dty
     without position_ids. Returns the mechanism installed (None when the model needs none, or without packing)."""
     if not packing:
         return None
+    positions = TEXT_POSITION_ROW if install_text_positions(model) else None
     if recurrent_layer_types(model.config):
         return install_document_reset(model)
     if install_packed_mask(model, dtype):
         return PACKED_MASK_HOOK
-    return None
+    return positions
 

@@ -19,16 +19,20 @@ from runner.spec import RunSpec
 _LAYER_INDEX = re.compile(r"^(?:.*\.)?\d+\.")
 
 
-def build_lora_config(spec: RunSpec) -> Any:
-    """The peft LoraConfig for spec.method.lora (bias none, causal LM)."""
+def build_lora_config(spec: RunSpec, model: nn.Module | None = None) -> Any:
+    """The peft LoraConfig for spec.method.lora (bias none, causal LM). With the model, 'all-linear' becomes the
+    exact list of modules `all_linear_modules` picks (peft's own reading would adapt routers and vision towers)."""
     from peft import LoraConfig
 
     lo = spec.method.lora
+    targets: Any = lo.target_modules if isinstance(lo.target_modules, str) else list(lo.target_modules)
+    if model is not None and targets == ALL_LINEAR:
+        targets = all_linear_modules(model)[0]
     return LoraConfig(
         r=lo.r,
         lora_alpha=lo.alpha,
         lora_dropout=lo.dropout,
-        target_modules=lo.target_modules if isinstance(lo.target_modules, str) else list(lo.target_modules),
+        target_modules=targets,
         target_parameters=list(lo.target_parameters) or None,
         rank_pattern=dict(lo.rank_pattern),
         bias="none",
@@ -65,7 +69,7 @@ def apply_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
         # such as mlp.experts.down_proj match nothing while it applies them; lora_problems checked both above.
         warnings.filterwarnings("ignore", message="The following rank_pattern keys did not match",
                                 category=RuntimeWarning)
-        peft_model = get_peft_model(model, build_lora_config(spec))
+        peft_model = get_peft_model(model, build_lora_config(spec, model))
     for p in peft_model.parameters():
         if p.requires_grad and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -112,6 +116,82 @@ def linear_module_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, _linear_types()) and n not in skip]
 
 
+ROUTER_NAMES = ("gate", "router", "wg", "gating", "router.layer")
+"""Last parts of a router's module name (Qwen/Mixtral `mlp.gate`, Llama 4 `router`, DBRX `router.layer`): with
+the expert count as its output width, such a Linear routes tokens (its output picks experts; Llama 4's returns a
+tuple that LoRA's wrapper cannot pass on)."""
+VISION_PARTS = frozenset({"visual", "vision_tower", "vision_model", "vision", "multi_modal_projector",
+                          "mm_projector", "vision_embed_tokens", "image_newline", "audio_tower"})
+"""Module-name parts of vision towers and projectors: text-only data never runs through them."""
+
+
+def _expert_count(model: nn.Module) -> int | None:
+    from runner.facts.families import text_config
+
+    text = text_config(getattr(model, "config", None))
+    for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
+        n = getattr(text, k, None)
+        if isinstance(n, int) and n > 1:
+            return n
+    return None
+
+
+def is_router(name: str, module: nn.Module, experts: int | None) -> bool:
+    """A Linear that scores experts: named like a router, with one output per expert."""
+    tail = name.rsplit(".", 1)[-1]
+    named = tail in ROUTER_NAMES or name.endswith(".router.layer") or "router" in tail
+    return named and experts is not None and getattr(module, "out_features", None) == experts
+
+
+def all_linear_modules(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(the modules 'all-linear' adapts here, a note on each kind it leaves out).
+
+    peft's 'all-linear' is every Linear but the output head. Here, for text-only training, the routers of MoE
+    layers are left out (name one in target_modules to adapt it) and so are vision towers and projectors; the
+    attention, dense MLP and shared-expert projections stay, in every family, listed or not.
+    """
+    experts = _expert_count(model)
+    modules = dict(model.named_modules())
+    out, routers, vision = [], [], []
+    for name in linear_module_names(model):
+        if VISION_PARTS & set(name.split(".")):
+            vision.append(name)
+        elif is_router(name, modules[name], experts):
+            routers.append(name)
+        else:
+            out.append(name)
+    notes = []
+    if routers:
+        notes.append(f"routers not adapted ({_listing(routers, 3)}): name them in method.lora.target_modules to "
+                     "adapt them")
+    if vision:
+        notes.append(f"vision tower and projector not adapted ({len(vision)} Linear layers): text-only data never "
+                     "runs through them")
+    return out, notes
+
+
+def expert_notes(model: nn.Module, spec: RunSpec) -> list[str]:
+    """Expert weights LoRA leaves alone with these settings (said at launch, so a run does not train its attention
+    only by surprise)."""
+    lo = spec.method.lora
+    # Experts kept as 3-D stacks (transformers 5.x fused experts, granitemoe's ParallelExperts): no Linear to wrap.
+    experts = [n for n, p in model.named_parameters() if p.dim() == 3
+               and not lora_parameter_targeted(n, list(lo.target_parameters))]
+    if not experts:
+        return []
+    return [f"expert weights not adapted ({_listing(experts, 3)}): add them to method.lora.target_parameters to "
+            "adapt them"]
+
+
+def lora_notes(model: nn.Module, spec: RunSpec) -> list[str]:
+    """What the LoRA settings leave out of this model, one line each (empty for a full fine-tune)."""
+    if spec.method.kind != "lora":
+        return []
+    lo = spec.method.lora
+    notes = all_linear_modules(model)[1] if lo.target_modules == ALL_LINEAR else []
+    return notes + expert_notes(model, spec)
+
+
 def tensor_parameter_names(model: nn.Module) -> list[str]:
     """Weights `target_parameters` can adapt: 2-D or 3-D tensors held directly by a module LoRA cannot wrap
     (MoE expert stacks, routers). Biases are left out: a low-rank update of a bias vector stack means nothing."""
@@ -148,6 +228,7 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
     targeted: list[str] = []
 
     if isinstance(lo.target_modules, str) and lo.target_modules == ALL_LINEAR:
+        linear = all_linear_modules(model)[0]
         if not linear:
             problems.append(Problem("method.lora.target_modules",
                                     f"'all-linear' matches no Linear layer in {type(model).__name__}",

@@ -170,3 +170,43 @@ def install_packed_mask(model: torch.nn.Module, dtype: torch.dtype) -> bool:
 
     body.register_forward_pre_hook(hook, with_kwargs=True)
     return True
+
+
+TEXT_POSITION_ROW = "4-row [text; t; h; w] position ids"
+
+
+@functools.lru_cache(maxsize=128)
+def _reads_text_position_row(cls: type) -> bool:
+    """Whether this class's forward takes a 4-row position_ids `[text; t; h; w]` and builds its document mask from
+    the text row alone (Qwen2-VL-style multimodal rotary embeddings, transformers 5.x)."""
+    try:
+        source = inspect.getsource(inspect.unwrap(cls.forward))
+    except (OSError, TypeError):
+        return False
+    return "position_ids.shape[0] == 4" in source and "text_position_ids" in source
+
+
+def install_text_positions(model: torch.nn.Module) -> bool:
+    """Give a multimodal-rotary text model its packed positions as 4 rows, all the restarting text positions.
+
+    Qwen2-VL, Qwen2.5-VL and GLM-4V expand 2-row position ids to the 3 rotary rows and then build plain causal
+    masks, so packed documents would see each other; with a text row they build the per-document mask from it
+    (Qwen3-VL and Qwen3.5 expand to 4 rows themselves: for them this changes nothing). For text-only data the
+    three rotary rows equal the text positions, as the model's own position computation makes them. Returns
+    whether a hook was installed.
+    """
+    installed = False
+    for module in model.modules():
+        if not hasattr(module, "layers") or not _reads_text_position_row(type(module)):
+            continue
+
+        def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+            pos = kwargs.get("position_ids")
+            if pos is None or pos.ndim != 2:
+                return None
+            kwargs["position_ids"] = pos[None].expand(4, -1, -1)
+            return args, kwargs
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        installed = True
+    return installed

@@ -88,7 +88,18 @@ def load_model(spec: RunSpec, attn_impl: str, seed: int = 0, device: str = "cpu"
         model = cls.from_pretrained(src, revision=rev, dtype=dtype, attn_implementation=attn_impl,
                                     trust_remote_code=spec.model.trust_remote_code)
     disable_cache(model)
+    expose_backbone(model)
     return model
+
+
+def expose_backbone(model: nn.Module) -> None:
+    """Make `model.base_model` the decoder stack where the class's `base_model_prefix` names no attribute
+    (Llama4ForCausalLM: prefix "language_model", stack under `model`). Without it `base_model` is the causal LM
+    itself, and a loss that runs the stack and lm_head apart (the native chunked and fused losses, TRL's fused lm
+    head) gets logits where it expects hidden states."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and getattr(model, prefix, None) is None and isinstance(getattr(model, "model", None), nn.Module):
+        model.base_model_prefix = "model"
 
 
 def disable_cache(model: nn.Module) -> None:

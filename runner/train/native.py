@@ -160,9 +160,11 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
+    lora_left_out: list[str] = []
     if spec.method.kind == "lora":
-        from runner.train.lora import apply_lora
+        from runner.train.lora import apply_lora, lora_notes
 
+        lora_left_out = lora_notes(model, spec)
         model = apply_lora(model, spec)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -179,6 +181,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
+            "lora_left_out": lora_left_out,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule)}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,

@@ -46,7 +46,7 @@ from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
-from runner.train.lora import apply_lora, lora_problems_from_config, trainable_params
+from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
@@ -478,8 +478,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
-    if spec.method.kind == "lora":
-        model = apply_lora(model, spec)
+    lora_left_out = lora_notes(model, spec)  # before the adapters: what 'all-linear' and LoRA leave out
+    model = apply_lora(model, spec) if spec.method.kind == "lora" else model
     n_params = sum(p.numel() for p in model.parameters())
     from runner.facts.decisions import fsdp_wrapped, precision
 
@@ -511,7 +511,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
 
     n_trainable = trainable_params(model)
     begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
-                 model_type=getattr(config, "model_type", None), init=spec.model.init,
+                 model_type=getattr(config, "model_type", None), init=spec.model.init, lora_left_out=lora_left_out,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
                  packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",

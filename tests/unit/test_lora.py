@@ -197,3 +197,42 @@ def test_problems_from_a_model_folder_need_no_weights(tmp_path: Path):
 def test_lora_problems_on_a_built_model_match_the_meta_check():
     spec = lora_spec("method.lora.target_modules=[q_proj, gate_proj]")
     assert lora_problems(tiny_gpt_oss(), spec) == lora_problems_from_config(GptOssConfig(**TINY), spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# 'all-linear' on families the registry does not list: no routers, no vision tower, experts reported
+
+
+def _unlisted(model_type: str) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from runner.plan.shrink import shrunk_config
+
+    config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    with torch.device("meta"):
+        return auto.from_config(config)
+
+
+def test_all_linear_leaves_routers_and_vision_towers_out_and_reports_the_experts():
+    from runner.train.lora import all_linear_modules, lora_notes
+
+    spec = load_spec({"method": {"kind": "lora"}})
+    llama4 = _unlisted("llama4_text")
+    names, _ = all_linear_modules(llama4)
+    assert not [n for n in names if n.endswith("router")]  # its forward returns a tuple LoRA cannot pass on
+    for kept in ("self_attn.q_proj", "feed_forward.shared_expert.gate_proj", "feed_forward.up_proj"):
+        assert any(n.endswith(kept) for n in names), kept  # dense layers and shared experts are adapted
+    notes = lora_notes(llama4, spec)
+    assert any("routers not adapted" in n for n in notes) and any("expert weights not adapted" in n for n in notes)
+    named = load_spec({"method": {"kind": "lora", "lora": {"target_modules": ["router"]}}})
+    assert lora_problems(llama4, named) == []  # a router named explicitly is adapted
+
+    vlm = _unlisted("qwen2_5_vl")
+    names, notes = all_linear_modules(vlm)
+    assert names and not [n for n in names if "visual" in n.split(".")]
+    assert any("vision tower" in n for n in notes)
+    granite = _unlisted("granitemoe")
+    assert any("expert weights not adapted" in n for n in lora_notes(granite, spec))
+    dense = _unlisted("gpt2")
+    assert lora_notes(dense, spec) == [] and len(all_linear_modules(dense)[0]) == 8  # c_attn, c_proj, c_fc, c_proj

@@ -328,7 +328,9 @@ def test_packing_refused_where_no_kernel_keeps_documents_apart(monkeypatch):
     assert packing_support(Qwen3Config()).safe
     hybrid = Qwen3_5TextConfig(layer_types=["linear_attention", "full_attention"], num_hidden_layers=2)
     assert packing_support(hybrid).safe
-    # Without the kernels and without a PyTorch path that can be wrapped, the hybrid cannot pack.
+    # Without the kernels, without the own per-document path (runner.train.gated_delta reads the Qwen3.5 layout) and
+    # without a PyTorch path that can be wrapped, the hybrid cannot pack.
+    monkeypatch.setattr(attention, "_own_layout", lambda module: False)
     monkeypatch.setattr(attention, "_patch_targets", lambda module: None)
     monkeypatch.setattr(attention, "gated_delta_kernels", lambda: {"flash-linear-attention": False,
                                                                     "causal-conv1d": False})

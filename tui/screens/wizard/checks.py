@@ -228,7 +228,13 @@ class WizardChecks(Screen):
             # Visible-GPU checks are about this machine, which a planned target is not.
             problems = [p for p in problems if not p.field.startswith("hardware.")]
             return self.PreflightReady(key, problems, "GPU checks skipped for a planned target")
-        return self.PreflightReady(key, problems, None)
+        check = None
+        if not problems:
+            try:
+                check = self.app.backends.packing_check(resolved)
+            except Exception as e:  # noqa: BLE001 - the verdict is shown, not required, once preflight passed
+                check = f"packing check: not shown ({type(e).__name__}: {e})"
+        return self.PreflightReady(key, problems, check)
 
     def on_wizard_checks_preflight_ready(self, message: PreflightReady) -> None:
         if message.key != self._keys.get("plan"):

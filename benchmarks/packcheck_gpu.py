@@ -1,0 +1,123 @@
+"""The packing check (runner.plan.packcheck) on one GPU: six registry families and six the registry does not list,
+each on the varlen (torch), flex and flash-attn-4 (varlen through FA4) paths, in bf16 as GPU runs compute; prints the
+table with each verdict, its measures against the bf16 tolerances, and the seconds per model; writes
+packcheck-<gpu>.json and .md into --out.
+
+    python benchmarks/packcheck_gpu.py --out benchmarks          # one H200 (or H100): 12 models x 3 paths
+    python benchmarks/packcheck_gpu.py --out /tmp/pc --quick     # two models, to see it run
+
+Each cell is uncached (run_check, not checked) and timed from building the shrunk copy to the verdict, so the
+seconds are what a first launch of that model pays; a path the family cannot take (attention_refusal: sinks,
+soft-capping, a class without flex) or a kernel not installed is a row that says so. Acceptance: every model under
+10 s on every path it can take, and no registry family refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+REGISTRY = ("llama", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "qwen3_5")
+UNLISTED = ("cohere2", "glm4_moe", "exaone4", "olmoe", "llama4_text", "ministral")
+PATHS = (("varlen", "torch"), ("flex_attention", ""), ("varlen", "flash-attn-4"))
+SEQ_LEN = 8192
+LIMIT_S = 10.0
+
+
+def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from runner.facts.decisions import attention_refusal, choose_loss
+    from runner.facts.families import family_of
+    from runner.plan.packcheck import Setup, run_check
+    from runner.train import fa4
+    from runner.train.attention import available_kernels, concrete_model_class, supported_attention
+    from runner.train.loader import is_vlm_config
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.for_model(model_type)  # the family's own default sizes: the check shrinks them
+    auto = AutoModelForImageTextToText if is_vlm_config(config) else AutoModelForCausalLM
+    supported = supported_attention(concrete_model_class(auto, config))
+    row: dict[str, Any] = {"model_type": model_type, "known": family_of(config).known,
+                           "path": path + (f" ({kernel})" if kernel else "")}
+    if kernel == "flash-attn-4" and not fa4.available():
+        return {**row, "status": "not run", "message": "flash-attn-4 is not installed for this GPU"}
+    refusal = attention_refusal(path, "cuda", config, supported, available_kernels("cuda"))
+    if refusal is not None:
+        return {**row, "status": "not this family's path", "message": refusal[0]}
+    setup = Setup("native", path, kernel, choose_loss("native", "auto", config)[0], "cuda", "bfloat16", seq_len)
+    start = time.perf_counter()
+    verdict = run_check(config, setup)
+    seconds = time.perf_counter() - start
+    return {**row, "status": verdict.status, "ce_nats": verdict.ce_nats, "loss_rel": verdict.loss_rel,
+            "grad_rel": verdict.grad_rel, "seconds": round(seconds, 2), "shrunk": verdict.shrunk,
+            "message": verdict.message}
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.1e}" if isinstance(x, float) else str(x)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| model type | registry | path | verdict | ce nats | loss rel | grad rel | s | note |\n" \
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    return head + "\n".join(
+        f"| {r['model_type']} | {'yes' if r['known'] else 'no'} | {r['path']} | {r['status']} | {_fmt(r.get('ce_nats'))}"
+        f" | {_fmt(r.get('loss_rel'))} | {_fmt(r.get('grad_rel'))} | {r.get('seconds', '-')} | "
+        f"{'' if r['status'] == 'exact' else r.get('message', '')[:120]} |" for r in rows)
+
+
+def main() -> int:
+    import torch
+    import transformers
+
+    from runner.plan.packcheck import TOLERANCES
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="llama and cohere2 only")
+    ap.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("packcheck_gpu.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    models = ("llama", "cohere2") if args.quick else REGISTRY + UNLISTED
+    rows = []
+    for mt in models:
+        for path, kernel in PATHS:
+            try:
+                row = cell(mt, path, kernel, args.seq_len)
+            except Exception as e:  # noqa: BLE001 - a broken cell is a row, the table goes on
+                row = {"model_type": mt, "known": None, "path": path, "status": "error", "message": repr(e)[:300]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    gpu = torch.cuda.get_device_name(0)
+    timed = [r for r in rows if "seconds" in r]
+    summary = {"models": len(models), "cells_run": len(timed),
+               "max_seconds": max((r["seconds"] for r in timed), default=None),
+               "over_limit": [f"{r['model_type']} {r['path']}" for r in timed if r["seconds"] > LIMIT_S],
+               "registry_refused": [f"{r['model_type']} {r['path']}" for r in timed
+                                    if r["known"] and r["status"] != "exact"]}
+    result = {"command": " ".join(sys.argv), "gpu": gpu, "seq_len": args.seq_len, "tolerances": TOLERANCES,
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "python": platform.python_version()}, "summary": summary, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "packcheck-" + gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    text = f"# Packing check on {gpu}\n\n`{result['command']}`; seq_len {args.seq_len}, bf16.\n\n{table(rows)}\n\n" \
+           f"Summary: {json.dumps(summary)}\n"
+    (args.out / f"{name}.md").write_text(text)
+    print(text)
+    return 0 if not summary["over_limit"] and not summary["registry_refused"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
