@@ -8,6 +8,9 @@ from typing import Any
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED, EXIT_NOT_VERIFIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
 """The exit codes of `runner` and `sft-tui --headless` (README: Exit codes); a run's supervisor exits with
 EXIT_CANCELLED when the run was cancelled."""
+EXIT_DETACHED, EXIT_STOPPED = 129, 143
+"""A view that lost its terminal (SIGHUP) detached, the run goes on; a run stopped gracefully with a checkpoint
+(SIGTERM, or SIGUSR1 as a preemption): 128 + the signal, as a shell reports a process the signal ended."""
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,18 @@ class SftApp(App):
 
     def on_mount(self) -> None:
         self.push_screen(self._first_screen())
+        self._note_live_runs()
+
+    @work(thread=True, exit_on_error=False, group="live-runs")
+    def _note_live_runs(self) -> None:
+        """Runs still going (started by another wizard or `runner run`) are named at start; Ctrl+R opens them."""
+        from runner.launch.supervised import live_runs
+
+        live = live_runs(self.records_dir)
+        if live:
+            ids = ", ".join(r["id"] for r in live[:3]) + ("…" if len(live) > 3 else "")
+            self.call_from_thread(self.notify, f"{len(live)} run(s) going: {ids}; Ctrl+R, then Enter, opens the "
+                                  "live dashboard", title="Running", timeout=10)
 
     def _first_screen(self) -> Screen:
         from tui.screens.wizard import WizardScreen
@@ -127,8 +139,8 @@ class SftApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch")
     def _launch(self, spec: RunSpec, original: dict[str, Any] | None, force: bool) -> None:
-        from runner.launch import run as run_mod
         from runner.cli.session import preflight_estimate
+        from runner.launch.supervised import spawn
 
         try:
             resolved, planned = plan_resolve(spec, self.detected_gpus())
@@ -148,8 +160,9 @@ class SftApp(App):
                     raise
                 except Exception:  # noqa: BLE001 - a broken estimator must not block launching
                     estimate = None
-            active = run_mod.start(resolved, self.runs_dir, self.records_dir, estimate=estimate,
-                                   replay_of=original["id"] if original else None)
+            # The run's own supervisor, apart from this terminal: closing the wizard never stops or orphans it.
+            active = spawn(resolved, self.runs_dir, self.records_dir, estimate=estimate,
+                           replay_of=original["id"] if original else None)
         except UserError as e:
             self.post_message(LaunchFailed(str(e)))
             return
@@ -228,7 +241,7 @@ class SftApp(App):
     def _live_dashboards(self) -> list[Any]:
         from tui.screens.dashboard import DashboardScreen
 
-        return [s for s in self.screen_stack if isinstance(s, DashboardScreen) and s.active is not None
+        return [s for s in self.screen_stack if isinstance(s, DashboardScreen) and s.active is not None and not s.attached
                 and s.record is None]
 
     async def action_quit(self) -> None:

@@ -271,6 +271,8 @@ def bench(spec_ref: str, overrides: list[str], engines: list[str], sweeps: list[
         result["loss_gaps"] = loss_gaps(rows)
         # Written after every row: a long sweep that is cut short keeps what it measured.
         write_results(result, out_dir, stem)
+        if code in (run_mod.EXIT_CANCELLED, run_mod.EXIT_STOPPED):
+            break  # Ctrl+C or SIGTERM (`timeout`, a scheduler) ends the sweep, not only its current row
     write_results(result, out_dir, stem)
     print_table(result, console)
     console.print(f"wrote {out_dir / stem}.json and .md")

@@ -35,6 +35,7 @@ examples:
   runner verify <id>                        # check the record's lock (exit 4 when it does not match)
   runner job my.yaml --to slurm --set hardware.nodes=2 --set hardware.nproc_per_node=8   # an sbatch script
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
+  runner attach <id>                        # follow a running run (started anywhere on this machine)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
 """
 
@@ -57,11 +58,7 @@ def _add_dirs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run folders go (default: runs)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runner", description="Plan, launch, record and replay SFT runs.",
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="launch a run headless and write its record")
     p.add_argument("spec", metavar="SPEC", nargs="?", help="recipe name or path to a YAML/JSON spec")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -74,6 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
     p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
     p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+
+
+def _add_attach(sub: Any) -> None:
+    p = sub.add_parser("attach", help="follow a running run live (Ctrl+C asks: cancel, detach or keep watching)")
+    p.add_argument("run", metavar="RUN", help="run id (see `runner list`) or run folder")
+    _add_dirs(p)
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--json", action="store_true", help="print one JSON object (id, status, record) as the last line")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--cancel", action="store_true", help="cancel the run (no checkpoint beyond the usual) and wait")
+    what.add_argument("--stop", action="store_true",
+                      help="stop the run gracefully with a checkpoint (as SIGTERM does) and wait")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="Plan, launch, record and replay SFT runs.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _add_run(sub)
 
     p = sub.add_parser("job", help="write the job file that runs SPEC on a scheduler: slurm, skypilot or kubeflow")
     add_job_args(p, with_target=True)
@@ -105,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", metavar="RECORD_B")
     _add_records_dir(p)
 
-    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take)")
+    _add_attach(sub)
+
+    p = sub.add_parser("list", help="list records (full ids: what replay, verify and diff take); live runs as live")
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per record")
 
@@ -355,10 +374,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from runner.cli.session import attach_headless
+
+    return attach_headless(args.run, args.runs_dir, args.records_dir, plain=args.plain, as_json=args.json,
+                           request="cancel" if args.cancel else "stop" if args.stop else None)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from runner.launch.supervised import reap_lost
     from runner.record.compare import print_list, summary_row
     from runner.record.records import list_records
 
+    # A run whose supervisor died (SIGKILL, the OOM killer) is finished here as failed: nothing stays `running`.
+    for run_id in reap_lost(args.records_dir):
+        print(f"note: {run_id}: its supervisor is gone; record finished as failed (supervisor lost)", file=sys.stderr)
     recs = list_records(args.records_dir)
     if args.json:
         print(json.dumps([summary_row(r) for r in recs]))
@@ -463,6 +493,7 @@ COMMANDS = {
     "replay": cmd_replay,
     "verify": cmd_verify,
     "diff": cmd_diff,
+    "attach": cmd_attach,
     "list": cmd_list,
     "show": cmd_show,
     "bench": cmd_bench,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ from rich.table import Table
 
 from runner.events.paths import RunPaths
 from runner.record import records
-from runner.launch import run as run_mod
-from runner.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, PredictedNotToFit, UserError
+from runner.launch.command import check_run_target
+from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
+from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
+                           PredictedNotToFit, UserError)
 from runner.launch.replay import prepare_replay
 from runner.record.replay import compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
@@ -31,6 +34,20 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     unreachable = hub_problems(spec)
     if unreachable:
         raise SpecError("preflight found problems", unreachable)
+    # The estimate first: it takes a second, and a plan that does not fit is refused before preflight's slower
+    # checks (the rank's own packer and model) are paid for.
+    try:
+        result: dict[str, Any] | None = estimate(spec).to_dict()
+    except UserError as e:
+        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
+        if console is not None:
+            console.print(f"[yellow]no estimate: {e}[/yellow]")
+        result = None
+    if result is not None and result.get("fits") is False and not force:
+        unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
+        raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
+                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
+                        "pass --force to launch anyway")
     preflight(spec)
     check = packing_check(spec)
     if check is not None and console is not None:
@@ -38,19 +55,10 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     advice = precision_advice(spec)
     if advice and console is not None:
         console.print(f"[yellow]note: {advice}[/yellow]")
-    try:
-        result = estimate(spec).to_dict()
-        if check is not None:
-            result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
-    except UserError as e:
-        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
-        if console is not None:
-            console.print(f"[yellow]no estimate: {e}[/yellow]")
+    if result is None:
         return None
-    if spec.hardware.device == "cuda" and result.get("fits") is False and not force:
-        raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per GPU of "
-                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
-                        "pass --force to launch anyway")
+    if check is not None:
+        result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
     if console is not None and result.get("verdict") == "tight":
         unit = "GPU" if spec.hardware.device == "cuda" else "rank"
         console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "
@@ -61,42 +69,49 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
 
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
-                     run_id: str | None = None, resume: bool = False) -> tuple[run_mod.ActiveRun, int]:
-    from runner.cli.headless import HeadlessDisplay
-    from runner.events.monitor import RunView
+                     run_id: str | None = None, resume: bool = False) -> tuple[SupervisedRun, int]:
+    """Start the run's supervisor (apart from this process and its terminal) and follow it to its end."""
+    from runner.cli.follow import ViewSignals, follow, say_detached
 
-    active = run_mod.start(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of, node_rank=node_rank,
-                           run_id=run_id, resume=resume)
-    console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
-                  f"logs in {active.paths.logs}", highlight=False)
-    view = RunView(active.paths.run_dir)
-    display = HeadlessDisplay(view, console=console, plain=plain or None)
-
-    def tick() -> None:
-        if view.poll():
-            display.update()
-
-    try:
-        code = run_mod.watch(active, tick)
-    finally:
-        display.close()
-    active.finish(code)
-    return active, code
+    # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
+    with ViewSignals() as signals:
+        try:
+            active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
+                           node_rank=node_rank, run_id=run_id, resume=resume)
+        except SupervisorFailed as e:
+            raise UserError(str(e)) from None
+        console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
+                      f"logs in {active.paths.logs}", highlight=False)
+        followed = follow(active, console, plain, skip_existing=resume, signals=signals)
+    if followed.detached:
+        say_detached(console, active)
+        return active, followed.code
+    active.finish(followed.code)
+    return active, followed.code
 
 
 def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
-    if rec is None:  # a node other than 0: no record here, the launcher's exit code says it all
-        return EXIT_OK if code == 0 else EXIT_CANCELLED if code == EXIT_CANCELLED else EXIT_FAILED
+    if code == EXIT_DETACHED:
+        return code
+    if rec is None:  # a node other than 0: no record here, the supervisor's exit code says it all
+        return EXIT_OK if code == 0 else code if code >= EXIT_CANCELLED else EXIT_FAILED
     status = rec.get("status")
     if status == "succeeded":
         return EXIT_OK
-    if status == "cancelled" or code == EXIT_CANCELLED:
+    if status == "cancelled":
+        # A graceful stop (SIGTERM, preemption) exits as the signal would (143); a cancel with 130.
+        return code if code > 128 else EXIT_CANCELLED
+    if code == EXIT_CANCELLED:
         return EXIT_CANCELLED
     return EXIT_FAILED
 
 
-def _report(console: Console, active: run_mod.ActiveRun) -> None:
+def _report(console: Console, active: SupervisedRun) -> None:
+    from runner.cli.follow import say_resumable
+
     rec = active.record
+    if rec is None and active.state.get("state") != "finished":
+        return  # detached: the run goes on
     if rec is None:
         console.print(f"node finished; the record is written by node 0 ({active.run_id})")
         return
@@ -105,8 +120,10 @@ def _report(console: Console, active: run_mod.ActiveRun) -> None:
                   f"{_fmt(m.get('final_loss'))}, {_fmt(m.get('tokens_per_s'), '.0f')} tokens/s", highlight=False)
     if rec.get("failure"):
         f = rec["failure"]
-        console.print(f"[red]rank {f['rank']} failed at step {f['last_step']}: {f['cause']}: {f['message']}[/red] "
+        who = "the run" if f.get("rank") is None else f"rank {f['rank']}"
+        console.print(f"[red]{who} failed at step {f['last_step']}: {f['cause']}: {escape(f['message'])}[/red] "
                       f"(log: {f['log']})")
+    say_resumable(console, rec)
     export = m.get("export") or {}
     if export.get("dir"):
         # output.save wrote it into the run folder: say where, it is what the user came for.
@@ -114,7 +131,7 @@ def _report(console: Console, active: run_mod.ActiveRun) -> None:
     console.print(f"record: {active.record_path}", highlight=False)
 
 
-def _finish(console: Console, active: run_mod.ActiveRun, code: int, as_json: bool) -> int:
+def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -> int:
     """Report the run; with --json, the last stdout line is the result object (id, status, record, ...)."""
     _report(console, active)
     rec = active.record
@@ -130,6 +147,7 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
 
 def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool = False, plain: bool = False,
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
+    check_run_target(runs_dir, records_dir, run_id)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     estimate = preflight_estimate(spec, force, console)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
@@ -148,20 +166,74 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
     spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
+    check_run_target(run_dir.parent, records_dir, run_dir.name)
+    _refuse_live(run_dir)
     done = complete_checkpoints(run_dir)
-    if not done:
-        raise UserError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} "
-                        "(set train.checkpoint_every, or cancel a run with checkpointing on, to get one)")
     data = read_spec_file(spec_path)
     for assignment in overrides:
         apply_override(data, assignment)
     spec = resolve(validate(data))
+    _refuse_finished(run_dir, records_dir, spec, done[-1][0] if done else None)
+    if not done:
+        raise UserError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} "
+                        "(set train.checkpoint_every, or stop a run with SIGTERM, to get one)")
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     console.print(f"resuming {run_dir.name} from step {done[-1][0]}")
     estimate = preflight_estimate(spec, force, console)
     active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_dir.name, resume=True)
     return _finish(console, active, code, as_json)
+
+
+def _refuse_live(run_dir: Path) -> None:
+    from runner.launch.supervised import supervisor_alive
+    from runner.launch.supervisor import read_state
+    from runner.events.paths import RunPaths
+
+    state = read_state(RunPaths(run_dir))
+    # Only a supervisor on this host can be seen alive; one elsewhere (a requeued job's last node) is not asked.
+    if state and state.get("state") != "finished" and state.get("host") == socket.gethostname() \
+            and supervisor_alive(state):
+        raise UserError(f"--resume {run_dir}: that run is still running (supervisor pid {state.get('pid')}); "
+                        f"follow it with `runner attach {run_dir.name}`")
+
+
+def _refuse_finished(run_dir: Path, records_dir: Path, spec: RunSpec, checkpoint_step: int | None) -> None:
+    """A run that reached its end has nothing to resume unless train.max_steps is raised; its record stays as is."""
+    path = records_dir / f"{run_dir.name}.json"
+    if not path.is_file():
+        return
+    rec = records.load(path)
+    steps = (rec.get("metrics") or {}).get("steps") or 0
+    max_steps = spec.train.max_steps
+    if rec.get("status") == "succeeded" and (max_steps is None or max_steps <= max(steps, checkpoint_step or 0)):
+        raise UserError(f"--resume {run_dir}: nothing to resume: the run succeeded at step {steps}; to train "
+                        f"further, raise train.max_steps (e.g. --set train.max_steps={steps * 2 or 100}) "
+                        "or start a new run")
+
+
+def attach_headless(run_ref: str, runs_dir: Path, records_dir: Path, plain: bool = False, as_json: bool = False,
+                    request: str | None = None) -> int:
+    """Follow a run started elsewhere; with `request` ("cancel" or "stop"), ask for it first."""
+    from runner.cli.follow import follow, say_detached
+    from runner.launch.supervised import attach
+
+    run = attach(run_ref, runs_dir)
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
+    if run.poll() is None:
+        if request is not None:
+            run.request(request, None, by="runner attach")
+        console.print(f"attached to run {run.run_id} ({run.state.get('host')}, supervisor pid "
+                      f"{run.state.get('pid')}); Ctrl+C asks whether to cancel it", highlight=False)
+        followed = follow(run, console, plain, ask=True, by="runner attach")
+        if followed.detached:
+            say_detached(console, run)
+            return EXIT_OK if followed.code == 0 else followed.code
+        code = followed.code
+    else:
+        code = run.poll() or 0
+    run.finish(code)
+    return _finish(console, run, code, as_json)
 
 
 def _print_node_commands(console: Console, spec: RunSpec) -> None:
@@ -192,6 +264,8 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                         f"({', '.join(r['pin'] for r in strict_rows[:5])}{'…' if len(strict_rows) > 5 else ''})")
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, original.get("estimate"),
                                     replay_of=original["id"])
+    if code == EXIT_DETACHED:
+        return code
     _report(console, active)
     rec = active.record or {}
     result = compare(original, rec, tolerance(spec))

@@ -176,6 +176,11 @@ class RunView:
     def bad_lines(self) -> int:
         return self._tail.bad_lines
 
+    def skip_existing(self) -> None:
+        """Start from the files' current ends: a resumed run's view must not replay the old run's lines."""
+        while self._tail.read_new():
+            pass
+
     def poll(self) -> bool:
         """Reads new event lines and applies them; True when the state changed."""
         changed = False

@@ -52,3 +52,17 @@ class RunPaths:
     @property
     def tensorboard(self) -> Path:
         return self.run_dir / "tensorboard"
+
+    @property
+    def supervisor(self) -> Path:
+        """The supervisor's pid, host, state and, once finished, exit code (runner/launch/supervisor.py)."""
+        return self.run_dir / "supervisor.json"
+
+    @property
+    def control(self) -> Path:
+        """Requests from views to the supervisor, one JSON line each (cancel, stop)."""
+        return self.run_dir / "control"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from runner.errors import UserError
 from runner.events.paths import RunPaths
 from runner.record.pins import redact
 from runner.record.records import atomic_write_json
@@ -22,6 +24,40 @@ RUN_ENV = {
     "OMP_NUM_THREADS": "1",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+
+
+# One folder name: no separators, no "..", nothing a shell or a filesystem treats specially.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names a folder under the runs folder and a file in the records folder, never a path elsewhere."""
+    if not RUN_ID_RE.fullmatch(run_id) or ".." in run_id:
+        raise UserError(f"--run-id {run_id!r}: a run id is one folder name of letters, digits, '.', '_' and '-' "
+                        "(no '/', '..' or absolute path), starting with a letter or digit; e.g. --run-id my-run-1")
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """The folder (or the nearest part of it that exists, where it will be made) is a folder this user can write."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UserError(f"{option} {folder}: {probe} is a file, not a folder; pass a folder you can write, "
+                        f"e.g. {option} ~/sft-runs")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {folder}: cannot write in {probe} (permission denied or read-only); pass a "
+                        f"folder you can write, e.g. {option} ~/sft-runs")
+
+
+def check_run_target(runs_dir: Path, records_dir: Path, run_id: str | None = None) -> None:
+    """Bad input found before anything is written: folders this user cannot write, a run id that is a path."""
+    check_writable(runs_dir, "--runs-dir")
+    check_writable(records_dir, "--records-dir")
+    if run_id is not None:
+        check_run_id(run_id)
 
 
 def new_run_id(name: str, runs_dir: Path, records_dir: Path) -> str:

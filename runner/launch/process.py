@@ -8,14 +8,19 @@ import subprocess
 import time
 
 from runner.events.paths import RunPaths
+from runner.train.lifetime import signal_on_parent_death
 from runner.launch.command import run_env
 
 
 class Launcher:
     """torchrun as a child in its own process group; cancel escalates SIGINT → SIGTERM → SIGKILL."""
 
-    def __init__(self, argv: list[str], paths: RunPaths, env: dict[str, str] | None = None):
+    def __init__(self, argv: list[str], paths: RunPaths, env: dict[str, str] | None = None,
+                 stop_with_parent: bool = False):
         self.argv = argv
+        # torchrun gets SIGTERM (a graceful stop with a checkpoint) when the process that started it dies, even by
+        # SIGKILL: only for a launching main thread that lives as long as the run (the supervisor's).
+        self.stop_with_parent = stop_with_parent
         self.paths = paths
         self.env = env if env is not None else run_env()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -26,7 +31,8 @@ class Launcher:
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         self._log = open(self.paths.launcher_log, "ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, start_new_session=True,
+                                     preexec_fn=_stop_with_parent(os.getpid()) if self.stop_with_parent else None)
 
     @property
     def pid(self) -> int:
@@ -44,16 +50,24 @@ class Launcher:
         return code
 
     def cancel(self, grace_s: float = 30.0) -> int:
-        """Stop the whole run: torchrun forwards SIGTERM to ranks (they checkpoint and stop at a step boundary)."""
+        """Cancel the whole run: torchrun forwards SIGINT to the ranks (they stop at a step boundary)."""
         self.cancelled = True
         return self.terminate(grace_s)
 
-    def terminate(self, grace_s: float = 30.0) -> int:
+    def stop(self, grace_s: float = 25.0) -> int:
+        """Stop the whole run gracefully: torchrun forwards SIGTERM, the ranks checkpoint and stop at a step
+        boundary; whatever is left after the grace gets SIGKILL (everything gone within 30 s)."""
+        self.cancelled = True
+        return self.terminate(grace_s, first=signal.SIGTERM)
+
+    def terminate(self, grace_s: float = 30.0, first: int = signal.SIGINT) -> int:
         assert self.proc is not None
         # torchrun starts every rank in a session of its own, so collect the whole tree before signalling:
         # killing only torchrun's group would orphan the ranks.
         tree = self._tree()
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        steps = ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)) if first == signal.SIGINT \
+            else ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0))
+        for sig, wait_s in steps:
             if self.proc.poll() is not None and not _alive(tree):
                 break
             self._signal_group(sig)
@@ -84,6 +98,15 @@ class Launcher:
     def _close_log(self) -> None:
         if self._log is not None and not self._log.closed:
             self._log.close()
+
+
+def _stop_with_parent(parent: int):
+    """A preexec function: SIGTERM (torchrun's graceful stop) when the parent dies."""
+
+    def preexec() -> None:
+        signal_on_parent_death(signal.SIGTERM, parent)
+
+    return preexec
 
 
 def _kill_group(pid: int, sig: int) -> None:

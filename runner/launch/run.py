@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ from runner.launch.process import Launcher
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
-from runner.errors import EXIT_CANCELLED
+from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
 from runner.events.tracking import Trackers, open_trackers
@@ -38,12 +40,26 @@ class ActiveRun:
     sampler: NodeSampler | None = None
     started: float = field(default_factory=time.time)
     trackers: Trackers | None = None
+    # Why the run was stopped early (None: it was not): the signal or request, and the cause the record names.
+    stop_reason: dict[str, Any] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.launcher.cancelled
 
     def poll(self) -> int | None:
         return self.launcher.poll()
 
-    def cancel(self) -> None:
+    def cancel(self, signal_name: str = "SIGINT", cause: str = "cancelled") -> None:
+        """Stop at the next step boundary without a checkpoint beyond those train.checkpoint_every writes."""
+        self.stop_reason = self.stop_reason or {"signal": signal_name, "cause": cause}
         self.launcher.cancel()
+        self.stop_sampler()
+
+    def stop(self, signal_name: str = "SIGTERM", cause: str = "stopped") -> None:
+        """Stop at the next step boundary with an emergency checkpoint, so the run can be resumed."""
+        self.stop_reason = self.stop_reason or {"signal": signal_name, "cause": cause}
+        self.launcher.stop()
         self.stop_sampler()
 
     def wait(self) -> int:
@@ -70,6 +86,8 @@ class ActiveRun:
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
+            rec["cancel"] = {**(self.stop_reason or {"signal": None, "cause": "cancelled"}),
+                             **resume_hint(self.paths.run_dir)}
         elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
             rec["status"] = "succeeded"
         else:
@@ -88,6 +106,18 @@ class ActiveRun:
         return self.record
 
 
+def resume_hint(run_dir: Path) -> dict[str, Any]:
+    """Whether a stopped run can be resumed, from which checkpoint, and the command that does it."""
+    from runner.train.checkpoint import complete_checkpoints
+
+    done = complete_checkpoints(run_dir)
+    if not done:
+        return {"resumable": False, "checkpoint_step": None, "checkpoint": None, "resume": None}
+    step, path = done[-1]
+    return {"resumable": True, "checkpoint_step": step, "checkpoint": str(path),
+            "resume": f"runner run --resume {run_dir}"}
+
+
 def _run_flops(spec: RunSpec) -> records.RunFlops | None:
     """The model's FLOPs counts and this machine's GPU ceiling, for the record's MFU; None on CPU."""
     ceiling = ceiling_tflops_here(spec.hardware.device)
@@ -102,7 +132,7 @@ def _run_flops(spec: RunSpec) -> records.RunFlops | None:
 
 def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
           replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
-          resume: bool = False) -> ActiveRun:
+          resume: bool = False, stop_with_parent: bool = False) -> ActiveRun:
     """Create the run directory and (on node 0) the running record, then launch torchrun.
 
     With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
@@ -122,9 +152,14 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         record_path = records_dir / f"{run_id}.json"
         rec = records.load(record_path)
         rec.pop("lock", None)
+        hint = resume_hint(paths.run_dir)
         rec["resumes"] = [*rec.get("resumes", []), {"at": records.now_iso(), "argv": argv,
                                                     "after_step": (rec.get("metrics") or {}).get("steps"),
+                                                    "from_step": hint["checkpoint_step"],
+                                                    "checkpoint": hint["checkpoint"],
+                                                    "previous_status": rec.get("status"),
                                                     "scheduler": scheduler_facts()}]
+        rec.pop("cancel", None)
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
         rec = records.save(record_path, rec)
     elif node_rank == 0:
@@ -145,7 +180,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
     trackers = open_trackers(spec, run_id, paths.run_dir) if node_rank == 0 else None
     if trackers is not None and rec is not None and record_path is not None:
         rec = records.save(record_path, {**rec, "trackers": trackers.idents})
-    launcher = Launcher(argv, paths, env)
+    launcher = Launcher(argv, paths, env, stop_with_parent=stop_with_parent)
     launcher.start()
     if trackers is not None:
         trackers.start()  # their own thread: the watching loop (dashboard or headless) never waits on a tracker
@@ -154,8 +189,20 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
     return ActiveRun(run_id, spec, paths, record_path, rec, launcher, sampler, trackers=trackers)
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the process that runs torchrun in-process (`runner bench`): a graceful stop follows."""
+
+
+def _raise_terminated(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
 def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s: float = 0.5) -> int:
-    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130."""
+    """Wait for the run, calling on_tick between polls; Ctrl-C cancels the run cleanly and returns 130; SIGTERM
+    (`timeout`, a scheduler) stops it with a checkpoint, finishes nothing itself and returns 143."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while run.poll() is None:
             if on_tick:
@@ -165,6 +212,12 @@ def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s:
     except KeyboardInterrupt:
         run.cancel()
         code = EXIT_CANCELLED
+    except _Terminated:
+        run.stop("SIGTERM", "stopped")
+        code = EXIT_STOPPED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if on_tick:
         on_tick()
     return code

@@ -95,12 +95,27 @@ def compute_lock(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({k: v for k, v in record.items() if k != "lock"})).hexdigest()
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux tells it (/proc), else by setting it back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write to a temporary file in the same folder, fsync, then rename: readers see the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600; a record is shared with a team, so it gets what open() would give (the umask's).
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

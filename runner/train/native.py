@@ -320,7 +320,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                        resumed_from=resumed_from)
 
-    tokens_total, last_loss, cancelled = 0, None, False
+    tokens_total, last_loss, cancelled, emergency_checkpoint = 0, None, False, False
     last_saved = step if resumed_from else None
     first_step = step  # where this process started (a resumed run starts past 0)
     loop_start = time.perf_counter()
@@ -331,9 +331,11 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         blocks_consumed += drawn
         data_s = time.perf_counter() - step_start
         rank_targets = sum(b.target_tokens for g in micro for b in g)
-        (ran_out_any, cancel_any), n_targets = _agree([ran_out, int(rt.stop_requested)], rank_targets, control)
+        (ran_out_any, cancel_any, save_any), n_targets = _agree(
+            [ran_out, int(rt.stop_requested), int(rt.checkpoint_requested)], rank_targets, control)
         if cancel_any or (n_targets == 0 and ran_out_any):
             cancelled = cancel_any
+            emergency_checkpoint = save_any
             blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
             break
         if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
@@ -363,7 +365,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         if ran_out_any or stopped_early:
             break
 
-    if t.checkpoint_every and last_saved != step and step > 0:
+    if (t.checkpoint_every or emergency_checkpoint) and last_saved != step and step > 0:
         _checkpoint(run_dir, step, model, opt, rt, blocks_consumed, control, events)
     rt.synchronize()
     elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from runner.train.lifetime import signal_on_parent_death
+
 # After a cancel signal, a rank stuck in a collective (a peer died) cannot reach the step boundary:
 # leave this long for a clean stop, then exit hard so the launcher is never left waiting.
 CANCEL_GRACE_S = 20.0
@@ -25,6 +27,9 @@ class Runtime:
     node_rank: int
     device: str
     stop_requested: bool = False
+    # SIGTERM / SIGUSR1 (a scheduler's stop or preemption warning) ask for a checkpoint at the stop, so the run
+    # can be resumed even with train.checkpoint_every 0; SIGINT (a cancel) only stops.
+    checkpoint_requested: bool = False
     _timer: threading.Timer | None = field(default=None, repr=False)
 
     def synchronize(self) -> None:
@@ -44,6 +49,8 @@ class Runtime:
 
     def request_stop(self, signum: int, _frame: object) -> None:
         self.stop_requested = True
+        if signum != signal.SIGINT:
+            self.checkpoint_requested = True
         if self._timer is None:
             self._timer = threading.Timer(CANCEL_GRACE_S, os._exit, args=(128 + signum,))
             self._timer.daemon = True
@@ -99,4 +106,8 @@ def init(device: str) -> Runtime:
     rt = Runtime(rank=rank, local_rank=local_rank, world_size=world, node_rank=node_rank, device=device)
     signal.signal(signal.SIGTERM, rt.request_stop)
     signal.signal(signal.SIGINT, rt.request_stop)
+    signal.signal(signal.SIGUSR1, rt.request_stop)
+    # A SIGTERM when torchrun dies (even by SIGKILL): a rank never outlives its launcher.
+    signal_on_parent_death(signal.SIGTERM)
     return rt
+

@@ -370,10 +370,10 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             self.tokens_total += tr.real_tokens
             # One small all-reduce per step: the global loss sum and target count, and whether any rank was asked
             # to stop (so all ranks stop after the same step).
-            agree = torch.tensor([tr.ce_sum, float(tr.targets), float(rt.stop_requested)], dtype=torch.float64,
-                                 device=rt.device)
+            agree = torch.tensor([tr.ce_sum, float(tr.targets), float(rt.stop_requested),
+                                  float(rt.checkpoint_requested)], dtype=torch.float64, device=rt.device)
             dist.all_reduce(agree, op=dist.ReduceOp.SUM)
-            ce, n, stop = (float(x) for x in agree.tolist())
+            ce, n, stop, save = (float(x) for x in agree.tolist())
             step_loss = ce / n if n else None  # None: no rank had a target token in this step
             self.last_loss = step_loss if step_loss is not None else self.last_loss
             if step % spec.train.log_every == 0 or step >= state.max_steps or stop:
@@ -388,6 +388,8 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
             if stop:
                 self.cancelled = True
                 control.should_training_stop = True
+                # SIGTERM / SIGUSR1: an emergency checkpoint, whatever train.checkpoint_every says.
+                control.should_save = control.should_save or bool(save)
             elif evaluator is not None and evaluator.due(step) and self.evaluate(step):
                 self.stopped_early = step  # the eval loss is global: every rank stops on this step
                 control.should_training_stop = True

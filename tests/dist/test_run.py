@@ -168,5 +168,11 @@ def test_resume_from_the_cli_continues_bit_for_bit(dirs, capsys):
 
 def test_resume_without_checkpoint_is_bad_input(tiny_run, capsys):
     run_dir = Path(records.load(tiny_run["record"])["run_dir"])
+    before = tiny_run["record"].read_bytes()
+    # Finished at its max_steps: nothing to resume. With more steps asked for: no checkpoint to start from.
     code, _, err = run_cli(["run", "--resume", str(run_dir), "--records-dir", str(tiny_run["records"])], capsys)
+    assert code == 2 and "nothing to resume: the run succeeded at step 12" in err
+    code, _, err = run_cli(["run", "--resume", str(run_dir), "--set", "train.max_steps=24", "--records-dir",
+                            str(tiny_run["records"])], capsys)
     assert code == 2 and "no complete checkpoint" in err
+    assert tiny_run["record"].read_bytes() == before

@@ -130,7 +130,7 @@ def test_cancel_with_confirmation_leaves_no_process(tmp_path: Path) -> None:
         app = _long_run_app(tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             dash = await _launch_until_step(pilot, app, 2)
-            pids = _tree(dash.active.launcher.pid)
+            pids = _tree(dash.active.pid)
             assert len(pids) >= 3  # torchrun and its two ranks
             await pilot.press("c")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
@@ -156,7 +156,7 @@ def test_quit_during_a_run_cancels_it_first(tmp_path: Path) -> None:
         app = _long_run_app(tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             dash = await _launch_until_step(pilot, app, 1)
-            state["pids"] = _tree(dash.active.launcher.pid)
+            state["pids"] = _tree(dash.active.pid)
             state["record"] = dash.active.record_path
             await pilot.press("ctrl+q")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
@@ -187,7 +187,7 @@ def test_killed_rank_is_named_on_the_dashboard(tmp_path: Path) -> None:
             assert "FAILED" in shown and "rank 1 failed at step" in shown and "rank1.log" in shown
             rec = load(dash.active.record_path)
             assert rec["status"] == "failed" and rec["failure"]["rank"] == 1
-            assert _alive(_tree(dash.active.launcher.pid)) == []
+            assert _alive(_tree(dash.active.pid)) == []
 
     run_async(go())
 

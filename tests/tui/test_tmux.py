@@ -8,7 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 import pytest
 
@@ -35,3 +38,39 @@ def test_sft_tui_in_tmux_runs_tiny_cpu_to_a_record(tmp_path: Path) -> None:
     rec = json.loads(record.read_text())
     assert rec["status"] == "succeeded" and rec["metrics"]["steps"] == 5
     assert verify(record)[0]
+
+
+def _processes_under(folder: Path) -> list[psutil.Process]:
+    """The wizard (its working folder) and the run's processes (their spec path) of one test."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.pid != os.getpid() and (str(folder) in cmd or (p.info["cwd"] == str(folder) and "sft-tui" in cmd)):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_closing_the_terminal_mid_run_leaves_the_run_to_finish_its_record(tmp_path: Path) -> None:
+    binary = Path(sys.executable).with_name("sft-tui")
+    if not binary.exists():
+        pytest.skip(f"no sft-tui console script next to {sys.executable} (pip install -e .)")
+    steps = 30
+    proc = subprocess.run([str(SCRIPT), str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SFT_TUI": str(binary), "MAX_STEPS": str(steps), "HANGUP": "1"})
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("hung up"), proc.stdout[-3000:] + proc.stderr
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    record = tmp_path / "records" / f"{run_dir.name}.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not record.exists() or json.loads(record.read_text())["status"] == "running"):
+        time.sleep(0.5)
+    rec = json.loads(record.read_text())
+    assert rec["status"] == "succeeded" and rec["metrics"]["steps"] == steps and verify(record)[0]
+    deadline = time.time() + 30
+    while _processes_under(tmp_path) and time.time() < deadline:
+        time.sleep(0.2)
+    assert [p.info["cmdline"] for p in _processes_under(tmp_path)] == []

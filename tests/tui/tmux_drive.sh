@@ -5,7 +5,11 @@
 # table), the record opened (its lock verified), quit. Prints the screens it checked and `record: <path>`; exits
 # non-zero (with the screen) when a step times out.
 #
-#   tests/tui/tmux_drive.sh [WORK_DIR]   # env: SFT_TUI (binary), MAX_STEPS (default 6), TIMEOUT_S (150), COLS, ROWS
+# With HANGUP=1 it closes the terminal (kills the tmux server: SIGHUP to the wizard) once the dashboard shows a step,
+# prints `hung up` and exits 0: the run must go on to its record without any view.
+#
+#   tests/tui/tmux_drive.sh [WORK_DIR]   # env: SFT_TUI (binary), MAX_STEPS (default 6), TIMEOUT_S (150), COLS, ROWS,
+#                                        #      HANGUP
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -59,6 +63,11 @@ wait_for 'ready: 2 rank\(s\) on cpu' 90 "the Launch step's checks (plan and pref
 key C-l                                    # launch
 wait_for 'step [0-9]+/'"$MAX_STEPS" 90 "the dashboard"
 echo "--- dashboard"; screen
+if [[ "${HANGUP:-}" == 1 ]]; then
+    tmux_ kill-server
+    echo "hung up"
+    exit 0
+fi
 wait_for 'SUCCEEDED' "$TIMEOUT_S" "the summary"
 echo "--- summary"; screen
 run_id="$(screen | grep -oE 'summary of [^ ]+' | head -n 1 | awk '{print $3}')"

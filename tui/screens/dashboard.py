@@ -53,9 +53,11 @@ class DashboardScreen(Screen):
 
     def __init__(self, run_dir: Path, active: Any = None, estimate: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
-                 original: dict[str, Any] | None = None) -> None:
+                 original: dict[str, Any] | None = None, attached: bool = False) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
+        # Opened on a run launched elsewhere (the records browser): Escape leaves it running, as any view may.
+        self.attached = attached
         self.run_id = self.run_dir.name
         self.active = active
         self.estimate = estimate
@@ -174,7 +176,7 @@ class DashboardScreen(Screen):
         if self.record is not None:
             s = self.record.get("status") or "?"
             return s, {"succeeded": "success", "failed": "error", "cancelled": "warning"}.get(s, "primary")
-        if self.ending and self.active is not None and self.active.launcher.cancelled:
+        if self.ending and self.active is not None and self.active.cancelled:
             return "cancelling", "warning"
         if self.view.failed_rank() is not None:
             return "failing", "error"
@@ -382,7 +384,7 @@ class DashboardScreen(Screen):
         self.app.show_summary(self.record, self.active.record_path if self.active else None, self.replay)
 
     def action_back(self) -> None:
-        if self.active is not None and not self.ending:
+        if self.active is not None and not self.ending and not self.attached:
             self.notify("the run is still going: cancel it (c) or wait for the end", severity="warning")
             return
         self.app.back_from(self)

@@ -73,6 +73,9 @@ class RecordsScreen(Screen):
     def action_reload(self) -> None:
         table = self.query_one("#records", DataTable)
         table.clear()
+        from runner.launch.supervised import reap_lost
+
+        reap_lost(self.records_dir)  # a run whose supervisor died is finished as failed, never left `running`
         recs = sorted(list_records(self.records_dir), key=lambda r: (r.get("created") or "", r.get("id") or ""),
                       reverse=True)
         self.records = {r["id"]: r for r in recs if r.get("id")}
@@ -100,6 +103,11 @@ class RecordsScreen(Screen):
         text = f"{n} record{'s' if n != 1 else ''} in {fmt.show_path(self.records_dir)}"
         if self.marked:
             text += f" · marked: {', '.join(self.marked)}"
+        from runner.launch.supervised import is_live
+
+        live = sum(is_live(r) for r in self.records.values())
+        if live:
+            text += f" · {live} running (enter: live dashboard)"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
         table = self.query_one("#records", DataTable)
         # From the columns themselves, not the table's layout: that is not done yet right after a reload.
@@ -134,9 +142,28 @@ class RecordsScreen(Screen):
         self._update_head()
 
     def action_open(self) -> None:
+        from runner.launch.supervised import is_live
+
         rec = self._current()
-        if rec is not None:
+        if rec is not None and is_live(rec):
+            self._open_live(rec)
+        elif rec is not None:
             self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
+
+    def _open_live(self, rec: dict[str, Any]) -> None:
+        """A running run opens its live dashboard, attached to its supervisor: it can be cancelled from there."""
+        from runner.launch.supervised import attach
+        from tui.screens.dashboard import DashboardScreen
+
+        try:
+            active = attach(rec["run_dir"], Path(rec["run_dir"]).parent)
+        except UserError as e:
+            self.notify(str(e), severity="warning")
+            self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
+            return
+        active.spec = rec.get("spec")
+        self.app.push_screen(DashboardScreen(active.paths.run_dir, active=active, estimate=rec.get("estimate"),
+                                             clock=self.app.clock, poll_s=self.app.poll_s, attached=True))
 
     @on(DataTable.RowSelected, "#records")
     def _row_selected(self) -> None:

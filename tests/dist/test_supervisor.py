@@ -1,0 +1,155 @@
+"""The run's supervisor under real signals on real 2-rank CPU runs: SIGTERM stops with a checkpoint that resumes
+the same loss curve; a SIGKILLed supervisor leaves no process and the next `runner list` finishes its record as
+failed; SLURM's warning signal checkpoints, records the run as preempted and requeues the job. (A view that hangs
+up, `runner attach` and the wizard's live view of a run started elsewhere: tests/tui/test_live_runs.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runner.events.lines import read_events
+from runner.record import records
+from tests.conftest import REPO, dir_args, last_json, run_cli
+
+pytestmark = pytest.mark.dist
+
+LONG = ["--set", "train.max_steps=2000", "--set", "train.log_every=1"]
+
+
+def _runner(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_step(runs: Path, step: int, timeout_s: float = 120) -> Path:
+    """The run folder once rank 0 has logged `step`."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for run_dir in runs.glob("*"):
+            if any(e.get("step", 0) >= step and "event" not in e
+                   for e in read_events(run_dir / "events" / "rank0.jsonl")):
+                return run_dir
+        time.sleep(0.2)
+    raise AssertionError(f"rank 0 never reached step {step}")
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(procs: list[psutil.Process]) -> list[tuple[int, list[str]]]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append((p.pid, p.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _wait_all_gone(procs: list[psutil.Process], within_s: float) -> None:
+    deadline = time.time() + within_s
+    while _alive(procs) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _alive(procs) == [], f"processes left running after {within_s} s: {_alive(procs)}"
+
+
+def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(tiny_run, dirs, capsys):
+    # The same spec as tiny_run (12 steps): the resumed run must end on exactly its loss curve.
+    proc = _runner(["run", "tiny-cpu", "--set", "train.max_steps=12", "--json", "--plain", *dir_args(dirs)])
+    run_dir = _wait_for_step(dirs["runs"], 2)
+    procs = _tree(proc.pid)
+    assert len(procs) >= 5  # the view, the supervisor, torchrun, two ranks
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    _wait_all_gone(procs, 30)
+    path = Path(last_json(out)["record"])
+    rec = records.load(path)
+    cancel = rec["cancel"]
+    assert rec["status"] == "cancelled" and cancel["signal"] == "SIGTERM" and records.verify(path)[0]
+    stopped = rec["metrics"]["steps"]
+    assert 2 <= stopped < 12 and cancel["checkpoint_step"] == stopped and cancel["resumable"]
+    assert (run_dir / "checkpoints" / f"step{stopped}" / "meta.json").is_file()  # checkpoint_every is 0
+    assert f"resume with `runner run --resume {run_dir}`" in err
+
+    code, out, err = run_cli(["run", "--resume", str(run_dir), "--plain", "--json", "--records-dir",
+                              str(dirs["records"])], capsys)
+    assert code == 0, err
+    resumed = records.load(path)
+    assert resumed["metrics"]["loss_curve"] == records.load(tiny_run["record"])["metrics"]["loss_curve"]
+    assert resumed["resumes"][-1]["from_step"] == stopped and resumed["resumes"][-1]["previous_status"] == "cancelled"
+    steps = [line.split()[1] for line in err.splitlines() if line.startswith("step ")]
+    assert steps[0] == f"{stopped + 1}/12" and "run cancelled" not in err  # the old run's lines are not replayed
+    before = path.read_bytes()
+    code, _, err = run_cli(["run", "--resume", str(run_dir), "--records-dir", str(dirs["records"])], capsys)
+    assert code == 2 and "nothing to resume" in err and path.read_bytes() == before
+
+
+def test_sigkilled_supervisor_leaves_no_process_and_list_finishes_the_record(dirs, capsys):
+    view = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir = _wait_for_step(dirs["runs"], 2)
+    state = json.loads((run_dir / "supervisor.json").read_text())
+    procs = _tree(int(state["pid"]))
+    assert len(procs) >= 4  # the supervisor, torchrun, two ranks
+    view.kill()  # no view is left to notice: the next `runner list` must
+    view.communicate(timeout=30)
+    os.kill(int(state["pid"]), signal.SIGKILL)
+    _wait_all_gone(procs, 60)
+    path = dirs["records"] / f"{run_dir.name}.json"
+    assert records.load(path)["status"] == "running"
+    code, out, err = run_cli(["list", "--json", "--records-dir", str(dirs["records"])], capsys)
+    assert code == 0 and "supervisor lost" in err
+    assert [r["status"] for r in json.loads(out)] == ["failed"]
+    rec = records.load(path)
+    f = rec["failure"]
+    assert f["cause"] == "supervisor lost" and f["last_step"] >= 2 and f["last_steps"]["0"] >= 2
+    assert records.verify(path)[0]
+    # torchrun got SIGTERM when its parent died: the ranks stopped with a checkpoint, so the run can be resumed.
+    assert rec["lost"]["resumable"] and rec["lost"]["checkpoint_step"] >= 2
+
+
+def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_path, capsys):
+    """The sbatch script of `runner job --to slurm` under a stub srun: USR1 to the batch shell (SLURM's warning
+    before the time limit) reaches `runner run`, the run checkpoints and is recorded as preempted, the job requeues."""
+    import socket
+
+    stubs = REPO / "tests" / "fixtures" / "slurm_stub"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
+    code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", "hardware.nproc_per_node=2", *LONG, "--port",
+                    str(port), "-o", str(script), "--runs-dir", str(runs), "--records-dir", str(recs)])[0]
+    assert code == 0
+    log = tmp_path / "scontrol.log"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_NNODES": "1",
+           "SLURM_JOB_NODELIST": "127.0.0.1", "SCONTROL_LOG": str(log),
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    run_dir = _wait_for_step(runs, 2)
+    job.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=90)
+    assert job.returncode == 0 and "requeueing job 77" in err, out[-2000:] + err[-2000:]
+    assert "requeue 77" in log.read_text()
+    path = recs / f"{run_dir.name}.json"
+    rec = records.load(path)
+    cancel = rec["cancel"]
+    assert rec["status"] == "cancelled" and cancel["cause"] == "preempted" and cancel["signal"] == "SIGUSR1"
+    assert cancel["resumable"] and cancel["checkpoint_step"] == rec["metrics"]["steps"] >= 2
+    assert records.verify(path)[0]
