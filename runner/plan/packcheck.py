@@ -370,7 +370,9 @@ def _packed_side(model: Any, block: Any, setup: Setup) -> tuple[Any, Any]:
     from runner.train.data import collate, to_device
     from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum, packing_kwargs
 
-    if setup.engine == "trl":
+    from runner.engines import engine_for
+
+    if engine_for(setup.engine).boundaries_from_collator:  # the engine's batches come from TRL's collator
         from runner.train.trl_data import CountingCollator, block_row
 
         batch = to_device(CountingCollator(0)([block_row(block)]), setup.device)
