@@ -54,6 +54,7 @@ def lora_settings(config: Any) -> dict[str, Any]:
 
 def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, args: argparse.Namespace) -> Any:
     from runner.engines import with_plain_levers
+    from runner.facts.decisions import chunked_supported
     from runner.spec import load_spec, resolve
     from tests.families import family_config
 
@@ -66,7 +67,10 @@ def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, 
         "method": {"kind": "lora", "lora": lora_settings(config)} if args.method == "lora" else {"kind": "full"},
         "hardware": {"device": args.device, "nproc_per_node": args.nproc},
         "train": {"seq_len": seq_len, "micro_batch": 1, "grad_accum": 1, "lr": args.lr, "schedule": "constant",
-                  "warmup_steps": 0, "max_steps": args.steps, "log_every": 1, "seed": 0},
+                  "warmup_steps": 0, "max_steps": args.steps, "log_every": 1, "seed": 0,
+                  # The plain loss is chunked, except for a model that transforms its logits (Gemma-2's softcap),
+                  # where only the full loss is exact (what the loss's former `auto` chose).
+                  **({"loss_impl": "full"} if chunked_supported(config.to_dict()) else {})},
         "output": {"save": "none"},
     }
     return with_plain_levers(resolve(load_spec(data_spec)))  # the matrix runs the plain levers, as it always did
