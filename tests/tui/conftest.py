@@ -58,7 +58,7 @@ def fake_estimate(spec: RunSpec) -> dict[str, Any]:
             "attn_implementation": spec.model.attn_implementation, "loss_impl": levers["loss_impl"],
             "activation_checkpointing": levers["activation_checkpointing"], "params_trainable": 230_080,
             "arch_source": "path", "doc_len": 49, "dataset_tokens": None, "hfu_source": "", "phases_gib": {},
-            "host_offload_gib": 0.0,
+            "host_offload_gib": 0.0, "host_memory_gib": None,
             "peak_mem_gib": {"rss": total} if device == "cpu" else {"allocated": total - 1.5, "reserved": total},
             "approximate_scope": "", "dataset_format": None, "packing": None,
             "levers": levers, "levers_tuned": [f for f in levers if t.model_dump()[f] == "auto"],
