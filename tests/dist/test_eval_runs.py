@@ -51,6 +51,8 @@ def test_eval_curve_falls_is_tracked_and_replays_exactly(dirs, capsys, monkeypat
     assert len(acc.Scalars("train/loss")) == 75
     assert records.load(Path(tb) / path.name)["lock"] == rec["lock"]
     ml = rec["trackers"]["mlflow"]
+    # The run's supervisor opened MLflow's file store on request; a reader asks for it the same way.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(ml["tracking_uri"])
     assert client.get_run(ml["run_id"]).info.status == "FINISHED"
     assert len(client.get_metric_history(ml["run_id"], "train_loss")) == 75
