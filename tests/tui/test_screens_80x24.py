@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.tui.conftest import CLOCK_T, DASH_ID, fixed_backends, run_async, wait_for
+from tests.tui.conftest import CLOCK_T, DASH_ID, fixed_backends, run_async, settle, wait_for
 from tests.tui.helpers import table_rows, terminal_text, text_of
 from tui.app import make_app
 from tui.screens.dashboard import DashboardScreen, terminal_lines
@@ -26,7 +26,7 @@ def test_dashboard_at_80x24_keeps_its_lines_and_one_precision(synth: Path) -> No
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.view.ranks, 10,
                            "the dashboard's ranks")
-            await pilot.pause(0.3)
+            await settle(pilot)
             screen = app.screen
             rows = terminal_text(app).splitlines()
             assert len(rows) == 24
@@ -74,7 +74,7 @@ def test_a_plan_many_times_too_big_keeps_its_memory_bar_on_one_row() -> None:
             bar = app.query_one(MemoryBar)
             for cap in (11.8, 0.0001, 5000.0):
                 bar.set_estimate({"activations": 114796.2, "process": 0.5}, 132016.19, cap, "host RAM")
-                await pilot.pause(0.1)
+                await settle(pilot)
                 rows = bar.render().plain.splitlines()
                 assert 0 < len(rows[0]) <= 78 and rows[0].count("│") == 1, (cap, rows[0])
                 assert rows[1:] == ["■ activations 114796.2  ■ process 0.50"]
@@ -91,7 +91,7 @@ def test_the_diff_gives_a_long_value_the_room_its_neighbour_leaves(synth: Path) 
     async def go() -> None:
         app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause(0.3)
+            await settle(pilot)
             for key in ("down", "space", "down", "space", "d"):
                 await pilot.press(key)
             await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen), 10, "the diff")
@@ -128,7 +128,7 @@ def test_the_what_if_of_gpu_types_is_for_gpu_plans(tmp_path: Path) -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             wiz = await ready(pilot)
             await wait_for(pilot, lambda: wiz.sweep is not None, 20, "the what-if")
-            await pilot.pause(0.1)
+            await settle(pilot)
             grid_w = wiz.query_one("#sweep")
             return wiz.sweep, text_of(wiz.query_one("#sweep-title")), grid_w.display, text_of(grid_w), \
                 grid_w.size.width
@@ -170,14 +170,14 @@ def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None
             assert [row[3] for row in table_rows(table)] == ["-"]
             (events / "rank0.jsonl").write_text(later[0][0] + "\n")  # rank 0 starts second
             app.screen._tick(reschedule=False)
-            await pilot.pause(0.2)
+            await settle(pilot)
             assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == ["0", "1"]  # listed by rank
             # The highlighted row is the rank whose log shows.
             assert str(table.get_row_at(table.cursor_row)[0]) == str(app.screen.log_rank)
             for r, lines in later.items():
                 (events / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
             app.screen._tick(reschedule=False)
-            await pilot.pause(0.2)
+            await settle(pilot)
             rows = [line for line in terminal_text(app).splitlines() if line.startswith((" 0 ", " 1 "))]
             assert len(rows) == 2
             assert [row.split()[0] for row in rows] == ["0", "1"]

@@ -159,3 +159,13 @@ def test_no_function_over_the_size_limit():
                 if n > MAX_FUNCTION_LINES:
                     long[(str(p.relative_to(REPO)), node.name)] = n
     assert set(long) <= LONG_FUNCTIONS_ALLOWED, long
+
+
+def test_tui_tests_wait_on_conditions_not_fixed_pauses():
+    """A fixed `pilot.pause(seconds)` passes a slow machine's check for the wrong reason (the thing it waits for has
+    not happened yet): tests wait with tests/tui/conftest.py's wait_for or settle instead."""
+    import re
+
+    fixed = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "tests" / "tui").glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"pilot\.pause\(\s*[^)\s]", line)]
+    assert fixed == []
