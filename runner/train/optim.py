@@ -178,14 +178,17 @@ class StochasticAdamW(torch.optim.Optimizer):
                 index += 1
         for (gid, device), items in batches.items():
             hp = self._hyper(groups[gid], n, device)
-            keys = param_keys(self.seed, self.rank, n, [i for i, _ in items], device)
             fused = self.fused if self.fused is not None else device.type == "cuda"
-            contiguous = [fused and all(x.is_contiguous() for x in t) for _, t in items]
-            pick = [k for k, c in enumerate(contiguous) if c]
+            # Keys are made on the host and sent in one pinned copy per call: indexing a device tensor with a host
+            # list would copy from pageable memory, which waits for the GPU (the step must queue ahead of it).
+            pick = [(i, t) for i, t in items if fused and all(x.is_contiguous() for x in t)]
+            rest = [(i, t) for i, t in items if not (fused and all(x.is_contiguous() for x in t))]
             if pick:
-                _fused_update_all()(*([items[k][1][j].view(-1) for k in pick] for j in range(4)), hp, keys[pick])
-            for k, (_, tensors) in enumerate(items):
-                if not contiguous[k]:
+                keys = param_keys(self.seed, self.rank, n, [i for i, _ in pick], device)
+                _fused_update_all()(*([t[j].view(-1) for _, t in pick] for j in range(4)), hp, keys)
+            if rest:
+                keys = param_keys(self.seed, self.rank, n, [i for i, _ in rest], device)
+                for k, (_, tensors) in enumerate(rest):
                     self._eager(tensors, hp, keys[k])
         return loss
 
