@@ -4,6 +4,10 @@ Layout: runs/<id>/checkpoints/step<N>/ holds the DCP shards of {"model", "optim"
 `rank<r>.pt` (that rank's data position and RNG states) and `meta.json` (written last, by rank 0). A checkpoint
 is built in a hidden `.step<N>.tmp` folder and renamed when every rank has finished, so a half-written one is
 never picked up by `latest_checkpoint`.
+
+The TRL engine's checkpoints are the Hugging Face trainer's, in the same folder: `checkpoint-<N>/`, written in
+place, with `trainer_state.json` written after the model, optimizer, scheduler and RNG states. Both layouts count
+as complete only with their last file, so a resume (or a record's resume hint) never picks a half-written one.
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return checkpoints_root(run_dir) / f"step{step}"
 
 
+LAYOUTS = (("step", META), ("checkpoint-", "trainer_state.json"))
+"""(folder prefix, the file written last) of the native engine's checkpoints and of the Hugging Face trainer's."""
+
+
 def _step_of(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("step") or not name[4:].isdigit():
-        return None
-    return int(name[4:])
+    """The step of a complete checkpoint folder, None for anything else (a half-written one included)."""
+    for prefix, last in LAYOUTS:
+        rest = path.name[len(prefix):]
+        if path.name.startswith(prefix) and rest.isdigit() and (path / last).is_file():
+            return int(rest)
+    return None
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -46,7 +56,7 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     out = []
     for p in root.iterdir():
         step = _step_of(p)
-        if step is not None and p.is_dir() and (p / META).is_file():
+        if step is not None:
             out.append((step, p))
     return sorted(out)
 

@@ -49,6 +49,7 @@ from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
+from runner.train.checkpoint import latest_checkpoint
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
     CountingCollator,
@@ -531,7 +532,9 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
               flush=True)
 
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    # The latest complete checkpoint, named: the trainer's own pick is the newest folder, finished or not.
+    last = latest_checkpoint(run_dir) if resume else None
+    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     rt.synchronize()
     elapsed = time.perf_counter() - start - (evaluator.seconds if evaluator else 0.0)
     step = int(trainer.state.global_step)

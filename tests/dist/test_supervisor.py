@@ -163,3 +163,31 @@ def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_pat
     assert rec["status"] == "cancelled" and cancel["cause"] == "preempted" and cancel["signal"] == "SIGUSR1"
     assert cancel["resumable"] and cancel["checkpoint_step"] == rec["metrics"]["steps"] >= 2
     assert records.verify(path)[0]
+
+
+def test_trl_run_stopped_by_sigterm_resumes_from_the_trainers_checkpoint(dirs, capsys):
+    """The TRL engine checkpoints in the Hugging Face trainer's layout (checkpoint-N): the record still says the run
+    can be resumed, from where, and `runner run --resume` continues it to the same loss curve."""
+    sets = ["--set", "engine=trl", "--set", f"train.max_steps={STEPS}"]
+    proc = _runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
+    run_dir = _wait_for_step(dirs["runs"], 2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    path = Path(last_json(out)["record"])
+    cancel = records.load(path)["cancel"]
+    stopped = records.load(path)["metrics"]["steps"]
+    assert 2 <= stopped < STEPS and cancel["resumable"] and cancel["checkpoint_step"] == stopped
+    assert cancel["checkpoint"] == str(run_dir / "checkpoints" / f"checkpoint-{stopped}")
+    # A half-written trainer checkpoint (no trainer_state.json yet) is never the one resumed from.
+    (run_dir / "checkpoints" / f"checkpoint-{stopped + 1}").mkdir()
+    code, out, err = run_cli(["run", "--resume", str(run_dir), "--plain", "--json", "--records-dir",
+                              str(dirs["records"])], capsys)
+    assert code == 0, err
+    resumed = records.load(path)
+    assert resumed["status"] == "succeeded" and resumed["resumes"][-1]["from_step"] == stopped
+    code, out, err = run_cli(["run", "tiny-cpu", *sets, "--json", "--plain", "--run-id", "uninterrupted-trl",
+                              *dir_args(dirs)], capsys)
+    assert code == 0, err
+    whole = records.load(Path(last_json(out)["record"]))
+    assert resumed["metrics"]["loss_curve"] == whole["metrics"]["loss_curve"]
