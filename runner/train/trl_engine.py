@@ -217,6 +217,12 @@ def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+def _resume_from(run_dir: Path) -> str | None:
+    """The latest complete checkpoint, named: the trainer's own pick is the newest folder, finished or not."""
+    last = latest_checkpoint(run_dir)
+    return str(last) if last is not None else None
+
+
 def sft_config(spec: RunSpec, rt: Runtime, out_dir: Path, fsdp: dict[str, Any] | None, bf16: bool,
                liger: bool = False) -> Any:
     from trl import SFTConfig
@@ -532,9 +538,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
               flush=True)
 
     start = time.perf_counter()
-    # The latest complete checkpoint, named: the trainer's own pick is the newest folder, finished or not.
-    last = latest_checkpoint(run_dir) if resume else None
-    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+    trainer.train(resume_from_checkpoint=_resume_from(run_dir) if resume else None)
     rt.synchronize()
     elapsed = time.perf_counter() - start - (evaluator.seconds if evaluator else 0.0)
     step = int(trainer.state.global_step)
