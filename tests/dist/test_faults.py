@@ -18,62 +18,26 @@ import pytest
 from runner.record import records
 from runner.events.lines import read_events
 from runner.events.failure import classify_text
+from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
 from tests.conftest import REPO, dir_args, last_json
 
 pytestmark = pytest.mark.dist
-
-
-def _runner(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
-
-
-def _wait_for_step(runs: Path, rank: int, step: int, timeout_s: float = 90) -> tuple[Path, int]:
-    """(run dir, pid of the rank) once the rank has logged `step`."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for run_dir in runs.glob("*"):
-            evs = read_events(run_dir / "events" / f"rank{rank}.jsonl")
-            start = next((e for e in evs if e.get("event") == "start"), None)
-            if start and any(e.get("step", 0) >= step and "event" not in e for e in evs):
-                return run_dir, start["pid"]
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never reached step {step}")
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _assert_all_gone(procs: list[psutil.Process]) -> None:
-    alive = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append((p.pid, p.cmdline()))
-        except psutil.NoSuchProcess:
-            pass
-    assert alive == [], f"processes left running: {alive}"
 
 
 LONG = ["--set", "train.max_steps=2000", "--set", "train.log_every=1"]
 
 
 def test_killed_rank_fails_the_run_with_rank_cause_and_last_steps(dirs):
-    proc = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
-    run_dir, pid = _wait_for_step(dirs["runs"], rank=1, step=3)
-    procs = _tree(proc.pid)
+    proc = start_runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, pid = wait_for_step(dirs["runs"], 3, rank=1)
+    procs = process_tree(proc.pid)
     assert len(procs) >= 4  # runner, torchrun, two ranks
     os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
     out, err = proc.communicate(timeout=60)
     assert time.time() - killed_at < 30, "the other rank was not ended within 30 s"
     assert proc.returncode == 1, err
-    _assert_all_gone(procs)
+    wait_all_gone(procs, 10)
     rec = records.load(Path(last_json(out)["record"]))
     f = rec["failure"]
     assert rec["status"] == "failed" and f["rank"] == 1 and f["cause"] == "signal"
@@ -92,7 +56,7 @@ def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
     # Wrapped blocks leave after a few rows, so one rank meets the bad row while its peer waits in a collective;
     # bfd would first read a 64-block buffer spanning several passes, in which each rank (the shards are drawn
     # anew each pass) meets the bad row itself.
-    proc = _runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
+    proc = start_runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
                     "--set", "train.max_steps=50", "--set", "train.packing_strategy=wrapped", "--json", "--plain",
                     *dir_args(dirs)])
     out, err = proc.communicate(timeout=120)
@@ -119,13 +83,13 @@ def test_simulated_cuda_oom_is_classified_with_size():
 
 
 def test_ctrl_c_cancels_with_130_and_leaves_nothing(dirs):
-    proc = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
-    run_dir, _ = _wait_for_step(dirs["runs"], rank=0, step=3)
-    procs = _tree(proc.pid)
+    proc = start_runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 3)
+    procs = process_tree(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
-    _assert_all_gone(procs)
+    wait_all_gone(procs, 10)
     rec = records.load(Path(last_json(out)["record"]))
     assert rec["status"] == "cancelled" and records.verify(Path(last_json(out)["record"]))[0]
     ends = [e for r in (0, 1) for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if e.get("event") == "end"]

@@ -18,54 +18,12 @@ import pytest
 
 from runner.events.lines import read_events
 from runner.record import records
+from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
 from tests.conftest import REPO, dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist
 
 LONG = ["--set", "train.max_steps=2000", "--set", "train.log_every=1"]
-
-
-def _runner(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_step(runs: Path, step: int, timeout_s: float = 120) -> Path:
-    """The run folder once rank 0 has logged `step`."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for run_dir in runs.glob("*"):
-            if any(e.get("step", 0) >= step and "event" not in e
-                   for e in read_events(run_dir / "events" / "rank0.jsonl")):
-                return run_dir
-        time.sleep(0.2)
-    raise AssertionError(f"rank 0 never reached step {step}")
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(procs: list[psutil.Process]) -> list[tuple[int, list[str]]]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append((p.pid, p.cmdline()))
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _wait_all_gone(procs: list[psutil.Process], within_s: float) -> None:
-    deadline = time.time() + within_s
-    while _alive(procs) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _alive(procs) == [], f"processes left running after {within_s} s: {_alive(procs)}"
 
 
 STEPS = 40  # long enough that the stop lands mid-run on a slow machine: a step of the embedded model is ~0.1 s
@@ -74,14 +32,14 @@ STEPS = 40  # long enough that the stop lands mid-run on a slow machine: a step 
 def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(dirs, capsys):
     # The resumed run must end on exactly the loss curve of the same spec run without a stop.
     sets = ["--set", f"train.max_steps={STEPS}"]
-    proc = _runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
-    run_dir = _wait_for_step(dirs["runs"], 2)
-    procs = _tree(proc.pid)
+    proc = start_runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 2)
+    procs = process_tree(proc.pid)
     assert len(procs) >= 5  # the view, the supervisor, torchrun, two ranks
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    _wait_all_gone(procs, 30)
+    wait_all_gone(procs, 30)
     path = Path(last_json(out)["record"])
     rec = records.load(path)
     cancel = rec["cancel"]
@@ -111,15 +69,15 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(dirs, ca
 
 
 def test_sigkilled_supervisor_leaves_no_process_and_list_finishes_the_record(dirs, capsys):
-    view = _runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
-    run_dir = _wait_for_step(dirs["runs"], 2)
+    view = start_runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 2)
     state = json.loads((run_dir / "supervisor.json").read_text())
-    procs = _tree(int(state["pid"]))
+    procs = process_tree(int(state["pid"]))
     assert len(procs) >= 4  # the supervisor, torchrun, two ranks
     view.kill()  # no view is left to notice: the next `runner list` must
     view.communicate(timeout=30)
     os.kill(int(state["pid"]), signal.SIGKILL)
-    _wait_all_gone(procs, 60)
+    wait_all_gone(procs, 60)
     path = dirs["records"] / f"{run_dir.name}.json"
     assert records.load(path)["status"] == "running"
     code, out, err = run_cli(["list", "--json", "--records-dir", str(dirs["records"])], capsys)
@@ -152,7 +110,7 @@ def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_pat
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    run_dir = _wait_for_step(runs, 2)
+    run_dir, _ = wait_for_step(runs, 2)
     job.send_signal(signal.SIGUSR1)
     out, err = job.communicate(timeout=90)
     assert job.returncode == 0 and "requeueing job 77" in err, out[-2000:] + err[-2000:]
@@ -169,8 +127,8 @@ def test_trl_run_stopped_by_sigterm_resumes_from_the_trainers_checkpoint(dirs, c
     """The TRL engine checkpoints in the Hugging Face trainer's layout (checkpoint-N): the record still says the run
     can be resumed, from where, and `runner run --resume` continues it to the same loss curve."""
     sets = ["--set", "engine=trl", "--set", f"train.max_steps={STEPS}"]
-    proc = _runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
-    run_dir = _wait_for_step(dirs["runs"], 2)
+    proc = start_runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 143, err

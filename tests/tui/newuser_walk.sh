@@ -11,35 +11,13 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-SFT_TUI="${SFT_TUI:-$REPO/.venv/bin/sft-tui}"
+SESSION_NAME="walk"
+# shellcheck source=tests/tui/tmux_lib.sh
+. "$REPO/tests/tui/tmux_lib.sh"
 PYTHON="$(dirname "$SFT_TUI")/python"
-MAX_STEPS="${MAX_STEPS:-6}"
-TIMEOUT_S="${TIMEOUT_S:-150}"
-COLS="${COLS:-80}"
-ROWS="${ROWS:-24}"
-WORK="${1:-$(mktemp -d)}"
-SOCKET="sft-tui-walk-$$"  # a private tmux server: nothing else's sessions are touched
-SESSION="walk"
-mkdir -p "$WORK"
-
-tmux_() { tmux -L "$SOCKET" "$@"; }
-cleanup() { tmux_ kill-server 2>/dev/null || true; }
-trap cleanup EXIT
-
-screen() { tmux_ capture-pane -p -t "$SESSION"; }
-key() { tmux_ send-keys -t "$SESSION" "$@"; }
 show() { echo "--- $1"; screen; }
-
-wait_for() {  # wait_for REGEX SECONDS WHAT
-    local deadline=$((SECONDS + $2))
-    while ((SECONDS < deadline)); do
-        if screen | grep -Eq "$1"; then return 0; fi
-        sleep 0.2
-    done
-    echo "timed out after $2 s waiting for $3; the screen was:" >&2
-    screen >&2
-    return 1
-}
+WORK="${1:-$(mktemp -d)}"
+mkdir -p "$WORK"
 
 # The user's data: alpaca rows under their own column names.
 "$PYTHON" - "$REPO/tests/fixtures/data/alpaca_en_demo.json" "$WORK/qa.json" <<'EOF'

@@ -8,15 +8,13 @@ from __future__ import annotations
 import queue
 import signal
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from runner.events.lines import read_events
 from runner.record.records import load, verify
+from tests.procs import start_runner, wait_for_step
 from tests.tui.conftest import run_async, wait_for
 from tests.tui.helpers import screen_text, text_of
 from tui.app import make_app
@@ -27,22 +25,6 @@ from tui.screens.summary import SummaryScreen
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _runner(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_step(runs: Path, step: int, timeout_s: float = 120) -> Path:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for run_dir in runs.glob("*"):
-            if any(e.get("step", 0) >= step and "event" not in e
-                   for e in read_events(run_dir / "events" / "rank0.jsonl")):
-                return run_dir
-        time.sleep(0.2)
-    raise AssertionError(f"rank 0 never reached step {step}")
 
 
 def _lines(proc: subprocess.Popen) -> queue.Queue:
@@ -59,10 +41,10 @@ def _lines(proc: subprocess.Popen) -> queue.Queue:
 def test_a_run_started_elsewhere_is_followed_and_cancelled_from_other_views(tmp_path: Path) -> None:
     runs, records = tmp_path / "runs", tmp_path / "records"
     dirs = ["--runs-dir", str(runs), "--records-dir", str(records)]
-    first = _runner(["run", "tiny-cpu", "--set", "train.max_steps=2000", "--set", "train.log_every=1", "--plain",
+    first = start_runner(["run", "tiny-cpu", "--set", "train.max_steps=2000", "--set", "train.log_every=1", "--plain",
                      *dirs])
-    run_dir = _wait_for_step(runs, 1)
-    attach = _runner(["attach", run_dir.name, "--plain", *dirs])
+    run_dir, _ = wait_for_step(runs, 1)
+    attach = start_runner(["attach", run_dir.name, "--plain", *dirs])
     lines = _lines(attach)
     seen: list[str] = []
     while not any(line.startswith("step ") for line in seen):

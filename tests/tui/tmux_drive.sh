@@ -13,33 +13,11 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-SFT_TUI="${SFT_TUI:-$REPO/.venv/bin/sft-tui}"
-MAX_STEPS="${MAX_STEPS:-6}"
-TIMEOUT_S="${TIMEOUT_S:-150}"
-COLS="${COLS:-80}"
-ROWS="${ROWS:-24}"
+SESSION_NAME="drive"
+# shellcheck source=tests/tui/tmux_lib.sh
+. "$REPO/tests/tui/tmux_lib.sh"
 WORK="${1:-$(mktemp -d)}"
-SOCKET="sft-tui-drive-$$"  # a private tmux server: nothing else's sessions are touched
-SESSION="drive"
 mkdir -p "$WORK"
-
-tmux_() { tmux -L "$SOCKET" "$@"; }
-cleanup() { tmux_ kill-server 2>/dev/null || true; }
-trap cleanup EXIT
-
-screen() { tmux_ capture-pane -p -t "$SESSION"; }
-key() { tmux_ send-keys -t "$SESSION" "$@"; }
-
-wait_for() {  # wait_for REGEX SECONDS WHAT
-    local deadline=$((SECONDS + $2))
-    while ((SECONDS < deadline)); do
-        if screen | grep -Eq "$1"; then return 0; fi
-        sleep 0.2
-    done
-    echo "timed out after $2 s waiting for $3; the screen was:" >&2
-    screen >&2
-    return 1
-}
 
 # Run from the work folder with relative runs/ and records/: paths on screen are as short as a user's would be.
 tmux_ new-session -d -s "$SESSION" -x "$COLS" -y "$ROWS" -c "$WORK" \
