@@ -7,15 +7,16 @@ expected weight equal to the fp32 one, at 8 bytes per parameter (bf16 weights, g
 
 Why the noise is a hash and not a generator: a step is a pass over every weight, and its cost is the bytes it moves.
 Eager, the update makes about a dozen fp32 passes plus a drawn noise tensor (~180 bytes per parameter: +0.35 s a step
-for 3.2B parameters on an H100, a fifth of a 32k step). On CUDA the update is one compiled kernel that reads weight,
-gradient and both moments and writes three of them back (14 bytes per parameter, as torch's fused AdamW), which needs
-noise made inside the kernel: an integer hash of the element's index and a per-(step, parameter) key. The same
-function runs eagerly (in chunks, on CPU): the noise of an element does not depend on how the tensor is cut.
+for 3.2B parameters on an H100, a fifth of a 32k step). On CUDA the update is one Triton kernel per parameter
+(`optim_kernel.py`) that reads weight, gradient and both moments and writes three of them back (14 bytes per
+parameter, as torch's fused AdamW), which needs noise made inside the kernel: an integer hash of the element's index
+and a per-(step, parameter) key. The same function runs eagerly (in chunks, on CPU): the noise of an element does not
+depend on how the tensor is cut.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -82,25 +83,6 @@ def adamw_update_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Te
         w.copy_(new)
 
 
-def adamw_update_all_(ws: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor],
-                      vs: list[torch.Tensor], hp: torch.Tensor, keys: torch.Tensor) -> None:
-    """adamw_update_ over every parameter of a group: compiled, one call launches every parameter's kernel, so the
-    host's cost per step is one call, not one per parameter (a Python call per parameter costs a 3B model ~0.1 s)."""
-    for i in range(len(ws)):
-        adamw_update_(ws[i], gs[i], ms[i], vs[i], hp, keys[i])
-
-
-_compiled: Callable[..., None] | None = None
-
-
-def _fused_update_all() -> Callable[..., None]:
-    """adamw_update_all_ compiled for every size (dynamic shapes): one kernel per parameter on CUDA."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(adamw_update_all_, dynamic=True, fullgraph=True)
-    return _compiled
-
-
 def _on_device(values: list[float] | list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host-made tensor on `device` without a host sync (pinned memory, asynchronous copy): the training
     step queues its work ahead of the GPU and nothing in it may wait for the GPU."""
@@ -115,16 +97,15 @@ def step_seed(seed: int, rank: int, step: int) -> int:
     return (seed * 1_000_003 + rank * 7_919 + step * 104_729) % (2**63 - 1)
 
 
-def param_keys(seed: int, rank: int, step: int, indices: list[int], device: torch.device) -> torch.Tensor:
-    """The step's key for each parameter index (int64, on `device`), made in one transfer."""
-    base = step_seed(seed, rank, step)
-    return _on_device([(base + i * 2_654_435_761) % (2**63 - 1) for i in indices], torch.int64, device)
+def param_key(seed: int, rank: int, step: int, index: int) -> int:
+    """The step's key for the parameter numbered `index`."""
+    return (step_seed(seed, rank, step) + index * 2_654_435_761) % (2**63 - 1)
 
 
 class StochasticAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) whose states live in the parameters' dtype and whose
     weight update is stochastically rounded when the parameters are bf16. Parameters of another dtype are updated
-    exactly (plain rounding is exact for fp32). `fused`: one compiled kernel per parameter (the default on CUDA)."""
+    exactly (plain rounding is exact for fp32). `fused`: one Triton kernel per parameter (the default on CUDA)."""
 
     def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, seed: int = 0, rank: int = 0,
@@ -133,11 +114,10 @@ class StochasticAdamW(torch.optim.Optimizer):
         self.seed, self.rank, self.fused = seed, rank, fused
 
     @staticmethod
-    def _hyper(group: dict[str, Any], n: int, device: torch.device) -> torch.Tensor:
+    def _hyper(group: dict[str, Any], n: int) -> tuple[float, float, float, float, float, float]:
         b1, b2 = group["betas"]
         lr = group["lr"]
-        return _on_device([b1, b2, group["eps"], 1 - lr * group["weight_decay"], lr / (1 - b1**n), 1 - b2**n],
-                          torch.float32, device)
+        return (b1, b2, group["eps"], 1 - lr * group["weight_decay"], lr / (1 - b1**n), 1 - b2**n)
 
     @staticmethod
     def _eager(tensors: list[torch.Tensor], hp: torch.Tensor, key: torch.Tensor) -> None:
@@ -155,8 +135,7 @@ class StochasticAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D102 - torch.optim.Optimizer's contract
         loss = closure() if closure is not None else None
-        # Parameters with a gradient, numbered in a fixed order (their index picks their noise), batched by group
-        # and device: each batch is one compiled call on CUDA.
+        # Parameters with a gradient, numbered in a fixed order (their index picks their noise), by group and device.
         batches: dict[tuple[int, torch.device], list[tuple[int, list[torch.Tensor]]]] = {}
         groups: dict[int, dict[str, Any]] = {}
         n = 0
@@ -177,19 +156,19 @@ class StochasticAdamW(torch.optim.Optimizer):
                 groups[id(group)] = group
                 index += 1
         for (gid, device), items in batches.items():
-            hp = self._hyper(groups[gid], n, device)
-            fused = self.fused if self.fused is not None else device.type == "cuda"
-            # Keys are made on the host and sent in one pinned copy per call: indexing a device tensor with a host
-            # list would copy from pageable memory, which waits for the GPU (the step must queue ahead of it).
-            pick = [(i, t) for i, t in items if fused and all(x.is_contiguous() for x in t)]
-            rest = [(i, t) for i, t in items if not (fused and all(x.is_contiguous() for x in t))]
-            if pick:
-                keys = param_keys(self.seed, self.rank, n, [i for i, _ in pick], device)
-                _fused_update_all()(*([t[j].view(-1) for _, t in pick] for j in range(4)), hp, keys)
-            if rest:
-                keys = param_keys(self.seed, self.rank, n, [i for i, _ in rest], device)
-                for k, (_, tensors) in enumerate(rest):
-                    self._eager(tensors, hp, keys[k])
+            hp = self._hyper(groups[gid], n)
+            kernel = self.fused if self.fused is not None else device.type == "cuda"
+            hp_tensor = None
+            for i, tensors in items:
+                key = param_key(self.seed, self.rank, n, i)
+                if kernel and all(t.is_contiguous() for t in tensors):
+                    from runner.train.optim_kernel import adamw_update_kernel_
+
+                    adamw_update_kernel_(*(t.view(-1) for t in tensors), hp, key)
+                    continue
+                if hp_tensor is None:  # made once per group, without a host sync (see _on_device)
+                    hp_tensor = _on_device(list(hp), torch.float32, device)
+                self._eager(tensors, hp_tensor, _on_device([key], torch.int64, device)[0])
         return loss
 
 
