@@ -1,5 +1,5 @@
-"""hardware.sequence_parallel through `runner run` (real torchrun, gloo): two ranks that share each block train as
-one rank on whole blocks, step by step."""
+"""hardware.sequence_parallel through `runner run` (real torchrun, gloo): two ranks that share each block train and
+evaluate as one rank on whole blocks, step by step."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 # The same blocks each step: the data is read per group (one group of 2 here, one rank of 1 there), one block per
 # step; the levers the planner would pick per world size are set.
 COMMON = ["train.max_steps=4", "train.micro_batch=1", "train.grad_accum=1", "train.schedule=constant",
-          "train.warmup_steps=0", "train.loss_impl=chunked", "train.activation_checkpointing=false"]
+          "train.warmup_steps=0", "train.loss_impl=chunked", "train.activation_checkpointing=false",
+          "dataset.eval_fraction=0.1", "train.eval_every=2"]
 RTOL = 1e-5  # fp32 on CPU: the split changes only the order of sums (measured ≈ 1e-7)
 
 
@@ -29,7 +30,7 @@ def _run(dirs: dict[str, Path], capsys, ranks: int, sp: int) -> tuple[dict, dict
     steps: dict[int, list[dict]] = {}
     for rank in range(ranks):
         lines = (Path(rec["run_dir"]) / "events" / f"rank{rank}.jsonl").read_text().splitlines()
-        steps[rank] = [e for e in map(json.loads, lines) if "global_loss" in e]
+        steps[rank] = [e for e in map(json.loads, lines) if "global_loss" in e or e.get("event") == "eval"]
     return rec, steps
 
 
@@ -37,8 +38,12 @@ def test_two_ranks_sharing_each_block_train_as_one_rank(dirs, capsys):
     whole, one = _run(dirs, capsys, 1, 1)
     split, two = _run(dirs, capsys, 2, 2)
     assert split["decisions"]["sequence_parallel"] == 2 and split["decisions"]["attn"] == "ulysses"
-    assert len(one[0]) == len(two[0]) == 4
+    assert [e.get("event") for e in one[0]] == [e.get("event") for e in two[0]] == [None, None, "eval"] * 2
     for ref, *shares in zip(one[0], two[0], two[1]):
+        if ref.get("event") == "eval":  # the held-out blocks, split the same way: the same eval loss
+            assert all(e["loss"] == pytest.approx(ref["loss"], rel=RTOL) for e in shares)
+            assert all(e["target_tokens"] == ref["target_tokens"] for e in shares)
+            continue
         for e in shares:  # every rank reports the block's loss and the block's gradient norm
             assert e["step"] == ref["step"]
             assert e["global_loss"] == pytest.approx(ref["global_loss"], rel=RTOL)
