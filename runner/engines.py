@@ -23,6 +23,9 @@ class Lever:
     field: str
     off: str
     """The value, as `--set` takes it, at which the lever does nothing."""
+    refused: bool = False
+    """Validation refuses any other value on an engine that lacks the lever (`lever_problems`); the others are
+    refused by rules of their own, or run as the engine can."""
 
 
 LEVERS = {lever.field: lever for lever in (
@@ -31,6 +34,7 @@ LEVERS = {lever.field: lever for lever in (
     Lever("train.recompute_attention", "true"),
     Lever("train.optimizer_precision", "auto"),
     Lever("train.tiled_mlp", "auto"),  # auto tiles only where an engine can
+    Lever("hardware.sequence_parallel", "1", refused=True),
 )}
 """Every engine-specific lever; an engine that lacks one says what it does instead (`Engine.lacks`)."""
 
@@ -116,7 +120,8 @@ TRL = Engine(
            "train.offload_activations": "the trl engine does not offload activations",
            "train.recompute_attention": "the trl engine recomputes whole layers",
            "train.optimizer_precision": "the trl engine keeps fp32 master weights",
-           "train.tiled_mlp": "the trl engine runs the MLP untiled"},
+           "train.tiled_mlp": "the trl engine runs the MLP untiled",
+           "hardware.sequence_parallel": "the trl engine gives each rank whole blocks"},
     hf_trainer=True, fixed_loss=("trl-fused", "TRL's fused lm head"), fixed_optimizer_precision="fp32_master",
     autocast=True, fsdp_one_cpu_rank=False, checks_own_attention=True,
     problems="runner.train.trl_engine:trl_problems", boundaries_from_collator=True, data_workers=False,
@@ -176,6 +181,11 @@ def checkpointing_required(train: Any) -> bool:
     return any(sub_lever_set(train, f) for f in RECOMPUTE_SUB_LEVERS)
 
 
+def _able(lever: str) -> str:
+    """The engines that honour a lever, as a fix names them."""
+    return " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(lever))
+
+
 def lever_problems(spec: Any) -> list[Problem]:
     """Recompute levers against activation checkpointing and the engine; global_batch_tokens against the split."""
     out: list[Problem] = []
@@ -189,8 +199,12 @@ def lever_problems(spec: Any) -> list[Problem]:
             out.append(Problem(f"train.{name}", "only applies with activation checkpointing",
                                f"set train.activation_checkpointing=true (or auto), or train.{name}={off}"))
         if not engine.honours(f"train.{name}"):
-            able = " or ".join(f"engine={e.name}" for e in ENGINES.values() if e.honours(f"train.{name}"))
-            out.append(Problem(f"train.{name}", engine.lacks[f"train.{name}"], f"use {able}, or train.{name}={off}"))
+            out.append(Problem(f"train.{name}", engine.lacks[f"train.{name}"],
+                               f"use {_able(f'train.{name}')}, or train.{name}={off}"))
+    for name, why in engine.lacks.items():
+        section, key = name.split(".")
+        if LEVERS[name].refused and str(getattr(getattr(spec, section), key)) != LEVERS[name].off:
+            out.append(Problem(name, why, f"use {_able(name)}, or {name}={LEVERS[name].off}"))
     g = t.global_batch_tokens
     if g is not None and not is_auto(t.micro_batch) and not is_auto(t.grad_accum):
         out.append(Problem("train.global_batch_tokens", "micro_batch and grad_accum are both set: there is no "

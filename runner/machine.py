@@ -62,3 +62,24 @@ def ranks_per_node(spec: Any, device: str, machine: Machine) -> int:
     if device != "cuda":
         return CPU_RANKS
     return machine.gpus or GPUS_PER_NODE
+
+
+def hardware_problems(spec: Any, nproc: int | None = None) -> list[Any]:
+    """hardware.* against each other and the block: ranks per node (`nproc`, or the spec's when it is not auto)
+    and the sequence-parallel groups they are cut into."""
+    from runner.errors import Problem
+
+    hw, seq_len = spec.hardware, spec.train.seq_len
+    n = hw.nproc_per_node if nproc is None else nproc
+    if n != "auto" and int(n) < 1:
+        return [Problem("hardware.nproc_per_node", f"must be at least 1, got {n}", "use 1 or more, or auto")]
+    sp, out = hw.sequence_parallel, []
+    if n != "auto" and int(n) % sp:
+        # A group is consecutive ranks of one node: its all-to-alls run every layer and must not cross nodes.
+        out.append(Problem("hardware.sequence_parallel", f"{sp} does not divide the {n} ranks per node",
+                           f"use a divisor of {n} (e.g. {max(d for d in range(1, sp) if int(n) % d == 0)}), or "
+                           f"hardware.nproc_per_node={sp * max(1, int(n) // sp)}"))
+    if seq_len % sp:
+        out.append(Problem("train.seq_len", f"must be a multiple of hardware.sequence_parallel={sp}, got {seq_len}",
+                           f"try {seq_len + sp - seq_len % sp}"))
+    return out

@@ -1,7 +1,9 @@
-"""Names that follow the data: a model's or dataset's id derived from its local path when only the path changed."""
+"""Names: a model's or dataset's id that follows its local path when only the path changed, and the revision names
+the hub accepts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +41,20 @@ def overridden_sections(overrides: list[str] | tuple[str, ...]) -> set[str]:
     keys = {a.split("=", 1)[0].strip() for a in overrides}
     changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
     return changed - {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
+
+
+# A git ref name as the hub accepts it: no whitespace, no '..', none of ~^:?*[\ and not ending in '/' or '.lock'.
+_REVISION = re.compile(r"^(?!.*\.\.)(?!.*/$)(?!.*\.lock$)[^\s~^:?*\[\\]{1,255}$")
+
+
+def valid_revision(rev: str) -> bool:
+    return bool(_REVISION.match(rev))
+
+
+def revision_problems(revisions: dict[str, str | None]) -> list[Any]:
+    """A problem for each revision (field → value) that is set and is no ref name the hub would take."""
+    from runner.errors import Problem
+
+    return [Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",
+                    "use e.g. main, v1.0 or a 40-character commit SHA (no spaces, '..' or '~^:?*[\\')")
+            for name, rev in revisions.items() if rev is not None and not valid_revision(rev)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,8 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from runner.engines import lever_problems
-from runner.machine import Machine, ranks_per_node, run_device
-from runner.naming import follow_paths, overridden_sections
+from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
+from runner.naming import follow_paths, overridden_sections, revision_problems
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -120,6 +119,9 @@ class HardwareSpec(_Section):
     """Seconds between GPU/CPU samples written by each node's sampler."""
     headroom_gib: float | None = Field(None, ge=0)
     """Memory per GPU (or CPU rank) the planner leaves free when it picks the speed levers; None = 5% of it."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Ranks that split each block's tokens (Ulysses): attention exchanges heads for sequence so each rank attends
+    over the whole block for 1/N of its heads; FSDP2 shards over all ranks; 1 = off. Native engine only."""
 
 
 class TrainSpec(_Section):
@@ -393,14 +395,6 @@ def _problem_from_pydantic(err: dict[str, Any]) -> Problem:
     return Problem(loc, f"{msg}, got {shown(got)}", fix)
 
 
-# A git ref name as the hub accepts it: no whitespace, no '..', none of ~^:?*[\ and not ending in '/' or '.lock'.
-_REVISION = re.compile(r"^(?!.*\.\.)(?!.*/$)(?!.*\.lock$)[^\s~^:?*\[\\]{1,255}$")
-
-
-def valid_revision(rev: str) -> bool:
-    return bool(_REVISION.match(rev))
-
-
 def cross_field_problems(spec: RunSpec) -> list[Problem]:
     """Checks that involve more than one field (the schema checks each field alone)."""
     out: list[Problem] = []
@@ -408,19 +402,14 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
         out.append(Problem("model.id", "neither model.id nor model.path is set", "set one of them"))
     if spec.dataset.path is None and not spec.dataset.id:
         out.append(Problem("dataset.id", "neither dataset.id nor dataset.path is set", "set one of them"))
-    n = spec.hardware.nproc_per_node
-    if n != "auto" and int(n) < 1:
-        out.append(Problem("hardware.nproc_per_node", f"must be at least 1, got {n}", "use 1 or more, or auto"))
+    out += hardware_problems(spec)
     if spec.output.save == "adapter" and spec.method.kind != "lora":
         out.append(Problem("output.save", "'adapter' needs method.kind=lora",
                            "use output.save=full or method.kind=lora"))
     out += lever_problems(spec)
     out += eval_problems(spec)
     out += precision_problems(spec)
-    for name, rev in (("model.revision", spec.model.revision), ("dataset.revision", spec.dataset.revision)):
-        if rev is not None and not valid_revision(rev):
-            out.append(Problem(name, f"not a branch, tag or commit SHA, got {rev!r}",
-                               "use e.g. main, v1.0 or a 40-character commit SHA (no spaces, '..' or '~^:?*[\\')"))
+    out += revision_problems({"model.revision": spec.model.revision, "dataset.revision": spec.dataset.revision})
     for name, value in (("model.path", spec.model.path), ("dataset.path", spec.dataset.path)):
         if value and not value.startswith(EMBEDDED_PREFIX) and not Path(value).expanduser().exists():
             out.append(Problem(name, f"no such file or directory: {value}",
@@ -572,6 +561,9 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
         raise SpecError("invalid spec", [Problem("hardware.nproc_per_node",
                                                  f"{nproc} ranks but only {gpu_count} GPUs visible",
                                                  f"use hardware.nproc_per_node={gpu_count} or fewer")])
+    problems = hardware_problems(spec, nproc)
+    if problems:
+        raise SpecError("invalid spec", problems)
     dtype = weights_dtype(spec, device)
     data = spec.to_dict()
     data["hardware"].update(device=device, nproc_per_node=nproc)

@@ -124,10 +124,12 @@ class TrainBeginEvent(Event):
     params: int | None = None
     trainable_params: int | None = None
     resumed_from: str | None = None
+    sequence_parallel: int | None = None
+    """Ranks that shared each block (hardware.sequence_parallel; 1 = none); absent from engines that never split."""
 
     DECISIONS: ClassVar[tuple[str, ...]] = (
         "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
-        "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism")
+        "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel")
     """The train_begin keys that say what the engine decided (rather than what it counted)."""
 
     def decisions(self) -> dict[str, Any]:

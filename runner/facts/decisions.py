@@ -185,6 +185,18 @@ def varlen_kernel_refusal(requested: str, kernels: Kernels, head_dim: int | None
             f"this model's is {head_dim}: set model.varlen_kernel=auto")
 
 
+ULYSSES = "ulysses"
+"""The attention of a sequence-parallel run (runner.train.ulysses): whatever the path picked for whole blocks."""
+
+
+def sequence_parallel_attention(choice: AttentionChoice, size: int) -> AttentionChoice:
+    """The attention a run with hardware.sequence_parallel=`size` loads: Ulysses over `choice` when size > 1."""
+    if size <= 1:
+        return choice
+    return AttentionChoice(ULYSSES, f"hardware.sequence_parallel={size}: heads exchanged for sequence over {size} "
+                           "ranks (Ulysses), SDPA over the whole block with its document mask")
+
+
 def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None = None) -> AttentionChoice:
     """The attention path a run of `spec` takes on `device`, from the model's config (object or config.json dict)
     alone: what the estimator plans. The engines make the same call with the model class's declared support, which
@@ -193,9 +205,10 @@ def plan_attention(spec: Any, config: Any, device: str, kernels: Kernels | None 
     t = spec.train
     kernels = kernels or Kernels.assumed(device, spec.model.varlen_kernel == FA4_KERNEL or (
         spec.model.varlen_kernel == "auto" and fa4_installed()))
-    return choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), None, config,
-                            kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
-                                                                                      kernels, config)
+    choice = choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), None, config,
+                              kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
+                                                                                        kernels, config)
+    return sequence_parallel_attention(choice, spec.hardware.sequence_parallel)
 
 
 def attention_refusal(impl: str, device: str, config: Any = None, supported: Iterable[str] | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from runner.facts.catalog import LAYER_LINEAR, Arch
+from runner.facts.decisions import ULYSSES
 from runner.facts.families import family
 from runner.facts.tiling import mlp_backward_width, mlp_intermediate_bytes
 from runner.plan.constants import (
@@ -59,7 +60,9 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
         q, kv = arch.q_dim, arch.kv_dim
         if arch.qk_norm:
             n += norm_kept * (q + kv)  # the q/k norms' output goes to rotary, which keeps nothing of it
-        explicit = attn in ("sdpa", "eager")
+        # Ulysses runs SDPA after its exchange, on a rank's heads over the whole block: as many elements as its
+        # tokens over all heads, so counted per token like SDPA.
+        explicit = attn in ("sdpa", "eager", ULYSSES)
         kv_saved = q if explicit else kv  # repeat_kv materialises k, v at the query heads for these two
         n += b * (q + 2 * kv_saved)  # rotated q and k, and v, kept by the kernel
         n += b * q + 4 * arch.heads  # kernel output (o_proj reads a view of it) and logsumexp (fp32)

@@ -173,7 +173,7 @@ class Pricer:
         mem = memory_model(plan)
         dev = device_memory(plan, mem)
         per_gpu = mem.allocated + dev.fragmentation + dev.context
-        flops, attn_flops = flops_per_step(plan, self.attn_len, tokens_per_step(spec, plan.world, self.doc_len))
+        flops, attn_flops = flops_per_step(plan, self.attn_len, tokens_per_step(spec, plan.data_ranks, self.doc_len))
         step_s, _, _ = step_time(plan, mem, flops, attn_flops)
         self.priced += 1
         return Priced(levers, per_gpu, step_s, per_gpu <= self.limit, order)
@@ -274,7 +274,7 @@ def memory_limit(spec: RunSpec, capacity: float) -> float:
 def setup(spec: RunSpec, doc_len: int, attn_len: int) -> tuple[Space, Pricer, Plan]:
     """The lever space and the pricer of a spec, for a document length (and the length weighing attention)."""
     probe = make_plan(_with_split(spec, 1, 1))
-    splits = batch_splits(spec, probe.world)
+    splits = batch_splits(spec, probe.data_ranks)
     plans = {m: make_plan(_with_split(spec, m, g)) for m, g in splits}
     plan = plans[splits[0][0]]
     capacity = device_memory(plan, memory_model(plan)).capacity

@@ -51,6 +51,17 @@ class Plan:
         return self.loaded.arch
 
     @property
+    def data_ranks(self) -> int:
+        """Ranks that read blocks of their own: hardware.sequence_parallel ranks share each block."""
+        return self.world // self.spec.hardware.sequence_parallel
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens of one forward on one rank: a micro-batch of blocks, or its slice under sequence parallelism."""
+        t = self.spec.train
+        return t.seq_len * t.micro_batch // self.spec.hardware.sequence_parallel
+
+    @property
     def sharded(self) -> bool:
         """Whether the model is wrapped in FSDP2, as both engines decide (runner.facts.decisions.fsdp_wrapped)."""
         return fsdp_wrapped(self.spec.engine, self.world, self.device, self.spec.train.fsdp_one_rank,
@@ -66,7 +77,7 @@ class Plan:
         """Whether the MLP runs in tiles and how long they are, as the native engine decides (runner.facts.tiling)."""
         t = self.spec.train
         gpu_bytes = self.gpu.memory_gib * 2**30 if self.gpu else 0.0
-        return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, t.seq_len * t.micro_batch,
+        return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, self.tokens_per_rank,
                                 gpu_bytes, t.compile)
 
     @property

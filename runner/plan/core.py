@@ -81,7 +81,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     if doc_len is None:
         doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
         attn_len = (data.attention_len(t.seq_len) if packs and data.lengths else None) or doc_len
-    tokens = tokens_per_step(spec, plan.world, doc_len)
+    tokens = tokens_per_step(spec, plan.data_ranks, doc_len)
     flops, attn_flops = flops_per_step(plan, attn_len, tokens)
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
@@ -90,7 +90,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
 
         packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),
                    "sampled_rows": len(data.lengths)}
-    steps = planned_steps(spec, data, tokens, plan.world, packing and packing.get("packing_efficiency"))
+    steps = planned_steps(spec, data, tokens, plan.data_ranks, packing and packing.get("packing_efficiency"))
     if steps is None:
         reasons.append("dataset size unknown offline: set train.max_steps for a total time")
     if data.source and t.max_steps is None:

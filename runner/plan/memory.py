@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runner.facts.catalog import LAYER_LINEAR
+from runner.facts.decisions import ULYSSES
 from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
 from runner.plan.constants import (
@@ -111,8 +112,8 @@ def step_sizes(plan: Plan) -> Step:
     cuda = plan.device == "cuda"
     prec = plan.precision  # compute dtype and the trainable weights' dtype, as the engine decides
     reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if cuda else b
-    return Step(plan, b, DTYPE_BYTES[prec.compute], DTYPE_BYTES[prec.master], reduce_bytes,
-                spec.train.seq_len * spec.train.micro_batch, spec.method.kind == "lora", trl)
+    return Step(plan, b, DTYPE_BYTES[prec.compute], DTYPE_BYTES[prec.master], reduce_bytes, plan.tokens_per_rank,
+                spec.method.kind == "lora", trl)
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,8 @@ def activation_memory(s: Step) -> ActivationMemory:
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and t.packing:
         mask = SDPA_MASK_BYTES_PER_ELEM * square
+    if plan.attn == ULYSSES:  # SDPA's dense mask as above, over the whole row (all micro_batch blocks), packed or not
+        mask = SDPA_MASK_BYTES_PER_ELEM * (t.seq_len * t.micro_batch) ** 2
     if plan.attn == "eager":
         score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * square
         mask = cb * square  # additive float mask, kept for the step

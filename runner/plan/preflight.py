@@ -3,7 +3,8 @@
 Checks: every line of a local JSONL file parses; the dataset's format is detected (or the asked one fits) and a
 few rows convert; the chat template yields assistant tokens on a sample; train.seq_len suits the attention kernels
 and holds a sampled prompt with its first trained token; a pretrained model has weights to load; the model
-can keep packed documents apart with the installed kernels; LoRA targets exist; nproc fits the visible GPUs.
+can keep packed documents apart with the installed kernels, and split its blocks over hardware.sequence_parallel
+ranks; LoRA targets exist; nproc fits the visible GPUs.
 Hub datasets and models are checked only as far as the local cache allows (nothing is downloaded here).
 """
 
@@ -51,6 +52,9 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += model_problems
     out += _template_problems(spec, rows)
     if config is not None:
+        from runner.train.ulysses import sequence_parallel_problems
+
+        out += sequence_parallel_problems(config, spec.hardware.sequence_parallel)
         packing = _packing_problems(spec, config)
         out += packing
         if not packing and not out:

@@ -14,6 +14,7 @@ over every rank, and early stopping. Both engines call `Evaluator`.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,10 +92,11 @@ class Evaluator:
     best: tuple[int, float] | None = None
     stale: int = 0
     seconds: float = 0.0  # time spent evaluating, kept out of the training time and tokens/s
+    sp: Any = None  # runner.train.ulysses.SequenceParallel: the batches are this rank's slices
 
     @classmethod
     def build(cls, spec: RunSpec, tokenizer: Any, rank: int, world_size: int, device: str,
-              pass_boundaries: bool = True) -> Evaluator | None:
+              pass_boundaries: bool = True, sp: Any = None) -> Evaluator | None:
         """None when the run has no eval set. Blocks are collated once: the same batches at every evaluation."""
         from runner.train.data import BlockStream, collate, empty_block
 
@@ -118,8 +120,8 @@ class Evaluator:
             if not pass_boundaries:
                 batch.pop("cu_seqlens")
                 batch.pop("seq_idx")
-            batches.append(batch)
-        return cls(spec, device, batches, own, pass_boundaries)
+            batches.append(sp.shard(batch) if sp is not None else batch)
+        return cls(spec, device, batches, own, pass_boundaries, sp=sp)
 
     def restore(self, past_events: list[Event], step: int) -> None:
         """On resume: the best eval loss and the evaluations since it, from this rank's eval events up to `step`
@@ -154,7 +156,9 @@ class Evaluator:
         total = torch.zeros(3, dtype=torch.float64, device=self.device)
         fn = sums_fn or getattr(model, EVAL_METHOD, None) or (lambda b: eval_sums(model, b))
         for batch in self.batches:
-            total += fn(to_device(batch, self.device))
+            batch = to_device(batch, self.device)
+            with self.sp.running(batch) if self.sp is not None else contextlib.nullcontext():
+                total += fn(batch)
         if was_training:
             model.train()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)

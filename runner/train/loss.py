@@ -52,8 +52,10 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 def full_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     """Sum of token cross-entropies from the model's own logits (one float32 copy)."""
     out = model(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch))
-    logits = out.logits[:, :-1].float()
-    targets = batch["labels"][:, 1:]
+    if "targets" in batch:  # a sequence-parallel slice: its targets were shifted on the whole block
+        logits, targets = out.logits.float(), batch["targets"]
+    else:
+        logits, targets = out.logits[:, :-1].float(), batch["labels"][:, 1:]
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
 

@@ -2,7 +2,10 @@
 
 One optimizer step = grad_accum micro-batches of micro_batch blocks per rank. The loss is the sum of token
 cross-entropies divided by the number of target tokens of the whole global batch (every rank, every micro-batch),
-so the update does not depend on how the tokens fell across ranks or micro-batches. Before each step the ranks
+so the update does not depend on how the tokens fell across ranks or micro-batches. With
+hardware.sequence_parallel = N, N consecutive ranks share each block (runner.train.ulysses): each counts and
+trains its slice, so the block's tokens count once and the loss and gradients are the same as with whole blocks.
+Before each step the ranks
 agree, on the host, whether any ran out of data or was asked to stop, so all stop on the same step and none waits
 alone in a collective.
 """
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from runner.spec import RunSpec
 from runner.train import model as model_mod
 from runner.train.runtime import Runtime
+from runner.train.ulysses import SequenceParallel
 
 
 GC_FREEZE_AFTER_STEPS = 2
@@ -77,7 +81,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[dict[str, Any]],
                global_targets: int, world_size: int, loss_impl: str, max_grad_norm: float,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               sp: SequenceParallel = SequenceParallel()) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over this rank's micro-batches (already on the device).
 
     Returns (this rank's summed token loss, global grad norm before clipping) as device tensors: nothing here
@@ -88,8 +92,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     scale = world_size / global_targets
     total = None
     for batch in micro_batches:
-        ce = loss_sum(model, batch, loss_impl)
-        (ce * scale).backward()
+        with sp.running(batch):  # a group's ranks exchange attention in forward and backward
+            ce = loss_sum(model, batch, loss_impl)
+            (ce * scale).backward()
         total = ce.detach() if total is None else total + ce.detach()
     grad_norm = clip_grad_norm(model, max_grad_norm)
     optimizer.step()
@@ -139,7 +144,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from torch.distributed.fsdp import FSDPModule
 
     from runner.facts.catalog import parse_arch
-    from runner.facts.decisions import choose_loss, loss_chunk_tokens
+    from runner.facts.decisions import choose_loss, loss_chunk_tokens, sequence_parallel_attention
     from runner.engines import lever_values
     from runner.facts.tiling import tiled_mlp_choice
     from runner.errors import Problem, SpecError
@@ -155,6 +160,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     attn, refusal = attention_for(spec, config, rt.device)
     if refusal:
         raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
+    sp = SequenceParallel.build(spec.hardware.sequence_parallel, rt.rank, rt.world_size)
+    attn = sequence_parallel_attention(attn, sp.size)
     loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
     model = load_model(spec, attn.impl, seed=t.seed, device=rt.device, varlen_kernel=attn.kernel)
     chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
@@ -175,7 +182,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
         if rt.device == "cuda" else 0.0
     tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, parse_arch(config.to_dict()),
-                              t.seq_len * t.micro_batch, gpu_bytes, t.compile)
+                              t.seq_len * t.micro_batch // sp.size, gpu_bytes, t.compile)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
                         t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
                         mlp_tile=tiling.tile_tokens if tiling.on else None)
@@ -192,9 +199,10 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "lora_left_out": lora_left_out,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
-            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers}
+            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
+            "sequence_parallel": sp.size}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
-            "pass_boundaries": pass_boundaries, "info": info}
+            "pass_boundaries": pass_boundaries, "info": info, "sp": sp}
 
 
 def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rt: Runtime,
@@ -242,19 +250,18 @@ def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_
     return micro, ran_out, drawn
 
 
-def _batches(micro: list[list[PackedBlock]], pass_boundaries: bool,
-             device: str) -> tuple[list[dict[str, Any]], float]:
-    """Each micro-batch collated and on the device, without the boundary tensors where the model takes none; and
-    the seconds that took (part of the step's data time)."""
-    start = time.perf_counter()
+def _batches(micro: list[list[PackedBlock]], pass_boundaries: bool, device: str,
+             sp: SequenceParallel) -> list[dict[str, Any]]:
+    """Each micro-batch collated, cut to this rank's slice (sequence parallel) and on the device, without the
+    boundary tensors where the model takes none."""
     batches = []
     for group in micro:
         batch = collate(group)
         if not pass_boundaries:
             batch.pop("cu_seqlens")
             batch.pop("seq_idx")
-        batches.append(to_device(batch, device))
-    return batches, time.perf_counter() - start
+        batches.append(to_device(sp.shard(batch), device))
+    return batches
 
 
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> float:
@@ -284,8 +291,9 @@ def _freeze_gc_after_compiling(steps_done: int) -> None:
 
 def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[PackedBlock]], loss_sum: torch.Tensor,
               n_targets: int, rank_targets: int, lr: float, grad_norm: Any, step_tokens: int, step_s: float,
-              data_s: float) -> float:
-    """The step's event line: this rank's loss (null without targets) and the global loss; returns the latter."""
+              data_s: float, sp: SequenceParallel) -> float:
+    """The step's event line: this rank's loss (null without targets; its slice's under sequence parallelism) and
+    the global loss; returns the latter."""
     global_loss = loss_sum.detach().double()
     local = float(global_loss.item())
     dist.all_reduce(global_loss, op=dist.ReduceOp.SUM)
@@ -293,7 +301,7 @@ def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[Pack
     events.step(step=step, loss=local / rank_targets if rank_targets else None, lr=lr, grad_norm=float(grad_norm),
                 tokens=step_tokens, step_s=round(step_s, 6), mem_gib=rt.mem_gib(), global_loss=loss,
                 target_tokens=rank_targets, data_s=round(data_s, 6),
-                doc_len_sq=sum(b.doc_len_sq for g in micro for b in g))
+                doc_len_sq=sp.share(sum(b.doc_len_sq for g in micro for b in g)))
     return loss
 
 
@@ -307,16 +315,18 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     t = spec.train
     run_dir = run_dir or Path(".")
     parts = build(spec, rt)
-    model, opt, tokenizer = parts["model"], parts["optimizer"], parts["tokenizer"]
+    model, opt, tokenizer, sp = parts["model"], parts["optimizer"], parts["tokenizer"], parts["sp"]
     # Host-side agreement goes over gloo even on GPU, so deciding to stop never waits for the device.
     control = dist.new_group(backend="gloo") if rt.device == "cuda" else None
 
     stats = PackStats()
-    blocks = block_iterator(spec, tokenizer, rt.rank, rt.world_size, rt.device)
-    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, parts["pass_boundaries"])
+    counted = stats if sp.index == 0 else PackStats()  # a group's blocks counted once, by its first rank
+    blocks = block_iterator(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device)
+    evaluator = Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
+                                parts["pass_boundaries"], sp)
     evaluated_at, stopped_early, pad_id, total_steps = None, None, tokenizer.pad_token_id, t.max_steps
     step, blocks_consumed, resumed_from = \
-        _resume(run_dir, model, opt, rt, blocks, stats, evaluator, events) if resume else (0, 0, None)
+        _resume(run_dir, model, opt, rt, blocks, counted, evaluator, events) if resume else (0, 0, None)
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                        resumed_from=resumed_from)
 
@@ -327,10 +337,11 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     while total_steps is None or step < total_steps:
         step_start = time.perf_counter()
         consumed_before = blocks_consumed
-        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id, stats)
+        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id, counted)
         blocks_consumed += drawn
+        batches = _batches(micro, parts["pass_boundaries"], rt.device, sp)
         data_s = time.perf_counter() - step_start
-        rank_targets = sum(b.target_tokens for g in micro for b in g)
+        rank_targets = sum(sp.targets(b) for b in batches)
         (ran_out_any, cancel_any, save_any), n_targets = _agree(
             [ran_out, int(rt.stop_requested), int(rt.checkpoint_requested)], rank_targets, control)
         if cancel_any or (n_targets == 0 and ran_out_any):
@@ -342,19 +353,17 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             continue
 
         lr = _set_lr(opt, lr_at(spec, step + 1, total_steps))
-        batches, collate_s = _batches(micro, parts["pass_boundaries"], rt.device)
-        data_s += collate_s
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
-                                           t.max_grad_norm)
+                                           t.max_grad_norm, sp)
         step += 1
         _freeze_gc_after_compiling(step - first_step)
-        step_tokens = sum(b.real_tokens for g in micro for b in g)
+        step_tokens = sum(sp.real_tokens([b.real_tokens for b in g], t.seq_len) for g in micro)
         tokens_total += step_tokens
 
         last_step = ran_out_any or (total_steps is not None and step >= total_steps)
         if step % t.log_every == 0 or last_step:
             last_loss = _log_step(events, rt, step, micro, loss_sum_t, n_targets, rank_targets, lr, grad_norm,
-                                  step_tokens, time.perf_counter() - step_start, data_s)
+                                  step_tokens, time.perf_counter() - step_start, data_s, sp)
         if evaluator is not None and evaluator.due(step):
             evaluated_at = step
             if evaluator.run(model, step, events)["stop"]:

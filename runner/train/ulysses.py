@@ -9,9 +9,15 @@ own document boundaries and causality (from the global positions, `global_positi
 gives every rank its tokens back with all heads. The all-to-all carries gradients (its backward is the inverse
 exchange), so parameter gradients are each rank's share of the block's: summed over the group they are the block's.
 
-Not wired into the engines yet (no `hardware.sequence_parallel`): this is the exchange, the block split and the
-mask, exact on gloo (tests/dist/test_ulysses.py). The attention after the exchange is torch's SDPA with a dense
-document mask, right for CPU and short blocks; long GPU blocks need the varlen kernel over the block's cu_seqlens.
+The native engine runs it with `hardware.sequence_parallel` = N (`SequenceParallel`): N consecutive ranks form a
+group that reads the same blocks (the data is sharded over the rank // N), each rank keeps its slice of every
+micro-batch and counts its slice's targets, so the step's target count, the loss and the gradients are the
+blocks' once, whatever N (tests/dist/test_sequence_parallel.py). train.seq_len must be a multiple of N (refused
+otherwise, not padded: a padded block would change what a step trains on).
+
+The attention after the exchange is torch's SDPA with a dense document mask over the whole row (micro_batch ×
+seq_len tokens squared, one byte each, built once per micro-batch and counted by the estimator): right for CPU
+and short blocks. Long GPU blocks need the varlen kernel over the block's cu_seqlens instead, which is not wired.
 
 Gated-delta (and other recurrent) layers carry state along the sequence and cannot be split this way; nor can
 attention whose heads do not divide over the group: `sequence_parallel_problems` says so before anything runs.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +35,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from runner.errors import Problem
-
-ULYSSES = "ulysses"
-_STATE: dict[str, Any] = {"group": None, "positions": None}
+from runner.facts.decisions import ULYSSES
+_STATE: dict[str, Any] = {"group": None, "positions": None, "mask": None}
 
 
 def _a2a(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -80,7 +86,9 @@ def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if hkv % n:  # fewer KV heads than ranks: every rank gets the KV heads of its query heads
         key, value = (t.repeat_interleave(h // hkv, dim=1) for t in (key, value))
     q, k, v = (seq_to_heads(t, group) for t in (query, key, value))
-    mask = document_causal_mask(_STATE["positions"])
+    if _STATE["mask"] is None:  # one mask for every layer of the forward (each would keep its own for backward)
+        _STATE["mask"] = document_causal_mask(_STATE["positions"])
+    mask = _STATE["mask"]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
                                          enable_gqa=k.shape[1] != q.shape[1])
     return heads_to_seq(out, group).transpose(1, 2).contiguous(), None
@@ -99,7 +107,7 @@ def register_ulysses() -> None:
 def global_positions(positions: torch.Tensor, group: dist.ProcessGroup | None) -> Iterator[None]:
     """Run the model's forward (and backward) with the whole block's positions (B, S) for its attention."""
     before = dict(_STATE)
-    _STATE.update(group=group, positions=positions)
+    _STATE.update(group=group, positions=positions, mask=None)
     try:
         yield
     finally:
@@ -134,3 +142,63 @@ def sequence_parallel_problems(config: Any, size: int) -> list[Problem]:
         return [Problem("hardware.sequence_parallel", f"{heads} attention heads do not divide over {size} ranks",
                         "use a sequence_parallel that divides the number of heads")]
     return []
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """This rank's place in hardware.sequence_parallel: groups of `size` consecutive ranks share each block, and
+    this rank is `index` in its group. size 1: every call is a no-op (the rank holds its whole blocks)."""
+
+    size: int = 1
+    index: int = 0
+    group: dist.ProcessGroup | None = None
+
+    @classmethod
+    def build(cls, size: int, rank: int, world_size: int) -> SequenceParallel:
+        if size <= 1:
+            return cls()
+        register_ulysses()
+        mine = None
+        # new_group is collective over the whole world: every rank creates every group, in the same order.
+        for first in range(0, world_size, size):
+            group = dist.new_group(list(range(first, first + size)))
+            if first <= rank < first + size:
+                mine = group
+        return cls(size, rank % size, mine)
+
+    def data_shard(self, rank: int, world_size: int) -> tuple[int, int]:
+        """(shard, shards) of the data stream: a group's ranks read the same blocks."""
+        return rank // self.size, world_size // self.size
+
+    def shard(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """A collated micro-batch cut to this rank's slice: its tokens, global positions and targets (the loss's
+        target_index / target_ids over the slice), the row's positions kept whole for the attention mask."""
+        if self.size <= 1:
+            return batch
+        part = shard_block(batch["input_ids"], batch["labels"], batch["position_ids"], self.index, self.size)
+        targets = part["targets"].reshape(-1)
+        index = torch.nonzero(targets != -100).flatten()
+        return {"input_ids": part["input_ids"], "position_ids": part["position_ids"], "targets": part["targets"],
+                "target_index": index, "target_ids": targets[index], "block_positions": batch["position_ids"]}
+
+    def running(self, batch: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        """The context a sharded micro-batch's forward and backward run in (recomputed layers attend again)."""
+        if self.size <= 1:
+            return contextlib.nullcontext()
+        return global_positions(batch["block_positions"], self.group)
+
+    def targets(self, batch: dict[str, Any]) -> int:
+        """Target tokens of this rank's slice: summed over a group, the block's, counted once."""
+        return int(batch["target_index"].numel())
+
+    def real_tokens(self, lengths: list[int], seq_len: int) -> int:
+        """Real (not padding) tokens of this rank's slice of a row of blocks holding lengths[i] real tokens each
+        (padding ends a block): summed over a group, the row's."""
+        row = len(lengths) * seq_len
+        lo, hi = self.index * row // self.size, (self.index + 1) * row // self.size
+        return sum(max(0, min(hi, i * seq_len + n) - max(lo, i * seq_len)) for i, n in enumerate(lengths))
+
+    def share(self, total: int) -> int:
+        """This rank's part of a count the group's ranks report together (the attention work of its blocks): the
+        parts sum to `total`."""
+        return total // self.size + (total % self.size if self.index == 0 else 0)

@@ -862,3 +862,25 @@ def test_outside_the_measured_rows_the_estimate_says_it_is_approximate():
         e = est(R17, *overrides)
         assert e.approximate and said in e.approximate_scope and e.approximate_scope in e.approximate_reason
         assert e.to_dict()["approximate"] is True
+
+
+def test_sequence_parallel_activations_drop_with_the_ranks_sharing_a_block():
+    """A rank holds seq_len / N tokens of every tensor but attention's, which after the exchange holds the whole
+    block for H / N heads (as many elements) and the block's dense mask."""
+    from runner.plan.constants import SDPA_MASK_BYTES_PER_ELEM
+
+    seq = 32768
+    fixed = [f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in PLAIN.items()
+             if v is not None]
+    acts, masks = [], []
+    for n in (1, 2, 4, 8):
+        spec = load_spec(R17, ["model.id=Qwen/Qwen3-8B", "hardware.gpu=H100-80GB", "hardware.nproc_per_node=8",
+                               f"hardware.sequence_parallel={n}", f"train.seq_len={seq}", "train.max_steps=10",
+                               "model.attn_implementation=sdpa", *fixed])
+        est = estimate(spec, suggest=False)
+        acts.append(est.breakdown["activations"])
+        masks.append(SDPA_MASK_BYTES_PER_ELEM * seq * seq / 2**30)
+    assert all(a > b for a, b in zip(acts, acts[1:])), acts
+    # Past the mask, what is left shrinks as 1 / N.
+    for n, a in zip((2, 4, 8), acts[1:]):
+        assert a - masks[0] == pytest.approx((acts[0] - masks[0]) / n, rel=0.05), (n, acts)

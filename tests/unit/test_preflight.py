@@ -266,3 +266,23 @@ def test_a_bom_jsonl_reads_its_first_row(tmp_path):
     csv = tmp_path / "bom.csv"
     csv.write_bytes(b"\xef\xbb\xbfinstruction,output\nq,a\n")
     assert read_rows(csv, 5) == [{"instruction": "q", "output": "a"}]
+
+
+def test_sequence_parallel_refuses_gated_delta_layers_before_launch(tmp_path):
+    cfg = Qwen3_5TextConfig(num_hidden_layers=2, hidden_size=32, vocab_size=512,
+                            layer_types=["linear_attention", "full_attention"])
+    d = _config_dir(tmp_path, "hybrid", cfg)
+    spec = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"},
+                           hardware={"nproc_per_node": 2, "sequence_parallel": 2}))
+    [p] = [p for p in preflight_problems(spec) if p.field == "hardware.sequence_parallel"]
+    assert "gated-delta" in p.message and p.fix == "use hardware.sequence_parallel=1"
+    whole = load_spec(_spec(tmp_path, model={"path": str(d), "init": "random"}, hardware={"nproc_per_node": 2}))
+    assert "hardware.sequence_parallel" not in _fields(preflight_problems(whole))
+
+
+def test_sequence_parallel_refuses_heads_that_do_not_divide(tmp_path):
+    # The embedded model has 4 attention heads: 2 ranks split them, 4 do too; 8 cannot.
+    assert preflight_problems(load_spec("tiny-cpu", ["hardware.sequence_parallel=2"])) == []
+    spec = load_spec("tiny-cpu", ["hardware.nproc_per_node=8", "hardware.sequence_parallel=8"])
+    [p] = [p for p in preflight_problems(spec) if p.field == "hardware.sequence_parallel"]
+    assert "4 attention heads do not divide over 8 ranks" in p.message

@@ -124,3 +124,26 @@ def test_native_recompute_levers_need_checkpointing_and_the_native_engine(field,
     with pytest.raises(SpecError) as e:
         load_spec("tiny-cpu", [f"train.{field}={on}", "engine=trl"])
     assert [p.field for p in e.value.problems] == [f"train.{field}"]
+
+
+@pytest.mark.parametrize("sets, field, words", [
+    (["engine=trl", "hardware.sequence_parallel=2"], "hardware.sequence_parallel", "the trl engine"),
+    (["hardware.nproc_per_node=6", "hardware.sequence_parallel=4"], "hardware.sequence_parallel",
+     "4 does not divide the 6 ranks per node"),
+    (["hardware.sequence_parallel=2", "train.seq_len=511"], "train.seq_len", "multiple of hardware.sequence_parallel=2"),
+])
+def test_sequence_parallel_is_refused_where_it_cannot_run(sets, field, words):
+    with pytest.raises(SpecError) as err:
+        load_spec("tiny-cpu", sets)
+    [p] = err.value.problems
+    assert p.field == field and words in p.message and p.fix
+
+
+def test_sequence_parallel_is_checked_against_the_ranks_resolved_at_launch():
+    spec = load_spec("tiny-cpu", ["hardware.nproc_per_node=auto", "hardware.sequence_parallel=4"])
+    with pytest.raises(SpecError) as err:
+        resolve(spec, cuda_available=False, gpu_count=0)  # auto on CPU: 2 ranks
+    assert "4 does not divide the 2 ranks per node" in str(err.value)
+    ok = resolve(load_spec("tiny-cpu", ["hardware.nproc_per_node=auto", "hardware.sequence_parallel=2"]),
+                 cuda_available=False, gpu_count=0)
+    assert ok.hardware.sequence_parallel == 2 and ok.hardware.nproc_per_node == 2
