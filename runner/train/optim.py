@@ -92,6 +92,13 @@ def _on_device(values: list[float] | list[int], dtype: torch.dtype, device: torc
     return t.to(device)
 
 
+def _have_triton() -> bool:
+    """Whether the kernel can run: CUDA builds of torch ship triton; without it the update runs eagerly (slower)."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """One key per (run seed, rank, optimizer step): replays and resumes draw the same bits."""
     return (seed * 1_000_003 + rank * 7_919 + step * 104_729) % (2**63 - 1)
@@ -157,7 +164,7 @@ class StochasticAdamW(torch.optim.Optimizer):
                 index += 1
         for (gid, device), items in batches.items():
             hp = self._hyper(groups[gid], n)
-            kernel = self.fused if self.fused is not None else device.type == "cuda"
+            kernel = self.fused if self.fused is not None else device.type == "cuda" and _have_triton()
             hp_tensor = None
             for i, tensors in items:
                 key = param_key(self.seed, self.rank, n, i)
