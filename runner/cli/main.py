@@ -9,12 +9,16 @@ import shlex
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.cli.job import add_job_args, record_spec, write_job
 from runner.errors import (EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_VERIFIED,
                            EXIT_OK, UserError)
 from runner.engines import ENGINES
+
+if TYPE_CHECKING:
+    from runner.spec import RunSpec
+
 # Rich wraps and crops at 80 columns when stdout is not a terminal; piped output is read by scripts and people who
 # need every character (a run id, a field name), so it gets a width no line reaches.
 PIPE_COLUMNS = "100000"
@@ -148,8 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_records_dir(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one row per record")
 
-    p = sub.add_parser("show", help="print a spec after overrides and defaults (what would run)")
+    p = sub.add_parser("show", help="print a spec after overrides and defaults, its `auto` values filled as a "
+                                    "launch would fill them (what would run)")
     _add_spec_args(p)
+    p.add_argument("--as-written", action="store_true",
+                   help="print the spec with its `auto` values left as they are")
 
     p = sub.add_parser("fields", help="every spec field with its default and meaning")
     p.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
@@ -437,9 +444,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
-
-    print(yaml.safe_dump(load_spec_noting(args.spec, args.overrides).to_dict(), sort_keys=False), end="")
+    spec = load_spec_noting(args.spec, args.overrides)
+    if not args.as_written:
+        spec, note = _filled(spec)
+        print(f"# {note}; `runner show --as-written` prints it before", file=sys.stderr)
+    print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
     return EXIT_OK
+
+
+def _filled(spec: RunSpec) -> tuple[RunSpec, str]:
+    """The spec with its `auto` values filled as a launch fills them: ranks, device, dtype and precision for the
+    machine the run will see (this one, or the GPUs the spec names), then the planner's levers. When the levers
+    cannot be chosen here (the data unreadable from this machine), they stay `auto` and the note says why."""
+    from runner.machine import Machine, target_machine
+    from runner.plan.autotune import resolve_levers
+    from runner.spec import resolve
+
+    machine = target_machine(spec, Machine.here())
+    spec = resolve(spec, machine=machine)
+    where = "the GPUs it names" if machine.declared else "this machine"
+    try:
+        return resolve_levers(spec), f"auto values filled for {where}, levers by the planner"
+    except (UserError, OSError, ValueError) as e:
+        return spec, f"auto values filled for {where}; levers left auto ({str(e).splitlines()[0]})"
 
 
 def cmd_fields(args: argparse.Namespace) -> int:

@@ -243,7 +243,8 @@ def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.Capture
     data = REPO / "tests" / "fixtures" / "data" / "alpaca_en_demo.json"
     model = tmp_path / "my-llama"
     __import__("shutil").copytree(REPO / "recipes" / "embedded" / "model", model)
-    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", f"model.path={model}"]) == EXIT_OK
+    assert main(["show", "tiny-cpu", "--as-written", "--set", f"dataset.path={data}", "--set", f"model.path={model}"]) \
+        == EXIT_OK
     out, err = capsys.readouterr()
     spec = yaml.safe_load(out)
     assert spec["dataset"]["id"] == "local/alpaca_en_demo" and spec["model"]["id"] == "local/my-llama"
@@ -254,11 +255,35 @@ def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.Capture
         "note: model.id is now local/my-llama (named after model.path; it was sft-tui/tiny-qwen3); set model.id to "
         "name it otherwise"]
     # An id given with the path, or no path change, keeps the id; nothing is said.
-    assert main(["show", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "dataset.id=mine"]) == EXIT_OK
+    assert main(["show", "tiny-cpu", "--as-written", "--set", f"dataset.path={data}", "--set", "dataset.id=mine"]) \
+        == EXIT_OK
     out, err = capsys.readouterr()
     assert yaml.safe_load(out)["dataset"]["id"] == "mine" and err == ""
     assert main(["show", "tiny-cpu"]) == EXIT_OK
     assert yaml.safe_load(capsys.readouterr().out)["dataset"]["id"] == "sft-tui/tiny-chat"
+
+
+def test_show_prints_what_a_launch_would_run_and_as_written_what_was_written(capsys) -> None:
+    """`runner show` fills the `auto` values a launch fills (ranks, device, dtype, precision, the planner's levers)
+    for the machine the run will see: this one, or the GPUs a recipe names."""
+    import yaml
+
+    assert main(["show", "tiny-cpu"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    spec = yaml.safe_load(out)
+    assert (spec["hardware"]["device"], spec["hardware"]["nproc_per_node"], spec["model"]["dtype"]) == ("cpu", 2, "float32")
+    assert spec["train"]["optimizer_precision"] == "fp32_master"
+    assert spec["train"]["micro_batch"] == 1 and spec["train"]["grad_accum"] == 1
+    assert err.startswith("# auto values filled for this machine, levers by the planner")
+    assert main(["show", "tiny-cpu", "--as-written"]) == EXIT_OK
+    written = yaml.safe_load(capsys.readouterr().out)
+    assert written["train"]["micro_batch"] == "auto" and written["train"]["optimizer_precision"] == "auto"
+    assert main(["show", "llama-3.2-3b-bench-h200"]) == EXIT_OK  # one H200 named: planned for it, from here
+    out, err = capsys.readouterr()
+    spec = yaml.safe_load(out)
+    assert (spec["hardware"]["device"], spec["hardware"]["nproc_per_node"]) == ("cuda", 1)
+    assert spec["model"]["dtype"] == "bfloat16" and spec["train"]["optimizer_precision"] == "bf16_stochastic"
+    assert "for the GPUs it names" in err
 
 
 def test_the_run_report_says_where_the_export_went() -> None:
