@@ -16,6 +16,7 @@ depend on how the tensor is cut.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable
 
 import torch
@@ -119,6 +120,7 @@ class StochasticAdamW(torch.optim.Optimizer):
                  fused: bool | None = None) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.seed, self.rank, self.fused = seed, rank, fused
+        self.kernel_error: str | None = None
 
     @staticmethod
     def _hyper(group: dict[str, Any], n: int) -> tuple[float, float, float, float, float, float]:
@@ -138,6 +140,23 @@ class StochasticAdamW(torch.optim.Optimizer):
         adamw_update_(*work, hp, key)
         for t, c in zip(tensors, work):
             t.copy_(c.view_as(t))
+
+    def _kernel(self, tensors: list[torch.Tensor], hp: tuple[float, ...], key: int) -> bool:
+        """One parameter's update by the Triton kernel; False (and the eager update from then on) when the kernel
+        cannot be built here, with a warning once: a slower step, not a lost run. The first launch builds it,
+        before it writes anything, so a failure leaves the parameter as it was."""
+        if self.kernel_error is not None:
+            return False
+        try:
+            from runner.train.optim_kernel import adamw_update_kernel_
+
+            adamw_update_kernel_(*(t.view(-1) for t in tensors), hp, key)
+            return True
+        except Exception as e:  # noqa: BLE001 - any build failure of the kernel falls back to the same update, eager
+            self.kernel_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            print(f"warning: the stochastic-rounding AdamW kernel could not run ({self.kernel_error}); the update "
+                  "runs eagerly (the same arithmetic, slower)", file=sys.stderr, flush=True)
+            return False
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D102 - torch.optim.Optimizer's contract
@@ -168,10 +187,7 @@ class StochasticAdamW(torch.optim.Optimizer):
             hp_tensor = None
             for i, tensors in items:
                 key = param_key(self.seed, self.rank, n, i)
-                if kernel and all(t.is_contiguous() for t in tensors):
-                    from runner.train.optim_kernel import adamw_update_kernel_
-
-                    adamw_update_kernel_(*(t.view(-1) for t in tensors), hp, key)
+                if kernel and all(t.is_contiguous() for t in tensors) and self._kernel(tensors, hp, key):
                     continue
                 if hp_tensor is None:  # made once per group, without a host sync (see _on_device)
                     hp_tensor = _on_device(list(hp), torch.float32, device)

@@ -38,7 +38,8 @@ def _bf16_nearest(x):
     return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
 
 
-@triton.jit
+# The keys and the size are plain values: never compiled in as constants (Triton specialises an int equal to 1).
+@triton.jit(do_not_specialize=["n", "key_lo", "key_hi"])
 def _adamw_sr(w_ptr, g_ptr, m_ptr, v_ptr, n, b1, b2, eps, decay, step_size, bc2, key_lo, key_hi,
               ROUND: tl.constexpr, BLOCK: tl.constexpr):
     # fp32 arithmetic throughout, as the eager update's: a GPU launch passes float arguments as fp32, Triton's

@@ -197,3 +197,27 @@ def test_the_kernel_update_equals_the_eager_one():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", KERNEL_VS_EAGER], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "same", out.stderr[-3000:]
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_to_the_eager_update_with_one_warning(monkeypatch, capsys):
+    import sys
+    import types
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("PTX assembly failed\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "runner.train.optim_kernel", types.SimpleNamespace(adamw_update_kernel_=broken))
+    results = []
+    for kernel in (False, True):
+        torch.manual_seed(1)
+        ps = [torch.nn.Parameter((torch.randn(n) * 0.02).to(torch.bfloat16)) for n in (300, 57)]
+        opt = StochasticAdamW(ps, lr=1e-5, seed=4, fused=kernel)
+        for step in range(2):
+            for i, p in enumerate(ps):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i)).to(torch.bfloat16)
+            opt.step()
+        results.append([p.data.clone() for p in ps])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    err = capsys.readouterr().err
+    assert err.count("warning: the stochastic-rounding AdamW kernel could not run") == 1
+    assert "RuntimeError: PTX assembly failed" in err and opt.kernel_error == "RuntimeError: PTX assembly failed"
