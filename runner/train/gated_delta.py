@@ -6,8 +6,9 @@ its sizes, which checkpoints pin, not the module functions transformers' forward
 release that moves or renames those cannot take packing away from the family. The math is the gated delta rule
 (DeltaNet with a per-token decay), computed chunk by chunk as transformers' and flash-linear-attention's PyTorch
 references compute it; the packing check (runner.plan.packcheck) compares it with transformers' own forward of each
-document alone, and where flash-linear-attention and causal-conv1d are installed the layer's own forward runs
-instead (those kernels read cu_seqlens themselves).
+document alone, tests/unit/test_packcheck.py with flash-linear-attention's reference of the rule where that is
+installed, and where flash-linear-attention and causal-conv1d are installed the layer's own forward runs instead
+(those kernels read cu_seqlens themselves).
 """
 
 from __future__ import annotations

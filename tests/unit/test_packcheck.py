@@ -188,3 +188,20 @@ def test_the_own_gated_delta_rule_is_the_recurrence():
         state = state + torch.einsum("hk,hv->hkv", kn[t], delta)
         expected.append(torch.einsum("hkv,hk->hv", state, qn[t] * dk ** -0.5))
     assert torch.allclose(chunk_gated_delta(q, k, v, g, beta), torch.stack(expected), atol=1e-5)
+
+
+def test_the_own_gated_delta_rule_matches_flash_linear_attention_per_document():
+    """Where flash-linear-attention is installed: its PyTorch reference of the rule (the one its kernels are tested
+    against), run on each document alone from a zero state, equals the own chunked form (a document of two chunks
+    and a partial one, and one shorter than a chunk)."""
+    naive = pytest.importorskip("fla.ops.gated_delta_rule.naive", reason="flash-linear-attention is not installed")
+    from runner.train.gated_delta import chunk_gated_delta
+
+    torch.manual_seed(0)
+    heads, dk, dv = 2, 16, 8
+    for length in (150, 37):
+        q, k, v = torch.randn(length, heads, dk), torch.randn(length, heads, dk), torch.randn(length, heads, dv)
+        g, beta = -torch.rand(length, heads), torch.rand(length, heads)
+        qn, kn = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+        reference, _ = naive.naive_recurrent_gated_delta_rule(*(x[None] for x in (qn, kn, v, beta, g)))  # [1, T, H, .]
+        assert torch.allclose(chunk_gated_delta(q, k, v, g, beta), reference[0], atol=1e-5), length
