@@ -3,13 +3,19 @@
 # nvidia-ml-py, psutil, pyarrow are there), downloaded here into .whl/ at the versions .ci/constraints.txt pins,
 # for a machine with no package registry. Usage, from the repository root:
 #   benchmarks/device_wheels.sh            # trl, datasets and their needs, liger-kernel (about 12 MB)
-#   benchmarks/device_wheels.sh --fa4      # also flash-attn-4 and the CuTe DSL (the DSL's library wheel is
-#                                          # ~92 MB: split it, see below)
+#   benchmarks/device_wheels.sh --fa4      # also flash-attn-4, its needs and the CuTe DSL for CUDA 13 into
+#                                          # .whl-fa4/ (the DSL's CUDA 13 library wheel is ~92 MB: split it, below)
 # There, before the first command (the same line in every call: the install goes to /tmp/site, kept while warm):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #       .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-# A wheel over the 64 MiB a call may carry travels in two calls on a warm machine: `split -n 2` it into .whl/parts/,
-# carry half each call, `cat` the halves into /tmp/ there and install from /tmp in the second call.
+# A call carries at most 64 MiB with the working tree (~9 MB), so with --fa4 the wheels travel in two calls on a
+# warm machine (it is released after 30 s idle: make the second call at once). This script leaves them ready:
+#   .whl-fa4/part1/  flash-attn-4's small wheels and the first half of the big one (carry ".whl-fa4/part1")
+#   .whl-fa4/part2/  the second half (carry ".whl" and ".whl-fa4/part2")
+# First call:  mkdir -p /tmp/fa4 && cp .whl-fa4/part1/* /tmp/fa4/
+# Second call: cat /tmp/fa4/cu13.part00 .whl-fa4/part2/cu13.part01 > /tmp/fa4/$(cat .whl-fa4/part2/NAME) &&
+#              python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#                  --target /tmp/site .whl/*.whl /tmp/fa4/*.whl && export PYTHONPATH=/tmp/site:$PWD
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
@@ -20,7 +26,6 @@ specs=()
 for n in "${names[@]}"; do v=$(pin "$n"); [ -n "$v" ] || { echo "no pin for $n in .ci/constraints.txt" >&2; exit 2; }
   specs+=("$n==$v"); done
 specs+=("liger-kernel==0.8.5")
-[ "${1:-}" = "--fa4" ] && specs+=("flash-attn-4==4.0.0b40" "nvidia-cutlass-dsl==4.8.1")
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 \
          manylinux_2_34_x86_64 manylinux_2_35_x86_64; do plat+=(--platform "$p"); done
@@ -30,3 +35,19 @@ for s in "${specs[@]}"; do
       -d .whl "$s"
 done
 du -sh .whl
+[ "${1:-}" = "--fa4" ] || exit 0
+# flash-attn-4 and what it needs that the image lacks; the CuTe DSL's libraries for the image's CUDA 13.
+grep -qx '/.whl-fa4/' .git/info/exclude 2>/dev/null || echo '/.whl-fa4/' >> .git/info/exclude
+rm -rf .whl-fa4 && mkdir -p .whl-fa4/part1 .whl-fa4/part2 .whl-fa4/big
+for s in flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 "quack-kernels>=0.5.3" \
+         "apache-tvm-ffi>=0.1.11,<0.2" torch-c-dlpack-ext einops; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+      -d .whl-fa4/part1 "$s"
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+    -d .whl-fa4/big nvidia-cutlass-dsl-libs-cu13==4.8.1
+big=$(ls .whl-fa4/big)
+split -n 2 -d ".whl-fa4/big/$big" .whl-fa4/big/cu13.part
+mv .whl-fa4/big/cu13.part00 .whl-fa4/part1/ && mv .whl-fa4/big/cu13.part01 .whl-fa4/part2/
+echo "$big" > .whl-fa4/part2/NAME && rm -rf .whl-fa4/big
+du -sh .whl-fa4/part1 .whl-fa4/part2
