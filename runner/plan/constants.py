@@ -66,6 +66,10 @@ SDPA_MASK_BYTES_PER_ELEM = 7.0
 """sdpa on packed documents: transformers builds a dense s × s mask for the step (bool, 1 B) and the efficient
 kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
 7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
+SDPA_MASK_BYTES_PER_ELEM_CPU = 1.0
+"""The same on CPU, where torch's SDPA reads the bool mask as it is: the embedded model's ranks (2 CPU ranks, one
+block of 2k to 16k tokens) grew by 0.19 / 0.34 GiB from 8k to 16k tokens, where the bool mask grows by 0.19 GiB
+and the rest by ~0.05; an additive copy would have added 0.75 GiB more."""
 EAGER_SCORE_COPIES_TRANSIENT = 2.0
 """Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
 probabilities' and scores' gradients (backward) of one layer are alive at once."""

@@ -27,6 +27,7 @@ from runner.plan.constants import (
     NATIVE_REDUCE_BYTES,
     PARAMWRAPPER_MERGED_COPIES,
     SDPA_MASK_BYTES_PER_ELEM,
+    SDPA_MASK_BYTES_PER_ELEM_CPU,
     TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA,
     TRL_REDUCE_BYTES,
     gib,
@@ -260,10 +261,11 @@ def activation_memory(s: Step) -> ActivationMemory:
     square = t.seq_len * t.seq_len * t.micro_batch
     mask = 0.0
     score_transient = 0.0
+    mask_bytes = SDPA_MASK_BYTES_PER_ELEM if s.cuda else SDPA_MASK_BYTES_PER_ELEM_CPU
     if plan.attn in ("sdpa", "eager") and t.packing:
-        mask = SDPA_MASK_BYTES_PER_ELEM * square
+        mask = mask_bytes * square
     if plan.attn == ULYSSES:  # SDPA's dense mask as above, over the whole row (all micro_batch blocks), packed or not
-        mask = SDPA_MASK_BYTES_PER_ELEM * (t.seq_len * t.micro_batch) ** 2
+        mask = mask_bytes * (t.seq_len * t.micro_batch) ** 2
     if plan.attn == "eager":
         score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * square
         mask = cb * square  # additive float mask, kept for the step

@@ -26,3 +26,12 @@ def test_cpu_estimate_predicts_the_ranks_measured_rss(tiny_run):
         assert set(measured) == set(predicted) == {"rss"}, (rank, measured, predicted)
         error = (predicted["rss"] - measured["rss"]) / measured["rss"]
         assert abs(error) <= RSS_TOLERANCE, (rank, predicted, measured, error)
+
+
+def test_a_cpu_rank_holds_the_packed_blocks_bool_mask_not_cudas_additive_copy():
+    """sdpa on packed CPU blocks: the s × s bool mask transformers builds (1 byte per element), which torch's CPU
+    kernel reads as it is; measured on the embedded model at 8k and 16k tokens (runner/plan/constants.py)."""
+    packed, unpacked = (estimate(load_spec("tiny-cpu", ["train.seq_len=8192", f"train.packing={p}"]))
+                        for p in ("true", "false"))
+    mask_gib = 8192 * 8192 / 2**30
+    assert abs(packed.breakdown["activations"] - unpacked.breakdown["activations"] - mask_gib) < 0.01
