@@ -67,9 +67,12 @@ SDPA_MASK_BYTES_PER_ELEM = 7.0
 kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
 7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
 SDPA_MASK_BYTES_PER_ELEM_CPU = 1.0
-"""The same on CPU, where torch's SDPA reads the bool mask as it is: the embedded model's ranks (2 CPU ranks, one
-block of 2k to 16k tokens) grew by 0.19 / 0.34 GiB from 8k to 16k tokens, where the bool mask grows by 0.19 GiB
-and the rest by ~0.05; an additive copy would have added 0.75 GiB more."""
+"""The same on CPU: the bool mask as transformers builds it (torch's CPU kernel takes it as it is)."""
+SDPA_CPU_SCORE_COPIES = 1.0
+"""With a mask, torch's CPU sdpa runs its math path: one layer's fp32 scores (heads × s × s) are alive at once.
+Every CPU block has a mask (its documents' when packed, its padding's when not). Measured on the embedded model
+(4 heads, 2 CPU ranks, one block; the ranks' peak resident memory): 0.70, 1.90 and 5.33 GiB at 2k, 8k and 16k packed
+tokens, 1.87 at 8k unpacked, i.e. ~17 B per s² element = 1 (mask) + 4 heads × 4 B."""
 EAGER_SCORE_COPIES_TRANSIENT = 2.0
 """Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
 probabilities' and scores' gradients (backward) of one layer are alive at once."""
@@ -84,10 +87,11 @@ CUDA_CONTEXT_GIB = 0.6
 """CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
 NCCL_GIB = 1.0
 """NCCL communicator buffers with more than one rank."""
-CPU_PROCESS_GIB = 0.5
-"""Resident memory of a CPU rank before its training tensors: the interpreter, torch, transformers, the tokenizer,
-gloo. Measured: the embedded demo's ranks hold 0.51 GiB of RSS at step 1 with 0.02 GiB of tensors (0.52 at the
-end). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report (`mem_gib`, `peak_mem_gib.rss`)."""
+CPU_PROCESS_GIB = 0.56
+"""Peak resident memory of a CPU rank before its training tensors: the interpreter, torch, transformers, the
+tokenizer, gloo, and what loading them passes through. Measured: the embedded demo's ranks peak at 0.58 GiB with
+0.02 GiB of tensors (512-token blocks). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report
+(`mem_gib`, `peak_mem_gib.rss`: the process's high-water mark)."""
 FRAGMENTATION_FRACTION = 0.15
 """Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
 share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the

@@ -27,6 +27,7 @@ from runner.plan.constants import (
     NATIVE_REDUCE_BYTES,
     PARAMWRAPPER_MERGED_COPIES,
     SDPA_MASK_BYTES_PER_ELEM,
+    SDPA_CPU_SCORE_COPIES,
     SDPA_MASK_BYTES_PER_ELEM_CPU,
     TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA,
     TRL_REDUCE_BYTES,
@@ -261,11 +262,15 @@ def activation_memory(s: Step) -> ActivationMemory:
     square = t.seq_len * t.seq_len * t.micro_batch
     mask = 0.0
     score_transient = 0.0
-    mask_bytes = SDPA_MASK_BYTES_PER_ELEM if s.cuda else SDPA_MASK_BYTES_PER_ELEM_CPU
     if plan.attn in ("sdpa", "eager") and t.packing:
-        mask = mask_bytes * square
+        mask = SDPA_MASK_BYTES_PER_ELEM * square
+    if plan.attn == "sdpa" and not s.cuda:
+        # On CPU a block always has a mask (the documents' when packed, the padding's when not), and a mask sends
+        # torch's sdpa down its math path, which materialises one layer's fp32 scores.
+        mask = SDPA_MASK_BYTES_PER_ELEM_CPU * square
+        score_transient = SDPA_CPU_SCORE_COPIES * 4 * arch.heads * square
     if plan.attn == ULYSSES:  # SDPA's dense mask as above, over the whole row (all micro_batch blocks), packed or not
-        mask = mask_bytes * (t.seq_len * t.micro_batch) ** 2
+        mask = SDPA_MASK_BYTES_PER_ELEM * (t.seq_len * t.micro_batch) ** 2
     if plan.attn == "eager":
         score_transient = EAGER_SCORE_COPIES_TRANSIENT * cb * arch.heads * square
         mask = cb * square  # additive float mask, kept for the step
@@ -510,5 +515,5 @@ def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
                             fraction * mem.allocated, idle_pools, plan.gpu.name)
     import psutil
 
-    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB,
-                        FRAGMENTATION_FRACTION * mem.allocated, 0.0, "cpu")
+    # No fragmentation term on CPU: tensors that size come from mmap and go back to the system when freed.
+    return DeviceMemory(psutil.virtual_memory().total / plan.nproc, CPU_PROCESS_GIB * GIB, 0.0, 0.0, "cpu")

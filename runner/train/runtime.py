@@ -37,15 +37,16 @@ class Runtime:
             torch.cuda.synchronize()
 
     def mem_gib(self) -> float:
+        """The peak so far: CUDA's allocated peak, or the process's peak resident memory on CPU."""
         if self.device == "cuda":
             return round(torch.cuda.max_memory_allocated() / 2**30, 3)
-        return round(_rss_bytes() / 2**30, 3)
+        return round(_peak_rss_bytes() / 2**30, 3)
 
     def peak_mem_gib(self) -> dict[str, float]:
         if self.device == "cuda":
             return {"allocated": round(torch.cuda.max_memory_allocated() / 2**30, 3),
                     "reserved": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
-        return {"rss": round(_rss_bytes() / 2**30, 3)}
+        return {"rss": round(_peak_rss_bytes() / 2**30, 3)}
 
     def request_stop(self, signum: int, _frame: object) -> None:
         self.stop_requested = True
@@ -57,10 +58,12 @@ class Runtime:
             self._timer.start()
 
 
-def _rss_bytes() -> int:
-    import psutil
+def _peak_rss_bytes() -> int:
+    """The largest resident set this process has had (the kernel's high-water mark): the step's peak, which the
+    resident set read after the step (its activations freed) would miss."""
+    import resource
 
-    return psutil.Process().memory_info().rss
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def redirect_output(log_path: Path) -> None:
