@@ -29,7 +29,10 @@ class Failure(TypedDict, total=False):
 
 _OOM = re.compile(r"(?:CUDA out of memory|OutOfMemoryError).*?Tried to allocate ([\d.]+ [KMGT]i?B)", re.S)
 # runner.train.offload's refusal to page-lock more host memory than the machine has free.
-_HOST_OOM = re.compile(r"could not page-lock [^\n]*")
+# Host memory: too little to page-lock offloaded activations, or a CPU rank's allocation refused (hardware.memory_gib
+# caps it; so does the machine).
+_HOST_OOM = re.compile(r"could not page-lock [^\n]*|DefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
+                       r"[^\n]*")
 _NCCL_TIMEOUT = re.compile(r"(Watchdog caught collective operation timeout|NCCL.*timed? ?out|Timeout.*NCCL)", re.I)
 _NCCL = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ProcessGroupNCCL)", re.I)
 # A collective's transport lost its peer (gloo's "Connection reset by peer ... a remote worker hanging", a closed

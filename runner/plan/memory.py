@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
@@ -501,6 +501,12 @@ class DeviceMemory:
 
 
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
+    dev = _device_memory(plan, mem)
+    cap = plan.spec.hardware.memory_gib
+    return dev if cap is None else replace(dev, capacity=min(dev.capacity, cap * GIB))
+
+
+def _device_memory(plan: Plan, mem: Memory) -> DeviceMemory:
     if plan.device == "cuda":
         assert plan.gpu is not None
         fraction = TRL_FRAGMENTATION_FRACTION if engine_for(plan.spec.engine).hf_trainer else FRAGMENTATION_FRACTION

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     try:
         rt = runtime.init(spec.hardware.device)
+        runtime.hold_to(spec.hardware.memory_gib, rt.device, rt.local_rank)
         require_resolved(spec)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         train = importlib.import_module(engine_for(spec.engine).entry).train

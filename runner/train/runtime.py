@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -94,6 +95,40 @@ def set_determinism(seed: int, deterministic: bool, device: str) -> None:
         torch.use_deterministic_algorithms(True, warn_only=device == "cuda")
         if device == "cuda":
             torch.backends.cudnn.benchmark = False
+
+
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number for the size above which glibc maps a block on its own."""
+
+
+def hold_to(memory_gib: float | None, device: str, local_rank: int) -> None:
+    """Keep this rank within hardware.memory_gib: CUDA's caching allocator refuses past it (an out-of-memory error),
+    and on CPU the kernel refuses data memory past it (RLIMIT_DATA, set from what the rank holds now, so it caps
+    the resident memory the rest of the run adds: an allocation past it fails as out of memory)."""
+    if memory_gib is None:
+        return
+    limit = memory_gib * 2**30
+    if device == "cuda":
+        total = torch.cuda.get_device_properties(local_rank).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), local_rank)
+        return
+    import ctypes
+    import resource
+
+    import psutil
+
+    # The limit counts mapped data memory. By default glibc raises its mmap threshold each time a large block is
+    # freed, then serves blocks up to 32 MiB from arenas whose freed pages leave the resident set but stay mapped:
+    # the count drifts away from the resident memory it stands for (the embedded model hit a 2 GiB limit at 5k
+    # tokens with ~1 GiB resident). A fixed threshold keeps large blocks mapped only while they live.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    data = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmData:"))
+    # Mapped data memory runs ahead of the resident part by about what it does now (stacks, arenas): keep that gap.
+    allowed = int(data + limit - psutil.Process().memory_info().rss)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (allowed if hard == resource.RLIM_INFINITY else min(allowed, hard), hard))
 
 
 def init(device: str) -> Runtime:

@@ -52,3 +52,14 @@ def test_a_rank_that_failed_for_its_own_reason_is_blamed_before_a_peer_killed_af
 
 def test_lost_peer_is_its_own_cause():
     assert classify_exception(RuntimeError(GLOO_PEER_RESET))[0] == "peer_lost"
+
+
+def test_a_cpu_allocation_refused_is_host_memory():
+    """A CPU rank past hardware.memory_gib (or the machine's memory) is out of memory, not a crash: `runner bench
+    --max-seq-len` reads it as 'does not fit'."""
+    from runner.events.failure import classify_text
+
+    text = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1310720 bytes. Error code 12 (Cannot allocate memory)")
+    cause, message = classify_text(text)
+    assert cause == "host_oom" and message.startswith("DefaultCPUAllocator: can't allocate memory")

@@ -41,3 +41,12 @@ def test_a_cpu_block_costs_its_bool_mask_and_one_layers_fp32_scores_packed_or_no
         quadratic = (1 + 4 * heads) * square_gib
         assert long.breakdown["activations"] - short.breakdown["activations"] > quadratic
         assert abs(long.per_gpu_gib - measured) / measured < 0.05, (packing, long.per_gpu_gib)
+
+
+def test_memory_gib_is_the_capacity_the_planner_plans_for():
+    """hardware.memory_gib caps the memory a rank may use: the estimate plans for it (and the ranks hold to it)."""
+    free = estimate(load_spec("tiny-cpu", ["train.seq_len=16384"]))
+    capped = estimate(load_spec("tiny-cpu", ["train.seq_len=16384", "hardware.memory_gib=3.5"]))
+    assert capped.gpu_memory_gib == 3.5 and free.gpu_memory_gib > 3.5
+    assert capped.verdict == "does not fit" and free.fits  # the planner tried its levers for 3.5 GiB first
+    assert estimate(load_spec("tiny-cpu", ["train.seq_len=8192", "hardware.memory_gib=3.5"])).fits
