@@ -7,8 +7,10 @@ import json
 from runner.plan import estimate
 from runner.spec import load_spec
 
-RSS_TOLERANCE = 0.10
-"""The process itself is most of a tiny CPU rank's memory (CPU_PROCESS_GIB); its size moves with library versions."""
+RSS_TOLERANCE = 0.25
+"""The process itself is most of a tiny CPU rank's memory (CPU_PROCESS_GIB); its size moves with library versions,
+and the high-water mark a rank reports covers its whole life (loading, the export at the end): 0.58 to 0.73 GiB
+for the same 512-token demo on two fresh machines."""
 
 
 def test_cpu_estimate_has_no_cuda_parts():
