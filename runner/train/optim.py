@@ -16,6 +16,7 @@ depend on how the tensor is cut.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Iterable
 
@@ -93,8 +94,10 @@ def _on_device(values: list[float] | list[int], dtype: torch.dtype, device: torc
     return t.to(device)
 
 
+@functools.cache
 def _have_triton() -> bool:
-    """Whether the kernel can run: CUDA builds of torch ship triton; without it the update runs eagerly (slower)."""
+    """Whether the kernel can run: CUDA builds of torch ship triton; without it the update runs eagerly (slower).
+    Asked once per process, not at every step."""
     import importlib.util
 
     return importlib.util.find_spec("triton") is not None
