@@ -15,7 +15,10 @@
 # First call:  mkdir -p /tmp/fa4 && cp .whl-fa4/part1/* /tmp/fa4/
 # Second call: cat /tmp/fa4/cu13.part00 .whl-fa4/part2/cu13.part01 > /tmp/fa4/$(cat .whl-fa4/part2/NAME) &&
 #              python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#                  --target /tmp/site .whl/*.whl /tmp/fa4/*.whl && export PYTHONPATH=/tmp/site:$PWD
+#                  --target /tmp/site .whl/*.whl /tmp/fa4/*.whl &&
+#              export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
+# (the CuTe DSL puts its `cutlass` package on the path with a .pth file, which a --target folder on PYTHONPATH does
+# not run: without the second entry flash-attn-4 imports but its kernels fail with "No module named 'cutlass'")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

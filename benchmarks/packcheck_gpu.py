@@ -27,6 +27,9 @@ sys.path.insert(0, str(REPO))
 
 REGISTRY = ("llama", "qwen3", "qwen3_moe", "gemma3_text", "gpt_oss", "qwen3_5")
 UNLISTED = ("cohere2", "glm4_moe", "exaone4", "olmoe", "llama4_text", "ministral")
+PUBLISHED = {"ministral": {"head_dim": 128}}
+"""Where transformers' default config of a family builds no model, the value its published checkpoints set
+(Ministral's default head_dim is None, which its attention cannot take; Ministral-8B's config says 128)."""
 PATHS = (("varlen", "torch"), ("flex_attention", ""), ("varlen", "flash-attn-4"))
 SEQ_LEN = 8192
 LIMIT_S = 10.0
@@ -43,7 +46,8 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
     from runner.train.loader import is_vlm_config
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = AutoConfig.for_model(model_type)  # the family's own default sizes: the check shrinks them
+    # The family's own default sizes (the check shrinks them).
+    config = AutoConfig.for_model(model_type, **PUBLISHED.get(model_type, {}))
     auto = AutoModelForImageTextToText if is_vlm_config(config) else AutoModelForCausalLM
     supported = supported_attention(concrete_model_class(auto, config))
     row: dict[str, Any] = {"model_type": model_type, "known": family_of(config).known,

@@ -519,10 +519,6 @@ def check_problems(spec: Any, config: Any, device: str) -> list[Problem]:
     where = f"the {verdict.path} attention path" + (f" ({verdict.kernel})" if verdict.kernel else "") + \
         f" of the {verdict.engine} engine"
     setup = setup_for(spec, config, device)
-    if verdict.status == UNCHECKED:
-        return [Problem("train.packing", f"packing check: {fam} is not proven to keep packed documents apart on "
-                                         f"{where}: {verdict.message}",
-                        "set train.packing=false (one document per block)")]
     if verdict.status == FAILED:
         return [Problem("train.packing", f"packing check: a shrunk copy of {fam} fails on {where} as the run "
                                          f"would after launch: {verdict.message}",
@@ -531,5 +527,8 @@ def check_problems(spec: Any, config: Any, device: str) -> list[Problem]:
     fix = (f"use model.attn_implementation={alternatives[0]} (it passes the same check)"
            f"{' or ' + ', '.join(alternatives[1:]) if alternatives[1:] else ''}, or set train.packing=false"
            if alternatives else "set train.packing=false (one document per block)")
+    if verdict.status == UNCHECKED:
+        return [Problem("train.packing", f"packing check: {fam} is not proven to keep packed documents apart on "
+                                         f"{where}: {verdict.message}", fix)]
     return [Problem("train.packing", f"packing check: in a shrunk copy of {fam} on {where}, {verdict.message}: "
                                      "documents would leak into each other", fix)]

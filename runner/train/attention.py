@@ -204,7 +204,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
     query is [batch, heads, tokens, head_dim] as transformers hands it over; documents are given by the
     `cu_seq_lens_q/k` and `max_length_q/k` keyword arguments the model was called with (flattened over the
-    batch, as flash-attn expects), else derived from position_ids.
+    batch, as flash-attn expects), else derived from position_ids; with neither and no padding mask, each row is one
+    sequence (a model called without packing inputs whose layers do not pass position_ids on, as Llama 4's).
     """
     if dropout:
         raise ValueError(f"varlen attention has no dropout, got attention dropout {dropout}")
@@ -212,9 +213,15 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     max_q = kwargs.get("max_length_q")
     if cu_q is None:
         position_ids = kwargs.get("position_ids")
-        if position_ids is None:
-            raise ValueError("varlen attention needs cu_seq_lens_q/max_length_q or position_ids")
-        cu_q, max_q = cu_seqlens_from_position_ids(position_ids)
+        if position_ids is not None:
+            cu_q, max_q = cu_seqlens_from_position_ids(position_ids)
+        elif attention_mask is None:
+            rows, length = query.shape[0], query.shape[2]
+            cu_q = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=query.device)
+            max_q = length
+        else:
+            raise ValueError("varlen attention needs cu_seq_lens_q/max_length_q, position_ids, or rows without "
+                             "padding")
     cu_k = kwargs.get("cu_seq_lens_k")
     cu_k = cu_q if cu_k is None else cu_k
     max_k = kwargs.get("max_length_k") or max_q

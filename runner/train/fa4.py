@@ -24,11 +24,13 @@ MODULE = "flash_attn.cute.interface"
 
 @functools.cache
 def available() -> bool:
-    """flash-attn-4 is installed and this process's GPU is one its kernels are built for (SM 9.x or 10.x)."""
+    """flash-attn-4 is installed with the CuTe DSL it compiles with (`cutlass`: its own .pth file puts it on the path,
+    so a copy of the wheels on PYTHONPATH can have one without the other, and then every kernel fails at its first
+    call), and this process's GPU is one its kernels are built for (SM 9.x or 10.x)."""
     if not torch.cuda.is_available():
         return False
     try:
-        if importlib.util.find_spec("flash_attn.cute") is None:
+        if importlib.util.find_spec("flash_attn.cute") is None or importlib.util.find_spec("cutlass") is None:
             return False
     except (ImportError, ValueError):
         return False

@@ -7,8 +7,8 @@ expected weight equal to the fp32 one, at 8 bytes per parameter (bf16 weights, g
 
 Why the noise is a hash and not a generator: a step is a pass over every weight, and its cost is the bytes it moves.
 Eager, the update makes about a dozen fp32 passes plus a drawn noise tensor (~180 bytes per parameter: +0.35 s a step
-for 3.2B parameters on an H100, a fifth of a 32k step). On CUDA the update is one Triton kernel per parameter
-(`optim_kernel.py`) that reads weight, gradient and both moments and writes three of them back (14 bytes per
+for 3.2B parameters on an H100, a fifth of a 32k step). On CUDA the update is one Triton kernel launch over all
+parameters (`optim_kernel.py`) that reads weight, gradient and both moments and writes three of them back (14 bytes per
 parameter, as torch's fused AdamW), which needs noise made inside the kernel: an integer hash of the element's index
 and a per-(step, parameter) key. The same function runs eagerly (in chunks, on CPU): the noise of an element does not
 depend on how the tensor is cut.
@@ -116,7 +116,8 @@ def param_key(seed: int, rank: int, step: int, index: int) -> int:
 class StochasticAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) whose states live in the parameters' dtype and whose
     weight update is stochastically rounded when the parameters are bf16. Parameters of another dtype are updated
-    exactly (plain rounding is exact for fp32). `fused`: one Triton kernel per parameter (the default on CUDA)."""
+    exactly (plain rounding is exact for fp32). `fused`: one Triton kernel launch for all parameters of a dtype (the
+    default on CUDA)."""
 
     def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, seed: int = 0, rank: int = 0,
@@ -144,16 +145,17 @@ class StochasticAdamW(torch.optim.Optimizer):
         for t, c in zip(tensors, work):
             t.copy_(c.view_as(t))
 
-    def _kernel(self, tensors: list[torch.Tensor], hp: tuple[float, ...], key: int) -> bool:
-        """One parameter's update by the Triton kernel; False (and the eager update from then on) when the kernel
-        cannot be built here, with a warning once: a slower step, not a lost run. The first launch builds it,
-        before it writes anything, so a failure leaves the parameter as it was."""
+    def _kernel(self, items: list[tuple[list[torch.Tensor], int]], hp: tuple[float, ...]) -> bool:
+        """The updates of `items` ((tensors, key) of parameters of one dtype on one device) by one launch of the
+        Triton kernel; False (and the eager update from then on) when the kernel cannot be built here, with a
+        warning once: a slower step, not a lost run. The first launch builds it, before it writes anything, so a
+        failure leaves the parameters as they were."""
         if self.kernel_error is not None:
             return False
         try:
             from runner.train.optim_kernel import adamw_update_kernel_
 
-            adamw_update_kernel_(*(t.view(-1) for t in tensors), hp, key)
+            adamw_update_kernel_([([t.view(-1) for t in ts], key) for ts, key in items], hp)
             return True
         except Exception as e:  # noqa: BLE001 - any build failure of the kernel falls back to the same update, eager
             self.kernel_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -187,14 +189,22 @@ class StochasticAdamW(torch.optim.Optimizer):
         for (gid, device), items in batches.items():
             hp = self._hyper(groups[gid], n)
             kernel = self.fused if self.fused is not None else device.type == "cuda" and _have_triton()
-            hp_tensor = None
-            for i, tensors in items:
+            eager: list[tuple[list[torch.Tensor], int]] = []
+            # One launch per dtype pair (the kernel reads one weight dtype and one gradient dtype).
+            by_dtype: dict[tuple[torch.dtype, torch.dtype], list[tuple[list[torch.Tensor], int]]] = {}
+            for i, ts in items:
                 key = param_key(self.seed, self.rank, n, i)
-                if kernel and all(t.is_contiguous() for t in tensors) and self._kernel(tensors, hp, key):
-                    continue
-                if hp_tensor is None:  # made once per group, without a host sync (see _on_device)
-                    hp_tensor = _on_device(list(hp), torch.float32, device)
-                self._eager(tensors, hp_tensor, _on_device([key], torch.int64, device)[0])
+                if kernel and all(t.is_contiguous() for t in ts):
+                    by_dtype.setdefault((ts[0].dtype, ts[1].dtype), []).append((ts, key))
+                else:
+                    eager.append((ts, key))
+            for same in by_dtype.values():
+                if not self._kernel(same, hp):
+                    eager += same
+            if eager:  # hp made once per group, without a host sync (see _on_device)
+                hp_tensor = _on_device(list(hp), torch.float32, device)
+                for ts, key in eager:
+                    self._eager(ts, hp_tensor, _on_device([key], torch.int64, device)[0])
         return loss
 
 

@@ -143,3 +143,20 @@ def test_kernel_choice_and_refusal():
     assert varlen_kernel_refusal("auto", without, 128) is None
     assert "pip install flash-attn-4" in varlen_kernel_refusal(FA4_KERNEL, without, 128)
     assert "head sizes" in varlen_kernel_refusal(FA4_KERNEL, with_fa4, 80 + 4)
+
+
+@pytest.mark.parametrize("present, expected", [({"flash_attn.cute", "cutlass"}, True), ({"flash_attn.cute"}, False),
+                                               (set(), False)])
+def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(monkeypatch, present, expected):
+    """flash-attn-4's package without the CuTe DSL's `cutlass` (put on the path by a .pth file that a PYTHONPATH copy
+    of the wheels does not run) imports, then fails at its first kernel: the run must not pick it."""
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in present else None)
+    fa4.available.cache_clear()
+    try:
+        assert fa4.available() is expected
+    finally:
+        fa4.available.cache_clear()

@@ -165,8 +165,11 @@ from runner.train.optim import StochasticAdamW
 results = []
 for kernel in (False, True):
     torch.manual_seed(1)
-    ps = [torch.nn.Parameter((torch.randn(n) * 0.02).to(dtype)) for n, dtype in
-          ((3000, torch.bfloat16), (517, torch.bfloat16), (2049, torch.float32))]
+    # Sizes around the kernel's 512-element blocks, an empty one, and two dtypes (one launch each): each program
+    # finds its parameter in the launch's table.
+    sizes = [(3000, torch.bfloat16), (517, torch.bfloat16), (2049, torch.float32), (1, torch.bfloat16),
+             (0, torch.bfloat16), (512, torch.bfloat16), (1, torch.float32), (1025, torch.bfloat16), (7, torch.bfloat16)]
+    ps = [torch.nn.Parameter((torch.randn(n) * 0.02).to(dtype)) for n, dtype in sizes]
     opt = StochasticAdamW(ps, lr=1e-5, seed=4, weight_decay=0.1, fused=kernel)
     for step in range(2):
         for i, p in enumerate(ps):
@@ -183,7 +186,7 @@ print("same")
 
 
 def test_the_kernel_update_equals_the_eager_one():
-    """The update CUDA runs (one Triton kernel per parameter, its noise hashed in 32-bit unsigned arithmetic) is the
+    """The update CUDA runs (one Triton kernel launch per dtype over all parameters, its noise hashed in 32-bit unsigned arithmetic) is the
     eager one, to the bit for bf16 weights and states, under Triton's interpreter on CPU: the same noise and arithmetic, so a GPU run differs from
     a CPU one only where the GPU's kernels round differently. Needs the triton package (CUDA builds of torch ship
     it; CPU builds do not: `pip install triton` to run this)."""

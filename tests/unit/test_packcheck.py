@@ -152,6 +152,21 @@ def test_llama4_text_trains_in_both_engines():
         assert run_check(config, _cpu_setup(config, engine)).status == EXACT, engine
 
 
+def test_the_varlen_path_checks_a_model_whose_layers_do_not_pass_positions_on():
+    """Llama 4's layers take rotary embeddings, not position_ids: a document alone (no packing inputs) reaches the
+    varlen function with neither boundaries nor positions, and is one sequence. Through the CPU reference varlen
+    kernel (the GPU's takes the same arguments), packed equals one by one."""
+    from runner.train import attention
+
+    attention.set_varlen_kernel(attention.reference_varlen_attn)
+    try:
+        verdict = run_check(AutoConfig.for_model("llama4_text"), Setup("native", "varlen", "", "chunked", "cpu",
+                                                                       "float32", 512))
+    finally:
+        attention.set_varlen_kernel(None)
+    assert verdict.status == EXACT, verdict
+
+
 def test_a_loss_that_skips_part_of_the_output_head_is_refused():
     """The native chunked loss applies lm_head alone; bert-style heads transform the hidden state first."""
     config = AutoConfig.for_model("bert", is_decoder=True)
