@@ -27,7 +27,7 @@ from runner.plan.constants import (
     NATIVE_REDUCE_BYTES,
     PARAMWRAPPER_MERGED_COPIES,
     SDPA_MASK_BYTES_PER_ELEM,
-    SDPA_CPU_SCORE_COPIES,
+    SDPA_CPU_CONVERT_BYTES_PER_ELEM,
     SDPA_MASK_BYTES_PER_ELEM_CPU,
     TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA,
     TRL_REDUCE_BYTES,
@@ -237,6 +237,10 @@ def activation_memory(s: Step) -> ActivationMemory:
     if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
         notes.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
                      "fp32 intermediates counted")
+    square = t.seq_len * t.seq_len * t.micro_batch
+    cpu_sdpa = plan.attn == "sdpa" and not s.cuda
+    if cpu_sdpa:  # each attention layer's additive copy of the mask, saved for its backward (constants.py)
+        per_layer = [x + (cb * square if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i, x in enumerate(per_layer)]
     layer_input = cb * arch.hidden * tokens
     k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
@@ -259,16 +263,15 @@ def activation_memory(s: Step) -> ActivationMemory:
     host_offload = k * layer_input if offload else 0.0
     if offload:
         notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")
-    square = t.seq_len * t.seq_len * t.micro_batch
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and t.packing:
         mask = SDPA_MASK_BYTES_PER_ELEM * square
-    if plan.attn == "sdpa" and not s.cuda:
-        # On CPU a block always has a mask (the documents' when packed, the padding's when not), and a mask sends
-        # torch's sdpa down its math path, which materialises one layer's fp32 scores.
+    if cpu_sdpa:
+        # On CPU a block always has a mask (the documents' when packed, the padding's when not): the bool one for
+        # the step, and each call's conversion of it (its additive copies are counted in the layers above).
         mask = SDPA_MASK_BYTES_PER_ELEM_CPU * square
-        score_transient = SDPA_CPU_SCORE_COPIES * 4 * arch.heads * square
+        score_transient = SDPA_CPU_CONVERT_BYTES_PER_ELEM * square
     if plan.attn == ULYSSES:  # SDPA's dense mask as above, over the whole row (all micro_batch blocks), packed or not
         mask = SDPA_MASK_BYTES_PER_ELEM * (t.seq_len * t.micro_batch) ** 2
     if plan.attn == "eager":

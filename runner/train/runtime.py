@@ -117,6 +117,12 @@ def hold_to(memory_gib: float | None, device: str, local_rank: int) -> None:
 
     import psutil
 
+    # pyarrow (under datasets) allocates through mimalloc, which reserves its first arena as 1 GiB of untouched
+    # writable memory: the limit counts it whole (the embedded model lost half of a 2 GiB cap to it). The system
+    # allocator maps what it is asked for.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    if "pyarrow" in sys.modules:
+        sys.modules["pyarrow"].set_memory_pool(sys.modules["pyarrow"].system_memory_pool())
     # The limit counts mapped data memory. By default glibc raises its mmap threshold each time a large block is
     # freed, then serves blocks up to 32 MiB from arenas whose freed pages leave the resident set but stay mapped:
     # the count drifts away from the resident memory it stands for (the embedded model hit a 2 GiB limit at 5k
