@@ -68,14 +68,15 @@ kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 
 7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
 SDPA_MASK_BYTES_PER_ELEM_CPU = 1.0
 """The same on CPU: the bool mask as transformers builds it, once per step."""
-SDPA_CPU_CONVERT_BYTES_PER_ELEM = 1.0
+SDPA_CPU_MASK_COPIES_PER_LAYER = 1.0
 """With a mask, torch's CPU sdpa (its flash kernel) converts the bool mask at every call into an additive one in the
 query's dtype, which its backward saves: each layer that keeps its activations keeps its own s × s copy (4 B in
-fp32), and a recomputed layer makes it again in its recompute. The conversion passes through the mask's negation
-(1 B per element), alive while the copy is made. Measured on the embedded model (4 layers, 2 CPU ranks, one block;
-the ranks' peak resident memory): 0.70, 1.90 and 5.33 GiB at 2k, 8k and 16k packed tokens with no recomputation,
-~17 B per s² element = 1 (bool mask) + 4 layers × 4 B; 1.09 GiB at 9,728 tokens and 1.39 at 12,288 with three of
-the four layers recomputed."""
+fp32), and a recomputed layer makes it again in its recompute (the mask's negation the conversion passes through is
+gone before the step's peak: counting it put every capped probe below 10% over). Measured on the embedded model
+(4 layers, 2 CPU ranks, one block; the ranks' peak resident memory): 0.70, 1.90 and 5.33 GiB at 2k, 8k and 16k
+packed tokens with no recomputation, ~17 B per s² element = 1 (bool mask) + 4 layers × 4 B; with three of the four
+layers recomputed 1.09, 1.39, 1.74, 1.98 and 2.07 GiB at 9,728, 12,288, 14,848, 16,384 and 16,896 tokens, ~5.5 B per
+s² element (benchmarks/long-blocks-cpu.md)."""
 EAGER_SCORE_COPIES_TRANSIENT = 2.0
 """Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
 probabilities' and scores' gradients (backward) of one layer are alive at once."""

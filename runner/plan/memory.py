@@ -27,7 +27,7 @@ from runner.plan.constants import (
     NATIVE_REDUCE_BYTES,
     PARAMWRAPPER_MERGED_COPIES,
     SDPA_MASK_BYTES_PER_ELEM,
-    SDPA_CPU_CONVERT_BYTES_PER_ELEM,
+    SDPA_CPU_MASK_COPIES_PER_LAYER,
     SDPA_MASK_BYTES_PER_ELEM_CPU,
     TRL_FUSED_LOSS_BYTES_PER_TOKEN_EXTRA,
     TRL_REDUCE_BYTES,
@@ -240,7 +240,8 @@ def activation_memory(s: Step) -> ActivationMemory:
     square = t.seq_len * t.seq_len * t.micro_batch
     cpu_sdpa = plan.attn == "sdpa" and not s.cuda
     if cpu_sdpa:  # each attention layer's additive copy of the mask, saved for its backward (constants.py)
-        per_layer = [x + (cb * square if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i, x in enumerate(per_layer)]
+        copy = SDPA_CPU_MASK_COPIES_PER_LAYER * cb * square
+        per_layer = [x + (copy if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i, x in enumerate(per_layer)]
     layer_input = cb * arch.hidden * tokens
     k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
@@ -269,9 +270,8 @@ def activation_memory(s: Step) -> ActivationMemory:
         mask = SDPA_MASK_BYTES_PER_ELEM * square
     if cpu_sdpa:
         # On CPU a block always has a mask (the documents' when packed, the padding's when not): the bool one for
-        # the step, and each call's conversion of it (its additive copies are counted in the layers above).
+        # the step (each call's additive copy of it is counted in the layers above).
         mask = SDPA_MASK_BYTES_PER_ELEM_CPU * square
-        score_transient = SDPA_CPU_CONVERT_BYTES_PER_ELEM * square
     if plan.attn == ULYSSES:  # SDPA's dense mask as above, over the whole row (all micro_batch blocks), packed or not
         mask = SDPA_MASK_BYTES_PER_ELEM * (t.seq_len * t.micro_batch) ** 2
     if plan.attn == "eager":

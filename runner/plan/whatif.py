@@ -51,7 +51,11 @@ def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
                     f"{alt.gpu_memory_gib:.1f} GiB per {per}")
     if est.verdict == "tight":
         return "tight: no single change makes room; consider more GPUs or fewer tokens per block"
-    return "no single change fits: combine them (e.g. LoRA with fewer tokens per block) or plan for a larger GPU"
+    cap = spec.hardware.memory_gib
+    more = (f"raise hardware.memory_gib ({cap:g} GiB per {'rank' if spec.hardware.device == 'cpu' else 'GPU'} now)"
+            if cap is not None else "give each rank more memory" if spec.hardware.device == "cpu"
+            else "plan for a larger GPU")
+    return f"no single change fits: combine them (e.g. LoRA with fewer tokens per block) or {more}"
 
 
 # =============================================================================================

@@ -13,15 +13,15 @@ from textual.widgets import Input, Label, Select, Static, Switch
 
 from runner.errors import Problem
 
-Kind = Literal["text", "optional", "int", "optional_int", "float", "int_or_auto", "modules", "list", "mapping",
-               "select", "switch"]
+Kind = Literal["text", "optional", "int", "optional_int", "float", "optional_float", "int_or_auto", "modules", "list",
+               "mapping", "select", "switch"]
 
 
 def parse_value(kind: Kind, text: str) -> Any:
     """What the spec dict gets for the text typed into a field: numbers when they parse, else the text itself so
     runner.spec reports it ("Input should be a valid integer, got "abc"")."""
     s = text.strip()
-    if kind in ("optional", "optional_int") and s == "":
+    if kind in ("optional", "optional_int", "optional_float") and s == "":
         return None
     if kind in ("int", "optional_int", "int_or_auto"):
         if kind == "int_or_auto" and s == "auto":
@@ -30,7 +30,7 @@ def parse_value(kind: Kind, text: str) -> Any:
             return int(s)
         except ValueError:
             return s
-    if kind == "float":
+    if kind in ("float", "optional_float"):
         try:
             return float(s)
         except ValueError:

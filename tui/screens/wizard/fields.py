@@ -39,6 +39,8 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("hardware.gpu", "GPU type", "select"),
         ("hardware.nproc_per_node", "ranks per node", "int_or_auto"),
         ("hardware.nodes", "nodes", "int"),
+        ("hardware.memory_gib", "memory cap GiB", "optional_float"),
+        ("hardware.sequence_parallel", "sequence parallel", "int"),
         ("hardware.rdzv_endpoint", "rendezvous host:port", "text"),
     ],
     "method": [
@@ -59,6 +61,8 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
         ("train.recompute_layers", "recompute layers", "optional_int"),
         ("train.offload_activations", "offload activations", "select"),
         ("train.compile", "compile layers", "select"),
+        ("train.tiled_mlp", "tiled MLP", "select"),
+        ("train.optimizer_precision", "optimizer precision", "select"),
         ("train.loss_impl", "loss", "select"),
         ("train.packing_strategy", "packing", "select"),
         ("dataset.eval_fraction", "eval fraction", "float"),
