@@ -40,8 +40,13 @@ WARMUP, STEPS = 3, 27  # the last timed step is step 30
 LOSS_WITHIN, SPEED_WITHIN = 0.03, 0.02
 
 
+VARLEN_KERNEL = ["--set", "model.varlen_kernel=auto"]
+"""Set from --varlen-kernel: `torch` keeps rows comparable with rows measured where flash-attn-4 was not installed
+(the committed precision-h200/ rows), whatever this machine has."""
+
+
 def bench(recipe: str, name: str, out: Path, args: list[str]) -> None:
-    cmd = [sys.executable, "-m", "runner", "bench", recipe, *args, "--set", "train.lr=1e-5",
+    cmd = [sys.executable, "-m", "runner", "bench", recipe, *args, *VARLEN_KERNEL, "--set", "train.lr=1e-5",
            "--set", "train.schedule=constant", "--warmup", str(WARMUP), "--steps", str(STEPS),
            "--set", "hardware.gpu=auto", "--runs-dir", "/tmp/runs", "--records-dir", "/tmp/records", "--out", str(out), "--name", name]
     print("+", " ".join(cmd), flush=True)
@@ -134,7 +139,10 @@ def main() -> int:
     ap.add_argument("--check-only", action="store_true", help="summarise the rows already in --out")
     ap.add_argument("--native-only", action="store_true",
                     help="measure the native rows only (after a native change: TRL's rows already in --out stand)")
+    ap.add_argument("--varlen-kernel", choices=("auto", "torch", "flash-attn-4"), default="auto",
+                    help="model.varlen_kernel for every row (torch: as the committed precision-h200/ rows ran)")
     a = ap.parse_args()
+    VARLEN_KERNEL[-1] = f"model.varlen_kernel={a.varlen_kernel}"
     todo = [(m, s) for m in MODELS for s in LENGTHS]
     if a.only:
         todo = [(o.split(":")[0], int(o.split(":")[1])) for o in a.only]
