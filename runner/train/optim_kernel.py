@@ -53,7 +53,8 @@ def _bf16_nearest(x):
 # The count of parameters is a plain value: never compiled in as a constant (Triton specialises an int equal to 1).
 @triton.jit(do_not_specialize=["count"])
 def _adamw_sr(starts_ptr, table_ptr, count, b1, b2, eps, decay, step_size, bc2,
-              W: tl.constexpr, G: tl.constexpr, ROUND: tl.constexpr, SEARCH: tl.constexpr, BLOCK: tl.constexpr):
+              W: tl.constexpr, G: tl.constexpr, ROUND: tl.constexpr, SEARCH: tl.constexpr, ROW: tl.constexpr,
+              BLOCK: tl.constexpr):
     # This program's parameter: the last whose first block is at or before it (starts[count] is the total, so
     # starts[lo] <= pid < starts[hi] holds throughout; SEARCH >= log2(count) halvings leave hi = lo + 1).
     pid = tl.program_id(0).to(tl.int64)
@@ -64,7 +65,7 @@ def _adamw_sr(starts_ptr, table_ptr, count, b1, b2, eps, decay, step_size, bc2,
         before = tl.load(starts_ptr + mid) <= pid
         lo = tl.where(before, mid, lo)
         hi = tl.where(before, hi, mid)
-    row = table_ptr + lo.to(tl.int64) * 7  # ROW values per parameter
+    row = table_ptr + lo.to(tl.int64) * ROW
     w_ptr = tl.load(row).to(tl.pointer_type(W))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(G))
     m_ptr = tl.load(row + 2).to(tl.pointer_type(W))
@@ -125,4 +126,4 @@ def adamw_update_kernel_(items: list[tuple[list[torch.Tensor], int]], hp: tuple[
     b1, b2, eps, decay, step_size, bc2 = hp
     _adamw_sr[(blocks,)](buf, buf[count + 1:], count, b1, b2, eps, decay, step_size, bc2,
                     W=TL_DTYPES[w.dtype], G=TL_DTYPES[g.dtype], ROUND=w.dtype == torch.bfloat16,
-                    SEARCH=max(1, count.bit_length()), BLOCK=BLOCK, num_warps=WARPS)
+                    SEARCH=max(1, count.bit_length()), ROW=ROW, BLOCK=BLOCK, num_warps=WARPS)
