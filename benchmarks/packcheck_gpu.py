@@ -5,19 +5,26 @@ packcheck-<gpu>.json and .md into --out.
 
     python benchmarks/packcheck_gpu.py --out benchmarks          # one H200 (or H100): 12 models x 3 paths
     python benchmarks/packcheck_gpu.py --out /tmp/pc --quick     # two models, to see it run
+    python benchmarks/packcheck_gpu.py --out /tmp/pc --fresh --paths flex_attention --flex-shapes dynamic \
+        --models llama,qwen3_moe,gemma3_text,cohere2    # each cell in a new process with a cold compile cache
 
 Each cell is uncached (run_check, not checked) and timed from building the shrunk copy to the verdict, so the
 seconds are what a first launch of that model pays; a path the family cannot take (attention_refusal: sinks,
 soft-capping, a class without flex) or a kernel not installed is a row that says so. Acceptance: every model under
-10 s on every path it can take, and no registry family refused.
+10 s on every path it can take, and no registry family refused. In one process the later cells reuse what the
+earlier ones compiled; --fresh runs each cell in its own process with an empty inductor cache, as a first launch
+on a new machine pays it. --flex-shapes sets how the check compiles flex (runner.plan.packcheck.FLEX_SHAPES).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,21 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
             "message": verdict.message}
 
 
+def fresh_cell(model_type: str, path: str, kernel: str, seq_len: int, flex_shapes: str) -> dict[str, Any]:
+    """One cell in a new python process with an empty inductor cache; its seconds include the process's imports
+    of nothing but what the check itself loads (measured inside, as in one process)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
+        cmd = [sys.executable, __file__, "--cell", model_type, path, kernel, "--seq-len", str(seq_len),
+               "--flex-shapes", flex_shapes, "--out", cache]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"model_type": model_type, "known": None, "path": path, "status": "error",
+                "message": (done.stderr or done.stdout)[-300:]}
+    return json.loads(lines[-1])
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.1e}" if isinstance(x, float) else str(x)
 
@@ -89,16 +111,33 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="llama and cohere2 only")
     ap.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    ap.add_argument("--models", help="comma-separated model types (default: the twelve)")
+    ap.add_argument("--paths", help="comma-separated paths: varlen, flex_attention, flash-attn-4 (default: all)")
+    ap.add_argument("--flex-shapes", choices=("static", "dynamic", "eager"), default=None,
+                    help="how the check compiles flex (default: runner.plan.packcheck.FLEX_SHAPES)")
+    ap.add_argument("--fresh", action="store_true", help="each cell in a new process with a cold compile cache")
+    ap.add_argument("--cell", nargs=3, metavar=("MODEL_TYPE", "PATH", "KERNEL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("packcheck_gpu.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    models = ("llama", "cohere2") if args.quick else REGISTRY + UNLISTED
+    from runner.plan import packcheck
+
+    packcheck.FLEX_SHAPES = args.flex_shapes or packcheck.FLEX_SHAPES
+    if args.cell:
+        mt, path, kernel = args.cell
+        print(json.dumps(cell(mt, path, "" if kernel == "-" else kernel, args.seq_len)), flush=True)
+        return 0
+    models = ("llama", "cohere2") if args.quick else \
+        tuple(args.models.split(",")) if args.models else REGISTRY + UNLISTED
+    wanted = set(args.paths.split(",")) if args.paths else None
+    paths = [(p, k) for p, k in PATHS if wanted is None or (k if k == "flash-attn-4" else p) in wanted]
     rows = []
     for mt in models:
-        for path, kernel in PATHS:
+        for path, kernel in paths:
             try:
-                row = cell(mt, path, kernel, args.seq_len)
+                row = fresh_cell(mt, path, kernel or "-", args.seq_len, packcheck.FLEX_SHAPES) if args.fresh \
+                    else cell(mt, path, kernel, args.seq_len)
             except Exception as e:  # noqa: BLE001 - a broken cell is a row, the table goes on
                 row = {"model_type": mt, "known": None, "path": path, "status": "error", "message": repr(e)[:300]}
             rows.append(row)
@@ -111,10 +150,12 @@ def main() -> int:
                "registry_refused": [f"{r['model_type']} {r['path']}" for r in timed
                                     if r["known"] and r["status"] != "exact"]}
     result = {"command": " ".join(sys.argv), "gpu": gpu, "seq_len": args.seq_len, "tolerances": TOLERANCES,
+              "flex_shapes": packcheck.FLEX_SHAPES, "fresh_processes": args.fresh,
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                            "python": platform.python_version()}, "summary": summary, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "packcheck-" + gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    name = "packcheck-" + gpu.lower().replace("nvidia ", "").replace(" ", "-") + \
+        (f"-flex-{packcheck.FLEX_SHAPES}" if args.flex_shapes else "") + ("-fresh" if args.fresh else "")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
     text = f"# Packing check on {gpu}\n\n`{result['command']}`; seq_len {args.seq_len}, bf16.\n\n{table(rows)}\n\n" \
            f"Summary: {json.dumps(summary)}\n"

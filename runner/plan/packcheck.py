@@ -60,6 +60,12 @@ PARAM_BUDGET = 60_000_000
 """The most parameters a shrunk copy may have when a family refuses the small widths and only layers and
 vocabulary shrink (seconds on a GPU, about ten on a CPU core)."""
 EXACT, MISMATCH, FAILED, UNCHECKED = "exact", "mismatch", "failed", "unchecked"
+FLEX_SHAPES = "static"
+"""How the check's flex attention is compiled. transformers compiles `flex_attention` once per process and
+dynamo specialises it to each new length first ("static"): the packed block and each document alone are new
+lengths, so forward and backward compile several times. "dynamic" compiles them once for every length
+(dynamo's assume_static_by_default off while the check runs); "eager" runs flex's reference implementation
+(same masks, no compiled kernel). benchmarks/packcheck_gpu.py --flex-shapes measures each on a GPU."""
 
 
 @dataclass
@@ -240,10 +246,28 @@ def run_check(config: Any, setup: Setup, model_cls: Any = None) -> Verdict:
     verdict = Verdict(UNCHECKED, model_type_of(config) or str(getattr(config, "model_type", "")), fam.known,
                       setup.path, setup.engine, setup.loss_impl, setup.device, setup.dtype, setup.kernel,
                       tolerance=dict(TOLERANCES[setup.dtype]))
-    import torch
-
     start = time.perf_counter()
     errors: list[str] = []
+    with _flex_regime(setup.path):
+        return _first_copy_verdict(config, setup, model_cls, verdict, start, errors)
+
+
+def _flex_regime(path: str) -> Any:
+    """The compile regime of the check's flex attention (FLEX_SHAPES); nothing for other paths."""
+    if path != "flex_attention" or FLEX_SHAPES == "static":
+        return contextlib.nullcontext()
+    import torch
+
+    if FLEX_SHAPES == "eager":
+        return torch.compiler.set_stance("force_eager")
+    return torch._dynamo.config.patch(assume_static_by_default=False)
+
+
+def _first_copy_verdict(config: Any, setup: Setup, model_cls: Any, verdict: Verdict, start: float,
+                        errors: list[str]) -> Verdict:
+    """The verdict on the first shrunk copy whose forward runs a document alone (run_check)."""
+    import torch
+
     for model, how in shrunk_copies(config, setup, model_cls, errors):
         try:
             with torch.no_grad():
