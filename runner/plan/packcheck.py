@@ -266,12 +266,10 @@ def _flex_regime(path: str) -> Any:
 def _first_copy_verdict(config: Any, setup: Setup, model_cls: Any, verdict: Verdict, start: float,
                         errors: list[str]) -> Verdict:
     """The verdict on the first shrunk copy whose forward runs a document alone (run_check)."""
-    import torch
 
     for model, how in shrunk_copies(config, setup, model_cls, errors):
-        try:
-            with torch.no_grad():
-                _single_loss(model, documents(_vocab(model))[0], setup.device)
+        try:  # with gradients on, as every forward of the check: a compiled flex recompiles when grad mode changes
+            _single_loss(model, documents(_vocab(model))[0], setup.device)
         except Exception as e:  # noqa: BLE001 - see above: try the next copy
             errors.append(f"{how}: {_short(e)}")
             continue
@@ -389,7 +387,6 @@ def _token_ces(logits: Any, labels: Any) -> Any:
 
 def _packed_side(model: Any, block: Any, setup: Setup) -> tuple[Any, Any]:
     """(loss sum with gradients, per-token cross-entropies) of the packed block, as the run's engine feeds it."""
-    import torch
 
     from runner.train.data import collate, to_device
     from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum, packing_kwargs
@@ -409,9 +406,8 @@ def _packed_side(model: Any, block: Any, setup: Setup) -> tuple[Any, Any]:
     batch = to_device(collate([block]), setup.device)
     fn = LOSS_FUNCTIONS.get(setup.loss_impl, full_loss_sum)
     loss = fn(model, batch)
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch)).logits
-    return loss, _token_ces(logits, batch["labels"])
+    logits = model(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch)).logits
+    return loss, _token_ces(logits, batch["labels"]).detach()
 
 
 def _single_loss(model: Any, doc: tuple[list[int], list[bool]], device: str) -> Any:

@@ -155,7 +155,7 @@ class StochasticAdamW(torch.optim.Optimizer):
         try:
             from runner.train.optim_kernel import adamw_update_kernel_
 
-            adamw_update_kernel_([([t.view(-1) for t in ts], key) for ts, key in items], hp)
+            adamw_update_kernel_(items, hp)  # contiguous tensors: the kernel reads addresses and sizes only
             return True
         except Exception as e:  # noqa: BLE001 - any build failure of the kernel falls back to the same update, eager
             self.kernel_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -169,7 +169,7 @@ class StochasticAdamW(torch.optim.Optimizer):
         # Parameters with a gradient, numbered in a fixed order (their index picks their noise), by group and device.
         batches: dict[tuple[int, torch.device], list[tuple[int, list[torch.Tensor]]]] = {}
         groups: dict[int, dict[str, Any]] = {}
-        n = 0
+        steps: list[torch.Tensor] = []
         index = 0
         for group in self.param_groups:
             for p in group["params"]:
@@ -180,12 +180,16 @@ class StochasticAdamW(torch.optim.Optimizer):
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                n = int(state["step"].item())  # every parameter steps together: one count
+                steps.append(state["step"])
                 tensors = [_local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
                 batches.setdefault((id(group), tensors[0].device), []).append((index, tensors))
                 groups[id(group)] = group
                 index += 1
+        # Every parameter steps together: one count, the step tensors (kept per parameter, as torch's AdamW keeps
+        # them, for checkpoints) advanced by one call rather than one each (host time is the step's cost here).
+        if steps:
+            torch._foreach_add_(steps, 1)
+        n = int(steps[0].item()) if steps else 0
         for (gid, device), items in batches.items():
             hp = self._hyper(groups[gid], n)
             kernel = self.fused if self.fused is not None else device.type == "cuda" and _have_triton()

@@ -106,7 +106,7 @@ def _table(items: list[tuple[list[torch.Tensor], int]], device: torch.device) ->
     starts, rows = [0], []
     for (w, g, m, v), key in items:
         n = w.numel()
-        starts.append(starts[-1] + triton.cdiv(n, BLOCK))
+        starts.append(starts[-1] + -(-n // BLOCK))  # not triton.cdiv: a jit function, slow to call from the host
         rows += [w.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF]
     host = torch.tensor(starts + rows, dtype=torch.int64)
     return (host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host), starts[-1]
