@@ -148,6 +148,10 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
 
 FA4_MAX_HEAD_DIM = 128
 """flash-attn-4 takes head sizes that are multiples of 8 up to this on every GPU it supports (SM90 goes to 256)."""
+FA4_MIN_HEAD_DIM = 32
+"""And from this up: with heads of 16 its SM90 backward returns wrong query gradients while the forward is right
+(measured on an H100, flash-attn-4 4.0.0b40: dq off by 117% of its largest value against sdpa; 32, 64 and 128
+within bf16 rounding)."""
 
 TORCH_KERNEL, FA4_KERNEL = "torch", "flash-attn-4"
 
@@ -168,7 +172,7 @@ def varlen_kernel(requested: str, kernels: Kernels, head_dim: int | None) -> str
     """The kernel behind varlen attention: flash-attn-4 where it is installed for this GPU and takes the model's
     head size, else PyTorch's varlen_attn (FlashAttention-2). `requested`: model.varlen_kernel; a request for
     flash-attn-4 that cannot be met falls back to torch's (preflight says why: `varlen_kernel_refusal`)."""
-    fits = bool(head_dim) and head_dim % 8 == 0 and head_dim <= FA4_MAX_HEAD_DIM
+    fits = bool(head_dim) and head_dim % 8 == 0 and FA4_MIN_HEAD_DIM <= head_dim <= FA4_MAX_HEAD_DIM
     if requested != TORCH_KERNEL and kernels.fa4 and fits:
         return FA4_KERNEL
     return TORCH_KERNEL
@@ -181,7 +185,8 @@ def varlen_kernel_refusal(requested: str, kernels: Kernels, head_dim: int | None
     if not kernels.fa4:
         return ("model.varlen_kernel=flash-attn-4 needs the flash-attn-4 package and an SM 9.x/10.x GPU (H100, "
                 "H200, B200...): install it (pip install flash-attn-4) or set model.varlen_kernel=auto")
-    return (f"model.varlen_kernel=flash-attn-4 takes head sizes that are multiples of 8 up to {FA4_MAX_HEAD_DIM}; "
+    return (f"model.varlen_kernel=flash-attn-4 takes head sizes that are multiples of 8 from {FA4_MIN_HEAD_DIM} to "
+            f"{FA4_MAX_HEAD_DIM}; "
             f"this model's is {head_dim}: set model.varlen_kernel=auto")
 
 

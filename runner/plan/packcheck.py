@@ -60,12 +60,16 @@ PARAM_BUDGET = 60_000_000
 """The most parameters a shrunk copy may have when a family refuses the small widths and only layers and
 vocabulary shrink (seconds on a GPU, about ten on a CPU core)."""
 EXACT, MISMATCH, FAILED, UNCHECKED = "exact", "mismatch", "failed", "unchecked"
-FLEX_SHAPES = "static"
-"""How the check's flex attention is compiled. transformers compiles `flex_attention` once per process and
-dynamo specialises it to each new length first ("static"): the packed block and each document alone are new
-lengths, so forward and backward compile several times. "dynamic" compiles them once for every length
-(dynamo's assume_static_by_default off while the check runs); "eager" runs flex's reference implementation
-(same masks, no compiled kernel). benchmarks/packcheck_gpu.py --flex-shapes measures each on a GPU."""
+FLEX_SHAPES = "eager"
+"""How the check runs flex attention. "static": compiled as transformers compiles it, specialised to each new
+length (the packed block and each document alone); "dynamic": compiled once for every length (dynamo's
+assume_static_by_default off while the check runs); "eager": flex's reference implementation, the same mask_mod,
+block mask and positions evaluated densely, no compiled kernel. Measured in a new process with a cold compile
+cache on an H100 (benchmarks/packcheck-h100.md), the shrunk Llama's check took 32 s static, 30 s dynamic (the
+first compile in a process is the cost, not the recompiles) and 5 s eager, all exact; eager is the default: what
+keeps documents apart (masks, positions) is the same in both, and the fused kernel's agreement with the reference
+is PyTorch's own test. What eager cannot see is a block the compiled kernel skips or keeps wrongly by its sparse
+block map."""
 
 
 @dataclass
@@ -319,6 +323,7 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
     shrunk. What refuses to build is appended to `errors`."""
     import torch
 
+    from runner.facts.decisions import FA4_KERNEL
     from runner.plan.shrink import shrunk_config
     from runner.train.attention import keep_documents_apart, register_varlen
     from runner.train.model import DTYPES, disable_cache, expose_backbone
@@ -330,7 +335,9 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
     for widths in (True, False):
         how = "small widths" if widths else "widths kept"
         try:
-            small = shrunk_config(config, setup.seq_len, max(DOC_LENGTHS), widths=widths)
+            # flash-attn-4's code differs by head size (and is wrong below FA4_MIN_HEAD_DIM): checked at the run's.
+            small = shrunk_config(config, setup.seq_len, max(DOC_LENGTHS), widths=widths,
+                                  keep_head_dim=setup.kernel == FA4_KERNEL)
             if not widths:  # the widths kept: counted on the meta device before anything is allocated
                 with torch.device("meta"):
                     params = sum(p.numel() for p in _construct(cls, small, setup).parameters())

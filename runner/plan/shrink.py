@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from runner.facts.decisions import head_dim
+
 SMALL_WINDOW = 16
 """A window shorter than the check's long documents: their tokens past it see only part of their own document."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -106,7 +108,7 @@ def _shrink_layers(d: dict[str, Any]) -> None:
             d[k] = min(d[k], len(keep))
 
 
-def _shrink_widths(d: dict[str, Any], multimodal: bool = False) -> None:
+def _shrink_widths(d: dict[str, Any], multimodal: bool = False, run_head_dim: int | None = None) -> None:
     heads_key = next((k for k in HEAD_KEYS if isinstance(d.get(k), int)), None)
     kv_key = next((k for k in KV_KEYS if isinstance(d.get(k), int)), None)
     if heads_key:
@@ -125,14 +127,14 @@ def _shrink_widths(d: dict[str, Any], multimodal: bool = False) -> None:
     for k in ("n_group", "topk_group"):  # expert groups: one group of the 4 experts (None breaks some defaults)
         if k in d:
             d[k] = 1
-    head_dim = d.get("head_dim") if isinstance(d.get("head_dim"), int) else 16
+    if run_head_dim and heads_key:
+        _keep_head_dim(d, run_head_dim)
+    size = d.get("head_dim") if isinstance(d.get("head_dim"), int) else 16
     for k in ("rope_parameters", "rope_scaling"):
         if k in d:
-            d[k] = _shrink_rope(d[k], head_dim, multimodal)
-    vocab = d.get("vocab_size")
-    for k in TOKEN_KEYS:
-        if isinstance(vocab, int) and isinstance(d.get(k), int) and d[k] >= vocab:
-            d[k] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[k]
+            d[k] = _shrink_rope(d[k], size, multimodal)
+    if isinstance(d.get("vocab_size"), int):
+        _shrink_tokens(d)
 
 
 def _shrink_windows(d: dict[str, Any], seq_len: int, long_doc: int) -> None:
@@ -144,9 +146,19 @@ def _shrink_windows(d: dict[str, Any], seq_len: int, long_doc: int) -> None:
             d[k] = SMALL_WINDOW if seq_len > w else max(long_doc + 1, SMALL_WINDOW)
 
 
-def _shrink_text(d: dict[str, Any], seq_len: int, long_doc: int, multimodal: bool = False) -> None:
+def _keep_head_dim(d: dict[str, Any], size: int) -> None:
+    """The attention kernel's own head size (its code differs by head size) for the shrunk copy's 4 heads: set where
+    the config names it, else through the width it derives it from."""
+    if isinstance(d.get("head_dim"), int):
+        d["head_dim"] = size
+    else:
+        d[next((k for k in ("hidden_size", "n_embd", "d_model") if k in d), "hidden_size")] = 4 * size
+
+
+def _shrink_text(d: dict[str, Any], seq_len: int, long_doc: int, multimodal: bool = False,
+                 run_head_dim: int | None = None) -> None:
     _shrink_layers(d)
-    _shrink_widths(d, multimodal)
+    _shrink_widths(d, multimodal, run_head_dim)
     _shrink_windows(d, seq_len, long_doc)
     for k in ("initializer_range", "init_std"):
         if isinstance(d.get(k), float):
@@ -170,14 +182,17 @@ def _shrink_vision(d: dict[str, Any], text_hidden: int | None) -> None:
         d["out_hidden_size"] = text_hidden
 
 
-def shrunk_config_dict(config: Any, seq_len: int, long_doc: int, widths: bool = True) -> dict[str, Any]:
+def shrunk_config_dict(config: Any, seq_len: int, long_doc: int, widths: bool = True,
+                       keep_head_dim: bool = False) -> dict[str, Any]:
     """The config (a transformers config) as a dict of its shrunk copy. `widths=False` keeps the widths and shrinks
-    only layers, vocabulary and windows (for families whose own constraints refuse the small widths)."""
+    only layers, vocabulary and windows (for families whose own constraints refuse the small widths);
+    `keep_head_dim` keeps the attention head size (for kernels whose code depends on it)."""
     d = copy.deepcopy(config.to_dict())
     text = d.get("text_config") if isinstance(d.get("text_config"), dict) else d
     if widths:
         # A text config under a vision tower: its rotary embedding may split head dims into t/h/w sections.
-        _shrink_text(text, seq_len, long_doc, multimodal=text is not d and isinstance(d.get("vision_config"), dict))
+        _shrink_text(text, seq_len, long_doc, multimodal=text is not d and isinstance(d.get("vision_config"), dict),
+                     run_head_dim=head_dim(config) if keep_head_dim else None)
     else:
         _shrink_layers(text)
         _shrink_windows(text, seq_len, long_doc)
@@ -198,9 +213,9 @@ def _shrink_tokens(d: dict[str, Any]) -> None:
             d[k] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[k]
 
 
-def shrunk_config(config: Any, seq_len: int, long_doc: int, widths: bool = True) -> Any:
+def shrunk_config(config: Any, seq_len: int, long_doc: int, widths: bool = True, keep_head_dim: bool = False) -> Any:
     """A new config of the same class as `config`, shrunk (shrunk_config_dict)."""
-    d = shrunk_config_dict(config, seq_len, long_doc, widths)
+    d = shrunk_config_dict(config, seq_len, long_doc, widths, keep_head_dim)
     d.pop("transformers_version", None)
     out = type(config).from_dict(d)
     for k in ("initializer_range", "init_std"):

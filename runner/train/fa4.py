@@ -37,11 +37,6 @@ def available() -> bool:
     return torch.cuda.get_device_capability()[0] in (9, 10)
 
 
-def supports(head_dim: int, head_dim_v: int) -> bool:
-    """Head sizes these kernels take on every supported GPU (multiples of 8 up to 128; SM90 goes to 256)."""
-    return head_dim == head_dim_v and head_dim % 8 == 0 and 8 <= head_dim <= 128
-
-
 def _interface() -> Any:
     return importlib.import_module(MODULE)
 

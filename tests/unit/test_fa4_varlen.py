@@ -160,3 +160,29 @@ def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(mon
         assert fa4.available() is expected
     finally:
         fa4.available.cache_clear()
+
+
+def test_heads_of_16_never_go_to_flash_attn_4():
+    """Its SM90 backward returns wrong query gradients for heads of 16 (measured on an H100); 32 and up are right."""
+    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+
+    with_fa4 = Kernels(varlen=True, fa4=True)
+    assert varlen_kernel("auto", with_fa4, 16) == TORCH_KERNEL
+    assert varlen_kernel("auto", with_fa4, 32) == FA4_KERNEL
+    assert "from 32" in varlen_kernel_refusal(FA4_KERNEL, with_fa4, 16)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2"])
+def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_type):
+    """The check runs the run's kernel: on flash-attn-4, whose code differs by head size, at the run's head size
+    (named in the config, or derived from its width as gpt2's is); elsewhere small heads."""
+    from transformers import AutoConfig
+
+    from runner.facts.decisions import head_dim
+    from runner.plan.shrink import shrunk_config
+
+    config = AutoConfig.for_model(model_type)
+    kept = shrunk_config(config, 8192, 80, keep_head_dim=True)
+    assert head_dim(kept) == head_dim(config) >= 64
+    assert head_dim(shrunk_config(config, 8192, 80)) == 16
+    assert kept.num_hidden_layers == 2
