@@ -45,7 +45,7 @@ LIMIT_S = 10.0
 def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    from runner.facts.decisions import attention_refusal, choose_loss
+    from runner.facts.decisions import FA4_KERNEL, attention_refusal, choose_loss, head_dim, varlen_kernel_refusal
     from runner.facts.families import family_of
     from runner.plan.packcheck import Setup, run_check
     from runner.train import fa4
@@ -61,6 +61,10 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
                            "path": path + (f" ({kernel})" if kernel else "")}
     if kernel == "flash-attn-4" and not fa4.available():
         return {**row, "status": "not run", "message": "flash-attn-4 is not installed for this GPU"}
+    if kernel == "flash-attn-4":  # only where a run would take it (the head size rule), as preflight decides
+        why = varlen_kernel_refusal(FA4_KERNEL, available_kernels("cuda"), head_dim(config))
+        if why is not None:
+            return {**row, "status": "not this family's path", "message": why}
     refusal = attention_refusal(path, "cuda", config, supported, available_kernels("cuda"))
     if refusal is not None:
         return {**row, "status": "not this family's path", "message": refusal[0]}
