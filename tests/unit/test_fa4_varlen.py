@@ -145,16 +145,28 @@ def test_kernel_choice_and_refusal():
     assert "head sizes" in varlen_kernel_refusal(FA4_KERNEL, with_fa4, 80 + 4)
 
 
-@pytest.mark.parametrize("present, expected", [({"flash_attn.cute", "cutlass"}, True), ({"flash_attn.cute"}, False),
+@pytest.mark.parametrize("present, expected", [({"flash_attn.cute", "cutlass", "cutlass/cute"}, True),
+                                               ({"flash_attn.cute", "cutlass"}, False), ({"flash_attn.cute"}, False),
                                                (set(), False)])
-def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(monkeypatch, present, expected):
+def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(monkeypatch, tmp_path, present,
+                                                                             expected):
     """flash-attn-4's package without the CuTe DSL's `cutlass` (put on the path by a .pth file that a PYTHONPATH copy
-    of the wheels does not run) imports, then fails at its first kernel: the run must not pick it."""
+    of the wheels does not run), or with a `cutlass` holding no `cute` (the DSL's sources are a wheel of their own
+    since 4.8), imports, then fails at its first kernel: the run must not pick it."""
+    import importlib.machinery
     import importlib.util
 
+    folder = tmp_path / "cutlass"
+    folder.mkdir()
+    if "cutlass/cute" in present:
+        (folder / "cute").mkdir()
+        (folder / "cute" / "__init__.py").write_text("")
+    cutlass = importlib.machinery.ModuleSpec("cutlass", None, is_package=True)
+    cutlass.submodule_search_locations = [str(folder)]
+    specs = {"flash_attn.cute": object(), "cutlass": cutlass}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in present else None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: specs[name] if name in present else None)
     fa4.available.cache_clear()
     try:
         assert fa4.available() is expected
