@@ -42,9 +42,10 @@ du -sh .whl
 # flash-attn-4 and what it needs that the image lacks; the CuTe DSL's libraries for the image's CUDA 13.
 grep -qx '/.whl-fa4/' .git/info/exclude 2>/dev/null || echo '/.whl-fa4/' >> .git/info/exclude
 rm -rf .whl-fa4 && mkdir -p .whl-fa4/part1 .whl-fa4/part2 .whl-fa4/big
+# Pinned at the versions measured in packcheck-h200.md (what flash-attn-4 4.0.0b40 asked for resolved to these).
 for s in flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
-         nvidia-cutlass-dsl-libs-core==4.8.1 "quack-kernels>=0.5.3" \
-         "apache-tvm-ffi>=0.1.11,<0.2" torch-c-dlpack-ext einops; do
+         nvidia-cutlass-dsl-libs-core==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
+         torch-c-dlpack-ext==0.1.5 einops==0.8.2; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
       -d .whl-fa4/part1 "$s"
 done
