@@ -220,3 +220,22 @@ def test_the_own_gated_delta_rule_matches_flash_linear_attention_per_document():
         qn, kn = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
         reference, _ = naive.naive_recurrent_gated_delta_rule(*(x[None] for x in (qn, kn, v, beta, g)))  # [1, T, H, .]
         assert torch.allclose(chunk_gated_delta(q, k, v, g, beta), reference[0], atol=1e-5), length
+
+
+def test_the_check_runs_flex_eagerly_and_nothing_else_changes(monkeypatch):
+    """Flex in the check: its reference implementation by default (a compile in a new process cost 30 s of the 10 s
+    a check may take, measured on an H100); compiled for every length when asked; other paths untouched."""
+    import torch
+
+    from runner.plan import packcheck
+
+    stance = torch._dynamo.eval_frame._stance
+    with packcheck._flex_regime("flex_attention"):
+        assert stance.stance == "force_eager"
+    assert stance.stance == "default"
+    with packcheck._flex_regime("varlen"):
+        assert stance.stance == "default"
+    monkeypatch.setattr(packcheck, "FLEX_SHAPES", "dynamic")
+    with packcheck._flex_regime("flex_attention"):
+        assert torch._dynamo.config.assume_static_by_default is False
+    assert torch._dynamo.config.assume_static_by_default is True
