@@ -65,7 +65,7 @@ FLEX_SHAPES = "eager"
 length (the packed block and each document alone); "dynamic": compiled once for every length (dynamo's
 assume_static_by_default off while the check runs); "eager": flex's reference implementation, the same mask_mod,
 block mask and positions evaluated densely, no compiled kernel. Measured in a new process with a cold compile
-cache on an H100 (benchmarks/packcheck-h100.md), the shrunk Llama's check took 32 s static, 30 s dynamic (the
+cache on an H100 (benchmarks/packcheck-h200.md, its last table), the shrunk Llama's check took 32 s static, 30 s dynamic (the
 first compile in a process is the cost, not the recompiles) and 5 s eager, all exact; eager is the default: what
 keeps documents apart (masks, positions) is the same in both, and the fused kernel's agreement with the reference
 is PyTorch's own test. What eager cannot see is a block the compiled kernel skips or keeps wrongly by its sparse
@@ -270,7 +270,6 @@ def _flex_regime(path: str) -> Any:
 def _first_copy_verdict(config: Any, setup: Setup, model_cls: Any, verdict: Verdict, start: float,
                         errors: list[str]) -> Verdict:
     """The verdict on the first shrunk copy whose forward runs a document alone (run_check)."""
-
     for model, how in shrunk_copies(config, setup, model_cls, errors):
         try:  # with gradients on, as every forward of the check: a compiled flex recompiles when grad mode changes
             _single_loss(model, documents(_vocab(model))[0], setup.device)
@@ -394,7 +393,6 @@ def _token_ces(logits: Any, labels: Any) -> Any:
 
 def _packed_side(model: Any, block: Any, setup: Setup) -> tuple[Any, Any]:
     """(loss sum with gradients, per-token cross-entropies) of the packed block, as the run's engine feeds it."""
-
     from runner.train.data import collate, to_device
     from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum, packing_kwargs
 

@@ -14,8 +14,8 @@ the process and is tied to one flash-attn-4 interface (PyTorch 2.11's breaks on 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch

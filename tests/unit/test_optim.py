@@ -131,6 +131,30 @@ def test_replaying_the_same_steps_gives_the_same_bits():
     assert torch.equal(runs[0], runs[1])
 
 
+def test_a_resumed_optimizer_continues_the_same_bits():
+    """Saved after one step and loaded into a new optimizer (as a checkpoint resume does), two more steps give the
+    bits of three uninterrupted ones: the step counts (advanced together) and the noise keys carry over."""
+    def grad(step: int) -> torch.Tensor:
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(step)).to(torch.bfloat16)
+
+    p, _ = _adam_pair(torch.bfloat16)
+    q = torch.nn.Parameter(p.detach().clone())
+    straight = StochasticAdamW([p], lr=1e-5, seed=11)
+    for step in range(3):
+        p.grad = grad(step)
+        straight.step()
+    first = StochasticAdamW([q], lr=1e-5, seed=11)
+    q.grad = grad(0)
+    first.step()
+    resumed = StochasticAdamW([q], lr=1e-5, seed=11)
+    resumed.load_state_dict(first.state_dict())
+    for step in (1, 2):
+        q.grad = grad(step)
+        resumed.step()
+    assert float(resumed.state[q]["step"]) == 3
+    assert torch.equal(p.data, q.data)
+
+
 def test_auto_precision_follows_the_weights_and_the_engine():
     assert optimizer_precision("native", "auto", "bfloat16") == "bf16_stochastic"
     assert optimizer_precision("native", "auto", "float32") == "fp32_master"
