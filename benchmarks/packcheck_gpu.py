@@ -78,8 +78,8 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
 
 
 def fresh_cell(model_type: str, path: str, kernel: str, seq_len: int, flex_shapes: str) -> dict[str, Any]:
-    """One cell in a new python process with an empty inductor cache; its seconds include the process's imports
-    of nothing but what the check itself loads (measured inside, as in one process)."""
+    """One cell in a new python process with empty inductor and Triton caches. Its seconds are timed inside that
+    process, as in one process: whatever the check compiles, none of it cached, and not python's start."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         cmd = [sys.executable, __file__, "--cell", model_type, path, kernel, "--seq-len", str(seq_len),
