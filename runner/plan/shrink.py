@@ -129,7 +129,7 @@ def _shrink_widths(d: dict[str, Any], multimodal: bool = False, run_head_dim: in
             d[k] = 1
     if run_head_dim and heads_key:
         _keep_head_dim(d, run_head_dim)
-    size = d.get("head_dim") if isinstance(d.get("head_dim"), int) else 16
+    size = d["head_dim"] if isinstance(d.get("head_dim"), int) else run_head_dim or 16  # (else hidden / 4 heads)
     for k in ("rope_parameters", "rope_scaling"):
         if k in d:
             d[k] = _shrink_rope(d[k], size, multimodal)

@@ -184,17 +184,21 @@ def test_heads_of_16_never_go_to_flash_attn_4():
     assert "from 32" in varlen_kernel_refusal(FA4_KERNEL, with_fa4, 16)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "qwen2_5_vl", "phi3"])
 def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_type):
     """The check runs the run's kernel: on flash-attn-4, whose code differs by head size, at the run's head size
-    (named in the config, or derived from its width as gpt2's is); elsewhere small heads."""
+    (named in the config, or derived from its width as gpt2's and Qwen2.5-VL's are, whose rotary sections follow
+    it); elsewhere small heads. The copy builds and runs."""
     from transformers import AutoConfig
 
     from runner.facts.decisions import head_dim
+    from runner.plan.packcheck import Setup, _auto_class, _construct
     from runner.plan.shrink import shrunk_config
 
     config = AutoConfig.for_model(model_type)
     kept = shrunk_config(config, 8192, 80, keep_head_dim=True)
     assert head_dim(kept) == head_dim(config) >= 64
     assert head_dim(shrunk_config(config, 8192, 80)) == 16
-    assert kept.num_hidden_layers == 2
+    setup = Setup("native", "sdpa", "", "full", "cpu", "float32", 8192)
+    model = _construct(_auto_class(kept, setup), kept, setup)
+    assert model(input_ids=torch.randint(3, 500, (1, 40))).logits.shape[1] == 40
