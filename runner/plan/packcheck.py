@@ -119,11 +119,10 @@ def _g(x: float | None) -> str:
 
 
 def cache_path() -> Path:
-    """The verdict cache: $SFT_TUI_CACHE_DIR/packcheck.json, else under $XDG_CACHE_HOME or ~/.cache."""
-    base = os.environ.get("SFT_TUI_CACHE_DIR")
-    if not base:
-        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sft-tui")
-    return Path(base) / "packcheck.json"
+    """The verdict cache: packcheck.json in the runner's cache folder (runner.cache)."""
+    from runner.cache import cache_dir
+
+    return cache_dir() / "packcheck.json"
 
 
 def _source_digest() -> str:
@@ -165,10 +164,11 @@ def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, 
 
 def _window_regime(config: Any, seq_len: int) -> list[bool]:
     from runner.facts.families import text_config
-    from runner.plan.shrink import WINDOW_KEYS
+    from runner.plan.shrink import POSITION_SCALE_KEYS, WINDOW_KEYS, crossed
 
     text = text_config(config)
-    return [seq_len > w for k in WINDOW_KEYS if isinstance(w := getattr(text, k, None), int) and w > 0]
+    return [crossed(k, w, seq_len) for k in WINDOW_KEYS + POSITION_SCALE_KEYS
+            if isinstance(w := getattr(text, k, None), int) and w > 0]
 
 
 def _device_name(device: str) -> str:

@@ -19,6 +19,16 @@ SMALL_WINDOW = 16
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 WINDOW_KEYS = ("sliding_window", "attention_chunk_size", "keep_window_size", "sliding_window_size")
 """Config fields that limit how far back a token attends: shrunk only when the run's documents can exceed them."""
+POSITION_SCALE_KEYS = ("floor_scale",)
+"""Config fields past which a layer computes a token by its position in the whole row: Llama 4's no-rope layers
+scale queries by log(floor((position + 1) / floor_scale)), with positions counted from the row's start, not the
+document's, so a packed document past that position is computed unlike the same document alone. Shrunk when the
+run's blocks reach them, so the check's block crosses one as the run's do; left alone when they cannot."""
+
+
+def crossed(key: str, value: int, seq_len: int) -> bool:
+    """Whether the run's blocks of `seq_len` tokens reach past this window or position scale."""
+    return seq_len >= value if key in POSITION_SCALE_KEYS else seq_len > value
 WIDTHS = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64,
     "intermediate_size": 128, "intermediate_size_mlp": 128, "ffn_hidden_size": 128, "n_inner": 128,
@@ -143,7 +153,11 @@ def _shrink_windows(d: dict[str, Any], seq_len: int, long_doc: int) -> None:
         if isinstance(w, int) and w > 0:
             # Documents longer than the window only when the run's blocks can hold them; else a window wider than
             # every document of the check, as every document of the run is within it.
-            d[k] = SMALL_WINDOW if seq_len > w else max(long_doc + 1, SMALL_WINDOW)
+            d[k] = SMALL_WINDOW if crossed(k, w, seq_len) else max(long_doc + 1, SMALL_WINDOW)
+    for k in POSITION_SCALE_KEYS:
+        w = d.get(k)
+        if isinstance(w, int) and w > 0 and crossed(k, w, seq_len):
+            d[k] = SMALL_WINDOW
 
 
 def _keep_head_dim(d: dict[str, Any], size: int) -> None:

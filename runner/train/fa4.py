@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 MODULE = "flash_attn.cute.interface"
+PERSIST = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+KERNELS_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
 
 @functools.cache
@@ -48,7 +51,21 @@ def has_cute(spec: Any) -> bool:
 
 
 def _interface() -> Any:
+    keep_kernels()
     return importlib.import_module(MODULE)
+
+
+def keep_kernels() -> None:
+    """Have flash-attn-4 keep its compiled kernels on disk, in the runner's cache folder (runner.cache). It compiles
+    each kernel at its first call in a process: 7 to 15 s for a head layout new to the process on an H200
+    (benchmarks/packcheck-h200.md). Kept, the packing check's compile serves the run's ranks after it, and every
+    later launch on the machine; flash-attn-4 keys each kernel by its own sources, package versions and shapes.
+    Read when flash-attn-4 is first imported, so set before; a user's own setting of either variable wins."""
+    if PERSIST not in os.environ:
+        from runner.cache import cache_dir
+
+        os.environ[PERSIST] = "1"
+        os.environ.setdefault(KERNELS_DIR, str(cache_dir() / "fa4-kernels"))
 
 
 def _window(left: int) -> tuple[bool, int | None, int | None]:

@@ -10,6 +10,7 @@ The kernels themselves are checked against PyTorch's on the H200 (benchmarks/att
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -202,3 +203,20 @@ def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_
     setup = Setup("native", "sdpa", "", "full", "cpu", "float32", 8192)
     model = _construct(_auto_class(kept, setup), kept, setup)
     assert model(input_ids=torch.randint(3, 500, (1, 40))).logits.shape[1] == 40
+
+
+def test_flash_attn_4_keeps_its_compiled_kernels_in_the_runners_cache(monkeypatch, tmp_path):
+    """What flash-attn-4 sees when it is first imported: its persistent kernel cache on, in the runner's cache folder
+    (so the packing check's compile serves the run); a user's own setting is left as it is."""
+    seen = []
+    monkeypatch.setattr(fa4.importlib, "import_module",
+                        lambda name: seen.append((name, os.environ.get(fa4.PERSIST), os.environ.get(fa4.KERNELS_DIR))))
+    monkeypatch.setenv("SFT_TUI_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(fa4.PERSIST, raising=False)
+    monkeypatch.delenv(fa4.KERNELS_DIR, raising=False)
+    fa4._interface()
+    assert seen == [(fa4.MODULE, "1", str(tmp_path / "fa4-kernels"))]
+    monkeypatch.setenv(fa4.PERSIST, "0")
+    monkeypatch.delenv(fa4.KERNELS_DIR)
+    fa4._interface()
+    assert seen[-1] == (fa4.MODULE, "0", None)

@@ -146,6 +146,22 @@ def test_doge_past_its_key_window_is_refused():
     assert "train.packing=false" in problems[0].fix
 
 
+def test_llama4_text_past_its_temperature_floor_is_refused():
+    """Llama 4's no-rope layers scale queries by the token's position counted from the row's start: in a block of
+    floor_scale tokens or more, a document after the first is computed unlike itself alone. The shrunk copy's
+    floor is crossed as the run's is (runner.plan.shrink), so the check sees it; below it, packing is exact."""
+    config = AutoConfig.for_model("llama4_text")
+    assert config.attn_temperature_tuning and config.floor_scale == 8192
+    outcome = {}
+    for seq_len in (8191, 8192):
+        spec = resolve(load_spec({"hardware": {"device": "cpu", "nproc_per_node": 1},
+                                  "train": {"seq_len": seq_len}}))
+        outcome[seq_len] = check_problems(spec, config, "cpu")
+    assert outcome[8191] == []
+    problem, = outcome[8192]
+    assert "llama4_text" in problem.message and "train.packing=false" in problem.fix, problem
+
+
 def test_llama4_text_trains_in_both_engines():
     config = AutoConfig.for_model("llama4_text")
     for engine in ("native", "trl"):
