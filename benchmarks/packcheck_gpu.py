@@ -14,6 +14,12 @@ soft-capping, a class without flex) or a kernel not installed is a row that says
 10 s on every path it can take, and no registry family refused. In one process the later cells reuse what the
 earlier ones compiled; --fresh runs each cell in its own process with an empty inductor cache, as a first launch
 on a new machine pays it. --flex-shapes sets how the check compiles flex (runner.plan.packcheck.FLEX_SHAPES).
+
+flash-attn-4 compiles a kernel per head layout at its first call, and keeps it on disk (runner.train.fa4.keep_kernels):
+the table starts with an empty kernel cache; with --fresh a flash-attn-4 cell runs a second time in a new process
+with the kernels the first kept ("s, kernels kept": a later launch on that machine). After each flash-attn-4 check
+the cell calls the kernel once with the run's own heads on an 8k block of 1,300-token documents, as the run's
+first step does ("run's first call"): its seconds and the kernels it compiled that the check had not.
 """
 
 from __future__ import annotations
@@ -72,19 +78,68 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
     start = time.perf_counter()
     verdict = run_check(config, setup)
     seconds = time.perf_counter() - start
-    return {**row, "status": verdict.status, "ce_nats": verdict.ce_nats, "loss_rel": verdict.loss_rel,
-            "grad_rel": verdict.grad_rel, "seconds": round(seconds, 2), "shrunk": verdict.shrunk,
-            "message": verdict.message}
+    row = {**row, "status": verdict.status, "ce_nats": verdict.ce_nats, "loss_rel": verdict.loss_rel,
+           "grad_rel": verdict.grad_rel, "seconds": round(seconds, 2), "shrunk": verdict.shrunk,
+           "message": verdict.message}
+    return {**row, **run_shapes_call(config, seq_len)} if kernel == "flash-attn-4" else row
+
+
+RUN_DOC = 1300
+"""Tokens per document of run_shapes_call's block (LIMA's median conversation)."""
+
+
+def _kernel_files() -> int:
+    from runner.train import fa4
+
+    folder = Path(os.environ.get(fa4.KERNELS_DIR, "/nonexistent"))
+    return sum(1 for p in folder.rglob("*") if p.is_file() and p.suffix != ".lock")
+
+
+def run_shapes_call(config: Any, seq_len: int) -> dict[str, Any]:
+    """After the check: one flash-attn-4 forward and backward with the run's own heads (full size, not the shrunk
+    copy's) on a packed block of seq_len tokens, as the run's first step calls it. Its seconds, and the kernels it
+    compiled that the check had not (files added to flash-attn-4's kernel cache): none means the check's compile
+    served the run."""
+    import torch
+
+    from runner.facts.decisions import head_dim
+    from runner.train import fa4
+
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    size, before = head_dim(config), _kernel_files()
+    cu = torch.tensor([*range(0, seq_len, RUN_DOC), seq_len], dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(seq_len, n, size, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for n in (heads, kv, kv))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fa4.varlen_attn(q, k, v, cu, cu, RUN_DOC, RUN_DOC).float().square().sum().backward()
+    torch.cuda.synchronize()
+    return {"run_heads": f"{heads}/{kv}x{size}", "run_call_s": round(time.perf_counter() - start, 2),
+            "run_new_kernels": _kernel_files() - before}
 
 
 def fresh_cell(model_type: str, path: str, kernel: str, seq_len: int, flex_shapes: str) -> dict[str, Any]:
-    """One cell in a new python process with empty inductor and Triton caches. Its seconds are timed inside that
-    process, as in one process: whatever the check compiles, none of it cached, and not python's start."""
+    """One cell in a new python process with empty inductor, Triton and flash-attn-4 kernel caches. Its seconds are
+    timed inside that process, as in one process: whatever the check compiles, none of it cached, and not python's
+    start. A flash-attn-4 cell runs again in a second new process with the kernels the first one kept
+    (`seconds_kernels_kept`: a later launch on the same machine)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+               "SFT_TUI_CACHE_DIR": os.path.join(cache, "sft-tui")}
         cmd = [sys.executable, __file__, "--cell", model_type, path, kernel, "--seq-len", str(seq_len),
                "--flex-shapes", flex_shapes, "--out", cache]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        row = _cell_process(cmd, env, model_type, path)
+        if kernel == "flash-attn-4" and "seconds" in row:
+            again = _cell_process(cmd, env, model_type, path)
+            row.update(seconds_kernels_kept=again.get("seconds"), run_call_s_kept=again.get("run_call_s"))
+    return row
+
+
+def _cell_process(cmd: list[str], env: dict[str, str], model_type: str, path: str) -> dict[str, Any]:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"model_type": model_type, "known": None, "path": path, "status": "error",
@@ -97,12 +152,17 @@ def _fmt(x: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| model type | registry | path | verdict | ce nats | loss rel | grad rel | s | note |\n" \
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    head = "| model type | registry | path | verdict | ce nats | loss rel | grad rel | s | s, kernels kept | " \
+           "run's first call: heads, s, new kernels | note |\n" + "| --- " * 11 + "|\n"
     return head + "\n".join(
         f"| {r['model_type']} | {'yes' if r['known'] else 'no'} | {r['path']} | {r['status']} | {_fmt(r.get('ce_nats'))}"
         f" | {_fmt(r.get('loss_rel'))} | {_fmt(r.get('grad_rel'))} | {r.get('seconds', '-')} | "
+        f"{r.get('seconds_kernels_kept', '-')} | {_run_call(r)} | "
         f"{'' if r['status'] == 'exact' else r.get('message', '')[:120]} |" for r in rows)
+
+
+def _run_call(r: dict[str, Any]) -> str:
+    return f"{r['run_heads']}, {r['run_call_s']}, {r['run_new_kernels']}" if "run_heads" in r else "-"
 
 
 def main() -> int:
@@ -128,6 +188,8 @@ def main() -> int:
     from runner.plan import packcheck
 
     packcheck.FLEX_SHAPES = args.flex_shapes or packcheck.FLEX_SHAPES
+    if not args.cell:  # the table starts with no kernels kept from an earlier run (a first launch on this machine)
+        os.environ["SFT_TUI_CACHE_DIR"] = tempfile.mkdtemp(prefix="packcheck-")
     if args.cell:
         mt, path, kernel = args.cell
         print(json.dumps(cell(mt, path, "" if kernel == "-" else kernel, args.seq_len)), flush=True)
@@ -151,6 +213,9 @@ def main() -> int:
     summary = {"models": len(models), "cells_run": len(timed),
                "max_seconds": max((r["seconds"] for r in timed), default=None),
                "over_limit": [f"{r['model_type']} {r['path']}" for r in timed if r["seconds"] > LIMIT_S],
+               "over_limit_kernels_kept": [f"{r['model_type']} {r['path']}" for r in timed
+                                           if (r.get("seconds_kernels_kept") or r["seconds"]) > LIMIT_S],
+               "run_new_kernels": sum(r.get("run_new_kernels") or 0 for r in timed),
                "registry_refused": [f"{r['model_type']} {r['path']}" for r in timed
                                     if r["known"] and r["status"] != "exact"]}
     result = {"command": " ".join(sys.argv), "gpu": gpu, "seq_len": args.seq_len, "tolerances": TOLERANCES,

@@ -138,7 +138,7 @@ def _shrink_widths(d: dict[str, Any], multimodal: bool = False, run_head_dim: in
         if k in d:
             d[k] = 1
     if run_head_dim and heads_key:
-        _keep_head_dim(d, run_head_dim)
+        _keep_head_layout(d, heads_key, kv_key, heads, kv, run_head_dim)
     size = d["head_dim"] if isinstance(d.get("head_dim"), int) else run_head_dim or 16  # (else hidden / 4 heads)
     for k in ("rope_parameters", "rope_scaling"):
         if k in d:
@@ -160,13 +160,17 @@ def _shrink_windows(d: dict[str, Any], seq_len: int, long_doc: int) -> None:
             d[k] = SMALL_WINDOW
 
 
-def _keep_head_dim(d: dict[str, Any], size: int) -> None:
-    """The attention kernel's own head size (its code differs by head size) for the shrunk copy's 4 heads: set where
-    the config names it, else through the width it derives it from."""
+def _keep_head_layout(d: dict[str, Any], heads_key: str, kv_key: str | None, heads: int, kv: int | None,
+                      size: int) -> None:
+    """The attention kernel's own head size and query heads per key head (flash-attn-4 compiles a kernel for each,
+    and its persistent cache serves the run the kernels the check compiled): 2 key heads, set where the config
+    names the head size, else through the width it derives it from."""
+    if kv_key and kv and kv < heads and heads % kv == 0:
+        d[heads_key], d[kv_key] = 2 * (heads // kv), 2
     if isinstance(d.get("head_dim"), int):
         d["head_dim"] = size
     else:
-        d[next((k for k in ("hidden_size", "n_embd", "d_model") if k in d), "hidden_size")] = 4 * size
+        d[next((k for k in ("hidden_size", "n_embd", "d_model") if k in d), "hidden_size")] = d[heads_key] * size
 
 
 def _shrink_text(d: dict[str, Any], seq_len: int, long_doc: int, multimodal: bool = False,

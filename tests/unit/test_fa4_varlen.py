@@ -185,7 +185,12 @@ def test_heads_of_16_never_go_to_flash_attn_4():
     assert "from 32" in varlen_kernel_refusal(FA4_KERNEL, with_fa4, 16)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "qwen2_5_vl", "phi3"])
+def _per_key_head(config):
+    text = config.get_text_config()
+    return text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "qwen2_5_vl", "phi3", "qwen3"])
 def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_type):
     """The check runs the run's kernel: on flash-attn-4, whose code differs by head size, at the run's head size
     (named in the config, or derived from its width as gpt2's and Qwen2.5-VL's are, whose rotary sections follow
@@ -199,6 +204,7 @@ def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_
     config = AutoConfig.for_model(model_type)
     kept = shrunk_config(config, 8192, 80, keep_head_dim=True)
     assert head_dim(kept) == head_dim(config) >= 64
+    assert _per_key_head(kept) == _per_key_head(config)  # a kernel per ratio too
     assert head_dim(shrunk_config(config, 8192, 80)) == 16
     setup = Setup("native", "sdpa", "", "full", "cpu", "float32", 8192)
     model = _construct(_auto_class(kept, setup), kept, setup)
