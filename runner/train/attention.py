@@ -224,7 +224,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                              "padding")
     cu_k = kwargs.get("cu_seq_lens_k")
     cu_k = cu_q if cu_k is None else cu_k
-    max_k = kwargs.get("max_length_k") or max_q
+    max_k = kwargs.get("max_length_k")
+    max_k = max_q if max_k is None else max_k
     if query.dtype not in (torch.float16, torch.bfloat16) and query.is_cuda:
         # The flash kernels take half precision only. Under autocast over fp32 weights (TRL's one-GPU setup) RoPE's
         # elementwise math with fp32 cos/sin lifts q and k back to fp32: run at the autocast dtype, as transformers'
@@ -256,8 +257,19 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         else:
             rep = heads_q // heads_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = kernel(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **extra)
+    out = kernel(q, k, v, cu_q, cu_k, _length(max_q), _length(max_k), **extra)
     return out[..., :v_dim].reshape(batch, length, heads_q, v_dim), None
+
+
+def uses_varlen(model: torch.nn.Module) -> bool:
+    """The model (under peft or FSDP2, which keep its config reachable) attends through varlen_attention_forward."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == VARLEN
+
+
+def _length(value: Any) -> Any:
+    """A document length given as an int or as an empty tensor's first size (packing_kwargs): in a compiled layer
+    the size is symbolic, and the kernel's custom op takes it as such."""
+    return value.shape[0] if isinstance(value, torch.Tensor) else int(value)
 
 
 def register_varlen(kernel: str | None = None) -> None:
@@ -483,11 +495,22 @@ def install_document_reset(model: torch.nn.Module) -> str | None:
     return support.mechanism
 
 
-def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments that carry document boundaries into an HF model's forward."""
+def packing_kwargs(batch: dict[str, Any], lengths_as_shapes: bool = False) -> dict[str, Any]:
+    """The keyword arguments that carry document boundaries into an HF model's forward.
+
+    `lengths_as_shapes` (the varlen path, whose layers the native engine compiles on a GPU): blocks have one
+    length, but each brings its own number of documents (cu_seq_lens' length) and longest document (an int), and a
+    compiled layer specialises on both until each has changed once; when they first change in different steps,
+    late in a run, each layer structure compiles again mid-training. So cu_seq_lens' length is marked dynamic from
+    the first step, and the longest document travels as the first size of an empty tensor marked the same way
+    (`_length` reads it): the layers compile once, for every block."""
     out: dict[str, Any] = {"position_ids": batch["position_ids"]}
     if "cu_seqlens" in batch:
         cu, max_len = batch["cu_seqlens"], int(batch["max_len"])
+        if lengths_as_shapes:
+            torch._dynamo.maybe_mark_dynamic(cu, 0)
+            max_len = torch.empty(max_len, 0, device=cu.device)
+            torch._dynamo.maybe_mark_dynamic(max_len, 0)
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len)
     if "seq_idx" in batch:
         out["seq_idx"] = batch["seq_idx"]

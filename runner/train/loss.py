@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from runner.facts.decisions import chunk_tokens_for, fused_chunk_tokens_for
 from runner.facts.decisions import resolve_loss_impl as resolve_loss_impl  # the loss decisions live with the others
-from runner.train.attention import packing_kwargs
+from runner.train.attention import packing_kwargs, uses_varlen
 from runner.train.data import IGNORE
 
 LOSS_METHOD = "sft_loss_sum"
@@ -51,7 +51,7 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 def full_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     """Sum of token cross-entropies from the model's own logits (one float32 copy)."""
-    out = model(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch))
+    out = model(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch, uses_varlen(model)))
     if "targets" in batch:  # a sequence-parallel slice: its targets were shifted on the whole block
         logits, targets = out.logits.float(), batch["targets"]
     else:
@@ -180,7 +180,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 def _target_hidden(model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, nn.Module]:
     """(hidden states of the whole block, target positions, their targets, lm_head) without any logits."""
     base, head = causal_lm_parts(model)
-    out = base(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch))
+    out = base(input_ids=batch["input_ids"], use_cache=False, **packing_kwargs(batch, uses_varlen(model)))
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     hidden = hidden.reshape(-1, hidden.size(-1))
     index = batch.get("target_index")

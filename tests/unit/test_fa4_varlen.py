@@ -226,3 +226,47 @@ def test_flash_attn_4_keeps_its_compiled_kernels_in_the_runners_cache(monkeypatc
     monkeypatch.delenv(fa4.KERNELS_DIR)
     fa4._interface()
     assert seen[-1] == (fa4.MODULE, "0", None)
+
+
+def _blocks_of_one_length(counts_and_longest):
+    """Packed blocks of one length: (document count, longest document) each, 150 tokens of documents (the rest
+    after the longest in equal documents, the last one taking the remainder), then padding."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for count, longest in counts_and_longest:
+        rest = (150 - longest) // (count - 1)
+        lengths = [longest] + [rest] * (count - 2) + [150 - longest - rest * (count - 2)]
+        assert max(lengths) == longest and sum(lengths) == 150
+        docs = [(torch.randint(0, 128, (n,), generator=g).tolist(), [True] * n) for n in lengths]
+        out.append(_packed_batch(docs))
+    return out
+
+
+@pytest.mark.parametrize("recomputed", [0, 1])
+def test_compiled_layers_compile_once_for_blocks_of_any_document_count(fa4_stand_in, recomputed):
+    """The native engine compiles each decoder layer (on a GPU). Blocks have one length but their own number of
+    documents and longest document: passed as sizes marked dynamic (packing_kwargs), the layers compile once, also
+    when the two first change in different steps, late (a plain int recompiled the layers mid-run then). Through
+    dynamo with an eager backend, the loss and gradients are the uncompiled model's, bit for bit. With one of the
+    two layers recomputed inside its compiled forward (train.recompute_layers), two layer structures compile."""
+    from torch._dynamo.utils import counters
+
+    from runner.train.loss import full_loss_sum
+    from runner.train.model import decoder_layers, enable_recompute
+
+    # Three blocks alike, then a new longest document, then a new document count (each its own step).
+    blocks = _blocks_of_one_length([(4, 40), (4, 40), (4, 40), (4, 50), (6, 50), (3, 70), (5, 30)])
+    compiled, plain = _qwen3("varlen"), _qwen3("varlen")
+    if recomputed:
+        enable_recompute(compiled, recomputed, inside_compile=True)
+    torch._dynamo.reset()
+    for layer in decoder_layers(compiled):
+        layer.compile(backend="aot_eager")
+    graphs = []
+    for batch in blocks:
+        got = _loss_and_grads(compiled, lambda: full_loss_sum(compiled, batch))
+        want = _loss_and_grads(plain, lambda: full_loss_sum(plain, batch))
+        assert torch.equal(got[0], want[0]) and all(torch.equal(got[1][n], g) for n, g in want[1].items())
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[-1] == graphs[0], graphs
+    torch._dynamo.reset()
