@@ -28,11 +28,6 @@ POSITION_SLOPES = {"attn_scale": 1.0}
 """How steeply a crossed position scale grows (Llama 4: 0.1 per log-unit of position), set ten times steeper as
 INIT_STD sharpens attention: at 0.1 the shrunk copy's documents moved by 0.14 nats in bf16, under the check's bf16
 tolerance (runner.plan.packcheck); at 1.0 by 0.45 (0.017 with the scale not crossed)."""
-
-
-def crossed(key: str, value: int, seq_len: int) -> bool:
-    """Whether the run's blocks of `seq_len` tokens reach past this window or position scale."""
-    return seq_len >= value if key in POSITION_SCALE_KEYS else seq_len > value
 WIDTHS = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64,
     "intermediate_size": 128, "intermediate_size_mlp": 128, "ffn_hidden_size": 128, "n_inner": 128,
@@ -50,6 +45,11 @@ TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
 INIT_STD = 0.2
 """Weights drawn ten times wider than the usual 0.02: attention gets sharp, so a token that sees another document
 moves its loss by far more than rounding does (runner.plan.packcheck argues the tolerances)."""
+
+
+def crossed(key: str, value: int, seq_len: int) -> bool:
+    """Whether the run's blocks of `seq_len` tokens reach past this window or position scale."""
+    return seq_len >= value if key in POSITION_SCALE_KEYS else seq_len > value
 
 
 def _layers(d: dict[str, Any]) -> int | None:
@@ -168,8 +168,8 @@ def _shrink_windows(d: dict[str, Any], seq_len: int, long_doc: int) -> None:
 def _keep_head_layout(d: dict[str, Any], heads_key: str, kv_key: str | None, heads: int, kv: int | None,
                       size: int) -> None:
     """The attention kernel's own head size and query heads per key head (flash-attn-4 compiles a kernel for each,
-    and its persistent cache serves the run the kernels the check compiled): 2 key heads, set where the config
-    names the head size, else through the width it derives it from."""
+    and keeps them on disk for the run): 2 key heads, set where the config names the head size, else through the
+    width it derives it from."""
     if kv_key and kv and kv < heads and heads % kv == 0:
         d[heads_key], d[kv_key] = 2 * (heads // kv), 2
     if isinstance(d.get("head_dim"), int):
