@@ -172,9 +172,9 @@ class TrainSpec(_Section):
     pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
     and one copy each way per layer, overlapped with compute in forward."""
     tiled_mlp: bool | Literal["auto"] = "auto"
-    """Run each layer's MLP over the block in tiles of hidden-size tokens, each recomputed in backward: exact, its
-    intermediates a tile's, at one more MLP forward (native engine, eager layers). auto = on on a GPU when they
-    bound the block length (runner.facts.tiling)."""
+    """Run each layer's MLP over the block in tiles of hidden-size tokens, each recomputed in backward, and recompute
+    its RMSNorms there: exact, its intermediates a tile's, at one more MLP forward (native engine, eager layers).
+    auto = on on a GPU when they bound the block length (runner.facts.tiling)."""
     log_every: int = Field(1, gt=0)
     """Write a step event every N steps."""
     optimizer_precision: Literal["auto", "fp32_master", "bf16_stochastic", "bf16"] = "auto"

@@ -14,14 +14,18 @@ from runner.plan.constants import (
 )
 
 
-def _norm_bytes(arch: Arch, b: int, frozen: bool) -> tuple[int, int]:
+def _norm_bytes(arch: Arch, b: int, frozen: bool, recomputed: bool = False) -> tuple[int, int]:
     """(bytes per element an RMSNorm keeps for backward besides its output, the output's bytes).
 
     HF's RMSNorm keeps its fp32 copy of the input (pow and the rsqrt product save it) and, only when its weight
     trains, the normalised tensor the weight multiplies: bf16 in llama-style norms (`weight * x.to(bf16)`), fp32
     where the product is taken before the cast (gpt-oss, qwen3_next, qwen3_5: `(x * w).to(bf16)`). The output is
-    kept by the linears that read it (their weight's gradient, or LoRA's lora_A).
+    kept by the linears that read it (their weight's gradient, or LoRA's lora_A). `recomputed` (a tiled layer's
+    norms, runner.train.tiling): the norm keeps only its input, in the compute dtype. Not counted either way: the
+    fp32 reciprocal root per row (4 bytes a token, against thousands).
     """
+    if recomputed:
+        return b, b
     up = max(b, NORM_UPCAST_BYTES)  # fp32 runs: the input itself is what is kept
     fam = family(arch.model_type)
     cast = up if fam is not None and fam.fp32_norm_product else b
@@ -35,10 +39,10 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
     `frozen`: LoRA, the base weights take no gradient, so the tensors kept only for a weight's gradient are not
     kept (the norms' normalised input). Rotary embeddings keep nothing per token: cos and sin need no gradient,
     so `q * cos` keeps cos, not q. `tiled`: the MLP runs in tiles (train.tiled_mlp) and keeps only its input;
-    its intermediates are a tile's, counted once per layer by `tile_bytes`.
+    its intermediates are a tile's, counted once per layer by `tile_bytes`; its norms are recomputed.
     """
     h = arch.hidden
-    norm_kept, norm_out = _norm_bytes(arch, b, frozen)
+    norm_kept, norm_out = _norm_bytes(arch, b, frozen, recomputed=tiled)
     n = 2 * (norm_kept + norm_out) * h  # input and post-attention RMSNorm
     kind = arch.layer_type(i)
     if kind == LAYER_LINEAR:

@@ -225,7 +225,8 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
 
     One rank trains the plain module unless runner.facts.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
     layer's weights in and its gradients out, and its hooks cost host time that short steps cannot hide.
-    With `mlp_tile` each decoder layer's MLP runs in tiles of that many tokens (runner.train.tiling).
+    With `mlp_tile` each decoder layer's MLP runs in tiles of that many tokens and its RMSNorms are recomputed in
+    backward (runner.train.tiling).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -233,9 +234,9 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     compile_layers = compile_layers and device == "cuda"
     offload = offload_activations and device == "cuda"
     if mlp_tile:
-        from runner.train.tiling import tile_mlps
+        from runner.train.tiling import tile_layers
 
-        tile_mlps(text_decoder_layers(model), mlp_tile)  # before FSDP2 and checkpointing wrap the layers
+        tile_layers(text_decoder_layers(model), mlp_tile)  # before FSDP2 and checkpointing wrap the layers
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,

@@ -1,4 +1,5 @@
-"""Tiled MLP (train.tiled_mlp): each decoder layer's MLP runs over the block in tiles of tokens.
+"""Tiled MLP (train.tiled_mlp): each decoder layer's MLP runs over the block in tiles of tokens, and its RMSNorms
+are recomputed in backward (`tile_layers`).
 
 Forward runs the MLP tile by tile under no_grad and keeps only its input; backward recomputes each tile with grad
 and calls autograd on it, so the parameter gradients accumulate into the parameters' own `.grad` through the
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class TiledMlpFunction(torch.autograd.Function):
@@ -89,3 +91,34 @@ def tile_mlps(layers: list[nn.Module], tile: int) -> int:
             tile_mlp(mlp, tile)
             n += 1
     return n
+
+
+def recompute_norm(norm: nn.Module) -> None:
+    """Make `norm`'s forward a checkpoint: it keeps its input for backward and recomputes the rest there. HF's
+    RMSNorm otherwise keeps an fp32 copy of its input and the normalised tensor its weight multiplies (6 bytes per
+    element in bf16, against the input's 2); recomputing it is one elementwise pass over its input."""
+    forward = norm.forward
+
+    def recomputed(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or not torch.is_grad_enabled():
+            return forward(hidden_states, *args, **kwargs)
+        return checkpoint(forward, hidden_states, use_reentrant=False)
+
+    norm.forward = recomputed
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """An RMSNorm module as transformers' families name them (Llama-, Qwen-, Gemma-style), itself holding no
+    modules; gated variants (a second input) are not."""
+    return type(module).__name__.endswith("RMSNorm") and not any(True for _ in module.children())
+
+
+def tile_layers(layers: list[nn.Module], tile: int) -> int:
+    """train.tiled_mlp on: every decoder layer's MLP in tiles of `tile` tokens and its RMSNorms (the q/k norms of
+    its attention included) recomputed in backward, so what grows with the block in a layer is its attention's and
+    its norms' inputs (runner.plan.activations counts it). Returns how many MLPs were tiled."""
+    for layer in layers:
+        for module in layer.modules():
+            if is_rms_norm(module):
+                recompute_norm(module)
+    return tile_mlps(layers, tile)

@@ -17,7 +17,7 @@ from runner.train.attention import concrete_model_class, keep_documents_apart, s
 from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
 from runner.train.model import enable_recompute, text_decoder_layers
-from runner.train.tiling import tile_mlps
+from runner.train.tiling import is_rms_norm, tile_layers
 from tests.conftest import run_cli
 from tests.families import family_config
 from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
@@ -51,7 +51,7 @@ def _tiled(model: torch.nn.Module, recompute: bool) -> tuple[torch.nn.Module, li
             return _f(x)
 
         layer.mlp.forward = counted
-    assert tile_mlps(layers, TILE) == len(layers)
+    assert tile_layers(layers, TILE) == len(layers)
     if recompute:
         tiled.train()
         enable_recompute(tiled, None)
@@ -123,9 +123,10 @@ def _saved_bytes(model: torch.nn.Module, batch: dict) -> int:
 
 
 def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
-    """The embedded model on CPU: tiling the MLP takes off exactly the MLP intermediates the estimator counts per
-    layer and token (runner.facts.tiling.mlp_intermediate_bytes), and keeps nothing in their place."""
-    from runner.facts.tiling import mlp_intermediate_bytes
+    """The embedded model on CPU (Qwen3: q/k norms too): tiling takes off exactly what the estimator counts per
+    layer and token: the MLP intermediates, and what the recomputed RMSNorms no longer keep (their normalised copy),
+    besides each norm's fp32 reciprocal root per row, which the estimator leaves out (4 bytes a row)."""
+    from runner.plan import layer_activation_bytes
     from runner.spec import load_spec
     from runner.train.model import load_model
 
@@ -136,10 +137,16 @@ def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
     ids = torch.randint(3, arch.vocab, (1, tokens))
     batch = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(tokens)[None]}
     plain = _saved_bytes(model, batch)
-    tile_mlps(text_decoder_layers(model), mlp_tile_tokens(arch, tokens))
+    layers = text_decoder_layers(model)
+    tile_layers(layers, mlp_tile_tokens(arch, tokens))
     tiled = _saved_bytes(model, batch)
-    counted = sum(mlp_intermediate_bytes(arch, i, 4) for i in range(arch.layers)) * tokens
-    assert plain - tiled == counted, (plain, tiled, counted)
+    counted = sum(layer_activation_bytes(arch, i, "sdpa", 4, tokens) -
+                  layer_activation_bytes(arch, i, "sdpa", 4, tokens, tiled=True)
+                  for i in range(arch.layers)) * tokens
+    rows = sum(tokens * (arch.heads if m is layer.self_attn.q_norm else arch.kv_heads
+                         if m is layer.self_attn.k_norm else 1)
+               for layer in layers for m in layer.modules() if is_rms_norm(m))
+    assert plain - tiled == counted + 4 * rows, (plain, tiled, counted, rows)
 
 
 def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_limit(monkeypatch):
