@@ -1,9 +1,12 @@
 """What a run will see (`Machine`: its GPUs, detected here or declared for planning) and the `auto` values of
-hardware.* that follow from it: the one rule the launcher, the estimator, the wizard and its sweep share."""
+hardware.* that follow from it: the one rule the launcher, the estimator, the wizard and its sweep share; and the
+folder where the runner keeps what it works out once per machine (`cache_dir`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CPU_RANKS = 2
@@ -83,3 +86,13 @@ def hardware_problems(spec: Any, nproc: int | None = None) -> list[Any]:
         out.append(Problem("train.seq_len", f"must be a multiple of hardware.sequence_parallel={sp}, got {seq_len}",
                            f"try {seq_len + sp - seq_len % sp}"))
     return out
+
+
+def cache_dir() -> Path:
+    """Where the runner keeps what it works out once per machine and reuses across launches: the packing check's
+    verdicts and flash-attn-4's compiled kernels. $SFT_TUI_CACHE_DIR, else sft-tui under $XDG_CACHE_HOME or
+    ~/.cache."""
+    base = os.environ.get("SFT_TUI_CACHE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sft-tui"

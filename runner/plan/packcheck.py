@@ -119,8 +119,8 @@ def _g(x: float | None) -> str:
 
 
 def cache_path() -> Path:
-    """The verdict cache: packcheck.json in the runner's cache folder (runner.cache)."""
-    from runner.cache import cache_dir
+    """The verdict cache: packcheck.json in the runner's cache folder (runner.machine.cache_dir)."""
+    from runner.machine import cache_dir
 
     return cache_dir() / "packcheck.json"
 
