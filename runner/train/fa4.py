@@ -58,10 +58,10 @@ def _interface() -> Any:
 def keep_kernels() -> None:
     """Have flash-attn-4 keep its compiled kernels on disk, in the runner's cache folder (runner.machine.cache_dir).
     It compiles each kernel at its first call in a process: 16 to 31 s for a head layout in a new process on an
-    H100, 5 to 6 s with the kernels kept (benchmarks/packcheck-h200.md). Kept, the packing check's compile serves the run's ranks
-    after it (all but the one or two kernels the run's own sizes select) and every later launch on the machine;
-    flash-attn-4 keys each kernel by its own sources, package versions and shapes. Read when flash-attn-4 is first
-    imported, so set before; a user's own setting of either variable wins."""
+    H100, 5 to 6 s with the kernels kept (benchmarks/packcheck-h200.md). Kept, the packing check's compile serves
+    the run's ranks after it (all but the one or two kernels the run's own sizes select) and every later launch on
+    the machine; flash-attn-4 keys each kernel by its own sources, package versions and shapes. Read when
+    flash-attn-4 is first imported, so set before; a user's own setting of either variable wins."""
     if PERSIST not in os.environ:
         from runner.machine import cache_dir
 
