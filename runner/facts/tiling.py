@@ -74,7 +74,7 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
     stay untiled (their recipes' loss curves are exact references)."""
     tile = mlp_tile_tokens(arch, tokens)
     if setting is True:
-        return TiledMlp(True, tile, f"on (train.tiled_mlp=true): tiles of {tile:,} tokens")
+        return TiledMlp(True, tile, f"on (train.tiled_mlp=true): tiles of {tile:,} tokens, RMSNorms recomputed")
     if setting is False:
         return TiledMlp(False, tile, "off (train.tiled_mlp=false)")
     if not engine_for(engine).honours(LEVER) or device != "cuda" or compile_layers:
@@ -88,7 +88,7 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
     if share <= TILE_WHEN_SHARE:
         return TiledMlp(False, tile, f"off (auto): one layer's MLP intermediates take {100 * share:.1f}% of the GPU")
     return TiledMlp(True, tile, f"on (auto): one layer's MLP intermediates would take {100 * share:.0f}% of the GPU; "
-                                f"tiles of {tile:,} tokens")
+                                f"tiles of {tile:,} tokens, RMSNorms recomputed")
 
 
 def tiled_mlp_problems(engine: str, setting: bool | str, compile_layers: bool) -> list[Problem]:

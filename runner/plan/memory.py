@@ -233,7 +233,7 @@ def activation_memory(s: Step) -> ActivationMemory:
     per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch,
                                         tiled=tiling.on) * tokens * compiled for i in range(arch.layers)]
     if tiling.on:
-        notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens")
+        notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens, RMSNorms recomputed")
     if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
         notes.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
                      "fp32 intermediates counted")
