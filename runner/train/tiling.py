@@ -82,12 +82,22 @@ def tile_mlp(mlp: nn.Module, tile: int) -> None:
     mlp.forward = tiled_forward
 
 
+MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
+"""What transformers' decoder layers call their MLP or MoE block (`mlp` in most; GraniteMoE's `block_sparse_moe`,
+Llama 4's and the LFM2 family's `feed_forward`)."""
+
+
+def layer_mlp(layer: nn.Module) -> nn.Module | None:
+    """The decoder layer's MLP (or MoE block), by the names its family gives it; None where it has none."""
+    return next((m for name in MLP_NAMES if isinstance(m := getattr(layer, name, None), nn.Module)), None)
+
+
 def tile_mlps(layers: list[nn.Module], tile: int) -> int:
-    """Tile the MLP of every decoder layer that has one (`layer.mlp`); returns how many were tiled."""
+    """Tile the MLP of every decoder layer that has one (`layer_mlp`); returns how many were tiled."""
     n = 0
     for layer in layers:
-        mlp = getattr(layer, "mlp", None)
-        if isinstance(mlp, nn.Module):
+        mlp = layer_mlp(layer)
+        if mlp is not None:
             tile_mlp(mlp, tile)
             n += 1
     return n

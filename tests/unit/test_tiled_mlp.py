@@ -17,7 +17,7 @@ from runner.train.attention import concrete_model_class, keep_documents_apart, s
 from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
 from runner.train.model import enable_recompute, text_decoder_layers
-from runner.train.tiling import is_rms_norm, tile_layers
+from runner.train.tiling import is_rms_norm, layer_mlp, tile_layers
 from tests.conftest import run_cli
 from tests.families import family_config
 from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
@@ -43,14 +43,15 @@ def _tiled(model: torch.nn.Module, recompute: bool) -> tuple[torch.nn.Module, li
     layers = text_decoder_layers(tiled)
     calls: list[int] = []
     for layer in layers:
-        layer.mlp.register_forward_hook(lambda *_: None)  # a hook on the module must not stop the tiling
-        forward = layer.mlp.forward
+        mlp = layer_mlp(layer)
+        mlp.register_forward_hook(lambda *_: None)  # a hook on the module must not stop the tiling
+        forward = mlp.forward
 
         def counted(x, _f=forward):
             calls.append(x.shape[-2])
             return _f(x)
 
-        layer.mlp.forward = counted
+        mlp.forward = counted
     assert tile_layers(layers, TILE) == len(layers)
     # and the layers' RMSNorms recomputed in backward (at least the two around attention), so the comparisons below
     # cover them too
@@ -174,3 +175,26 @@ def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_li
     assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
     assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
 
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "exaone4", "glm4_moe", "gemma2", "granitemoe", "llama4_text"])
+def test_tiling_is_exact_on_layouts_the_registry_does_not_list(model_type):
+    """Families the matrix does not hold, from transformers' own default configs (shrunk as the packing check
+    shrinks them), their layers recomputed: the tiled MLPs and recomputed RMSNorms (q/k norms over whole projections
+    in olmo2, sandwich norms in gemma2, MoE blocks in glm4_moe, and under other names in granitemoe,
+    `block_sparse_moe`, and Llama 4, `feed_forward`) give the plain loss and gradients."""
+    from transformers import AutoConfig
+
+    from runner.plan.shrink import shrunk_config
+    from runner.train.model import expose_backbone
+
+    config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).train()
+    expose_backbone(model)
+    ids = torch.randint(3, 200, (1, 96))
+    reference = _grads(model, lambda: model(input_ids=ids, labels=ids, use_cache=False).loss)
+    tiled, calls = _tiled(model, recompute=True)
+    result = _grads(tiled, lambda: tiled(input_ids=ids, labels=ids, use_cache=False).loss)
+    _assert_same(result, reference, f"{model_type} tiled")
+    assert calls, model_type
