@@ -48,7 +48,7 @@ LONG_BLOCKS = ["train.compile=false", "train.activation_checkpointing=true", "tr
 LAYOUTS = {
     # name: (model folder or None to write Llama's, model.id, default grid)
     "llama-3.1-8b": (None, "sft-tui/llama-3.1-8b-random", "262144:1048576:32768"),
-    "qwen3-4b": (ROOT / "recipes" / "embedded" / "qwen3-4b", "sft-tui/qwen3-4b-random", "524288:1572864:65536"),
+    "qwen3-4b": (ROOT / "recipes" / "embedded" / "qwen3-4b", "sft-tui/qwen3-4b-random", "393216:1572864:32768"),
 }
 
 
@@ -68,8 +68,11 @@ def tokens_per_s(record: str) -> float | None:
     return (json.loads(path.read_text()).get("metrics") or {}).get("tokens_per_s")
 
 
-def search(name: str, folder: Path, model_id: str, grid: str, out: Path, runs: Path, records: Path) -> dict:
+def search(name: str, folder: Path, model_id: str, grid: str, out: Path, runs: Path, records: Path,
+           host_gib: float | None) -> dict:
     sets = [f"model.path={folder}", f"model.id={model_id}", *LONG_BLOCKS]
+    if host_gib:
+        sets.append(f"hardware.host_memory_gib={host_gib:g}")
     cmd = [sys.executable, "-m", "runner", "bench", "qwen3-4b-bench-h200", "--engines", "native",
            "--max-seq-len", grid, "--out", str(out), "--name", f"long-blocks-{name}",
            "--runs-dir", str(runs), "--records-dir", str(records)]
@@ -89,6 +92,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=sorted(LAYOUTS), help="one layout (default: both)")
     ap.add_argument("--grid", help="LO:HI:STEP for --max-seq-len (default: per layout)")
+    ap.add_argument("--host-memory-gib", type=float, default=128.0,
+                    help="the node's host memory, for the estimator (default: the H200 machine's 128 GiB; its VM "
+                         "reports less until memory is used; 0 = what the OS reports)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "bench-h200")
     ap.add_argument("--runs-dir", type=Path, default=Path("/tmp/long-blocks/runs"))
     ap.add_argument("--records-dir", type=Path, default=Path("/tmp/long-blocks/records"))
@@ -99,7 +105,8 @@ def main() -> int:
             if args.only and name != args.only:
                 continue
             folder = folder or llama_folder(Path(tmp) / name)
-            rows.append(search(name, folder, model_id, args.grid or grid, args.out, args.runs_dir, args.records_dir))
+            rows.append(search(name, folder, model_id, args.grid or grid, args.out, args.runs_dir, args.records_dir,
+                               args.host_memory_gib or None))
     print("\n| layout | largest block that trains | tokens/s | estimator | error | search complete |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

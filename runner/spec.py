@@ -122,6 +122,9 @@ class HardwareSpec(_Section):
     memory_gib: float | None = Field(None, gt=0)
     """Memory per GPU (or CPU rank) the run may use, to share a device or see what fits a smaller one; None = all.
     The planner plans for it and each rank holds to it (CUDA: torch's allocator; CPU: the rank's data memory)."""
+    host_memory_gib: float | None = Field(None, gt=0)
+    """Host memory of each node, for planning activation offload; None = what the OS reports there (a VM whose
+    memory grows as it is used reports too little at first)."""
     sequence_parallel: int = Field(1, ge=1)
     """Ranks that split each block's tokens (Ulysses): attention exchanges heads for sequence so each rank attends
     over the whole block for 1/N of its heads; FSDP2 shards over all ranks; 1 = off. Native engine only."""

@@ -35,12 +35,19 @@ class HostMemory:
 def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
     """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload), and the engine keeps
     HOST_RESERVE_BYTES free. The node's memory is this machine's when it has the GPUs (`runner bench` and a run
-    plan on the node that runs them); planned elsewhere, the node's host memory is unknown (None)."""
-    if not mem.host_offload or detect_gpu() is None:
+    plan on the node that runs them) unless hardware.host_memory_gib states it; planned elsewhere without it, the
+    node's host memory is unknown (None)."""
+    if not mem.host_offload:
+        return None
+    needed = plan.nproc * mem.host_offload + HOST_RESERVE_BYTES
+    stated = plan.spec.hardware.host_memory_gib
+    if stated is not None:
+        return HostMemory(needed, stated * GIB)
+    if detect_gpu() is None:
         return None
     import psutil
 
-    return HostMemory(plan.nproc * mem.host_offload + HOST_RESERVE_BYTES, float(psutil.virtual_memory().total))
+    return HostMemory(needed, float(psutil.virtual_memory().total))
 
 
 def verdict_for(headroom: float, capacity: float) -> str:
@@ -73,7 +80,9 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     if host is not None and host.needed > host.capacity:
         reasons.append(f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
                        f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB and {gib(HOST_RESERVE_BYTES):.0f} "
-                       f"GiB left to the system) of {gib(host.capacity):.1f} GiB")
+                       f"GiB left to the system) of {gib(host.capacity):.1f} GiB"
+                       + ("" if spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
+                                                                   "the node's where the OS reports too little)"))
 
     data = dataset_size(spec, plan.loaded)
     packs = engine_for(spec.engine).packs(t.packing)

@@ -174,6 +174,15 @@ def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_li
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
     assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
+    assert "hardware.host_memory_gib states" in short.approximate_reason
+    # A VM whose memory grows as it is used reports too little at first: the node's stated memory wins, on the
+    # node and off it.
+    stated = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=128"]), suggest=False)
+    assert stated.fits and stated.host_memory_gib == 128.0
+    monkeypatch.setattr("runner.plan.core.detect_gpu", lambda: None)
+    small = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=70"]), suggest=False)
+    assert not small.fits and small.host_memory_gib == 70.0
+    assert "of 70.0 GiB" in small.approximate_reason and "states" not in small.approximate_reason
 
 
 
