@@ -149,5 +149,10 @@ def machine_from_nvml(found: list[dict]) -> Machine:
 
 
 HOST_RESERVE_BYTES = 4 << 30
-"""Host memory left to everything else (the process, the data loader, the OS) when page-locking buffers for
-activation offload: the engine refuses to lock more, the estimator counts it."""
+"""Host memory the engine leaves free when page-locking buffers for activation offload: it refuses to lock more
+(runner.train.offload), and the estimator counts it."""
+
+HOST_RANK_BYTES = int(7.5 * 2**30)
+"""Host memory a rank takes besides its offloaded activations, the OS and the launcher counted in: measured on a
+one-GPU H200 node (125.8 GiB; a Qwen3-4B layout rank had locked 111.6 GiB when 6.7 GiB were still available).
+Counted per rank, so it over-counts the OS's share on nodes of several ranks."""

@@ -13,7 +13,7 @@ from runner.plan.constants import (
     TIGHT_FRACTION,
     gib,
 )
-from runner.facts.gpus import HOST_RESERVE_BYTES, detect_gpu
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, detect_gpu
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
 from runner.plan.memory import DeviceMemory, Memory, device_memory, memory_model  # noqa: F401 (DeviceMemory re-exported)
@@ -33,13 +33,13 @@ class HostMemory:
 
 
 def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
-    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload), and the engine keeps
-    HOST_RESERVE_BYTES free. The node's memory is this machine's when it has the GPUs (`runner bench` and a run
-    plan on the node that runs them) unless hardware.host_memory_gib states it; planned elsewhere without it, the
-    node's host memory is unknown (None)."""
+    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
+    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free. The node's memory is this
+    machine's when it has the GPUs (`runner bench` and a run plan on the node that runs them) unless
+    hardware.host_memory_gib states it; planned elsewhere without it, the node's host memory is unknown (None)."""
     if not mem.host_offload:
         return None
-    needed = plan.nproc * mem.host_offload + HOST_RESERVE_BYTES
+    needed = plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES
     stated = plan.spec.hardware.host_memory_gib
     if stated is not None:
         return HostMemory(needed, stated * GIB)
@@ -79,8 +79,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     host = host_memory(plan, mem)
     if host is not None and host.needed > host.capacity:
         reasons.append(f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
-                       f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB and {gib(HOST_RESERVE_BYTES):.0f} "
-                       f"GiB left to the system) of {gib(host.capacity):.1f} GiB"
+                       f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB "
+                       f"a rank takes and {gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(host.capacity):.1f} GiB"
                        + ("" if spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
                                                                    "the node's where the OS reports too little)"))
 

@@ -173,7 +173,7 @@ def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_li
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": 64 * 2**30})())
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
-    assert "host memory is the limit: activation offload page-locks 77.1 GiB" in short.approximate_reason
+    assert "host memory is the limit: activation offload page-locks 84.6 GiB" in short.approximate_reason
     assert "hardware.host_memory_gib states" in short.approximate_reason
     # A VM whose memory grows as it is used reports too little at first: the node's stated memory wins, on the
     # node and off it.
