@@ -19,7 +19,8 @@ flash-attn-4 compiles a kernel per head layout at its first call, and keeps it o
 the table starts with an empty kernel cache; with --fresh a flash-attn-4 cell runs a second time in a new process
 with the kernels the first kept ("s, kernels kept": a later launch on that machine). After each flash-attn-4 check
 the cell calls the kernel once with the run's own heads on an 8k block of 1,300-token documents, as the run's
-first step does ("run's first call"): its seconds and the kernels it compiled that the check had not.
+first step does ("run's first call"): its seconds and the kernels it compiled that the check had not (their compile
+keys in the JSON: `compiled_in_check`, `compiled_in_run_call`).
 """
 
 from __future__ import annotations
@@ -75,13 +76,35 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
     if refusal is not None:
         return {**row, "status": "not this family's path", "message": refusal[0]}
     setup = Setup("native", path, kernel, choose_loss("native", "auto", config)[0], "cuda", "bfloat16", seq_len)
+    compiled = record_compiles() if kernel == "flash-attn-4" else []
     start = time.perf_counter()
     verdict = run_check(config, setup)
     seconds = time.perf_counter() - start
     row = {**row, "status": verdict.status, "ce_nats": verdict.ce_nats, "loss_rel": verdict.loss_rel,
            "grad_rel": verdict.grad_rel, "seconds": round(seconds, 2), "shrunk": verdict.shrunk,
            "message": verdict.message}
-    return {**row, **run_shapes_call(config, seq_len)} if kernel == "flash-attn-4" else row
+    if kernel != "flash-attn-4":
+        return row
+    in_check = list(compiled)
+    row.update(run_shapes_call(config, seq_len))
+    return {**row, "compiled_in_check": in_check, "compiled_in_run_call": compiled[len(in_check):]}
+
+
+def record_compiles() -> list[str]:
+    """The compile keys flash-attn-4 builds a kernel for from now on in this process (each cache's folder name and
+    the key), appended to the returned list: what the check compiled, and what the run's first call added. Its
+    kernels are kept on disk (runner.train.fa4.keep_kernels), so each new one is exported once compiled."""
+    from flash_attn.cute import cache_utils
+
+    seen: list[str] = []
+    original = cache_utils.JITPersistentCache._try_export_to_storage  # after a compile only, not a load from disk
+
+    def export(self: Any, key: Any, fn: Any) -> None:
+        seen.append(f"{self.cache_path.name}: {key!r}"[:600])
+        original(self, key, fn)
+
+    cache_utils.JITPersistentCache._try_export_to_storage = export
+    return seen
 
 
 RUN_DOC = 1300
