@@ -11,6 +11,7 @@ from runner.plan.constants import (
     GDN_CHUNK,
     GDN_TORCH_PATH_BYTES,
     NORM_UPCAST_BYTES,
+    RECOMPUTED_NORM_BACKWARD_BYTES,
 )
 
 
@@ -83,10 +84,14 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
 
 def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False) -> float:
     """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient is
-    a tile's (`tile_bytes`)."""
+    a tile's (`tile_bytes`), and the recomputed RMSNorms' backward in fp32 can be the larger moment."""
     widest = max(0 if tiled else mlp_backward_width(arch), 2 * arch.linear_key_dim + arch.linear_value_dim,
                  2 * arch.q_dim)
-    return b * (2 * arch.hidden + 2 * widest)
+    gradients = b * (2 * arch.hidden + 2 * widest)
+    if not tiled:
+        return gradients
+    norm_width = max(arch.hidden, arch.q_dim if arch.qk_norm else 0)
+    return max(gradients, b * 2 * arch.hidden + RECOMPUTED_NORM_BACKWARD_BYTES * norm_width)
 
 
 def tile_bytes(arch: Arch, b: int, tile_tokens: int) -> float:

@@ -50,6 +50,14 @@ def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
     return HostMemory(needed, float(psutil.virtual_memory().total))
 
 
+def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory) -> str:
+    return (f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
+            f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB "
+            f"a rank takes and {gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(host.capacity):.1f} GiB"
+            + ("" if plan.spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
+                                                             "the node's where the OS reports too little)"))
+
+
 def verdict_for(headroom: float, capacity: float) -> str:
     if headroom < 0:
         return "does not fit"
@@ -78,11 +86,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     headroom = dev.capacity - per_gpu
     host = host_memory(plan, mem)
     if host is not None and host.needed > host.capacity:
-        reasons.append(f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
-                       f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB "
-                       f"a rank takes and {gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(host.capacity):.1f} GiB"
-                       + ("" if spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
-                                                                   "the node's where the OS reports too little)"))
+        reasons.append(host_limit_reason(plan, mem, host))
 
     data = dataset_size(spec, plan.loaded)
     packs = engine_for(spec.engine).packs(t.packing)
