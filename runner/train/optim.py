@@ -212,6 +212,29 @@ class StochasticAdamW(torch.optim.Optimizer):
         return loss
 
 
+def allocate_states(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> None:
+    """Make the AdamW states of `params` now, as the first step would make them (zeros; torch's step counter on the
+    device where its fused AdamW keeps it). Made lazily, they would fill the blocks the first backward freed, and
+    the second step's activations, which need those blocks whole, would no longer find them: runs that fit their
+    first step then ran out of memory in the second (long blocks on an H100, benchmarks/long-blocks-h200/). Made
+    before the first forward, they sit with the weights and every step reuses the same blocks."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    wanted = {id(p) for p in params}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if id(p) not in wanted or opt.state[p]:
+                continue
+            if isinstance(opt, StochasticAdamW):
+                step = torch.zeros((), dtype=torch.float32)
+            elif group.get("fused") or group.get("capturable"):
+                step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=group.get("fused")), device=p.device)
+            else:
+                step = torch.tensor(0.0, dtype=_get_scalar_dtype())
+            opt.state[p].update(step=step, exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+
+
 def build_optimizer(params: list[torch.nn.Parameter], precision: str, lr: float, betas: tuple[float, float],
                     weight_decay: float, device: str, seed: int, rank: int) -> torch.optim.Optimizer:
     """The native engine's optimizer for a resolved train.optimizer_precision."""

@@ -248,3 +248,30 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_the_eager_update_with_one_w
     err = capsys.readouterr().err
     assert err.count("warning: the stochastic-rounding AdamW kernel could not run") == 1
     assert "RuntimeError: PTX assembly failed" in err and opt.kernel_error == "RuntimeError: PTX assembly failed"
+
+
+@pytest.mark.parametrize("kind", ["stochastic", "torch"])
+def test_states_made_before_the_first_step_are_the_ones_it_would_make(kind):
+    """allocate_states makes each AdamW state as the first step would (zeros, the same dtypes, devices and step
+    counter), so the updates are the same bits; a parameter left out (a vision tower's) gets none."""
+    def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if kind == "stochastic":
+            return StochasticAdamW(params, lr=1e-3, seed=3)
+        return torch.optim.AdamW(params, lr=1e-3, fused=False)
+
+    dtype = torch.bfloat16 if kind == "stochastic" else torch.float32
+    start = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+    lazy_p, eager_p, left_out = (torch.nn.Parameter(start.clone()) for _ in range(3))
+    lazy, eager = build([lazy_p]), build([eager_p, left_out])
+    optim.allocate_states(eager, [eager_p])
+    assert not eager.state[left_out] and set(eager.state[eager_p]) == {"step", "exp_avg", "exp_avg_sq"}
+    for step in range(3):
+        g = torch.randn(16, 8, generator=torch.Generator().manual_seed(step + 1)).to(dtype)
+        lazy_p.grad, eager_p.grad = g.clone(), g.clone()
+        lazy.step()
+        eager.step()
+        if step == 0:
+            for k, v in lazy.state[lazy_p].items():
+                w = eager.state[eager_p][k]
+                assert (v.dtype, v.device, v.shape) == (w.dtype, w.device, w.shape), k
+    assert torch.equal(lazy_p.data, eager_p.data) and float(eager.state[eager_p]["step"]) == 3
