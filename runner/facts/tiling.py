@@ -15,6 +15,13 @@ from runner.facts.families import family
 
 
 LEVER = "train.tiled_mlp"
+NORM_TILE_FACTOR = 2
+"""A recomputed RMSNorm's tiles (runner.train.tiling.recompute_norm) hold this many MLP tiles' rows: a norm is
+cheap per element, so fewer, larger tiles."""
+NORM_BACKWARD_BYTES = 24
+"""Bytes per element of a tile that an RMSNorm's backward holds at its peak: six fp32 tensors (the upcast input,
+its square, the normalised product and their gradients; measured with a live-bytes tracker, tests/unit/
+test_tiled_mlp.py)."""
 
 
 def mlp_tile_tokens(arch: Arch, tokens: int) -> int:

@@ -5,13 +5,12 @@ from __future__ import annotations
 from runner.facts.catalog import LAYER_LINEAR, Arch
 from runner.facts.decisions import ULYSSES
 from runner.facts.families import family
-from runner.facts.tiling import mlp_backward_width, mlp_intermediate_bytes
+from runner.facts.tiling import NORM_BACKWARD_BYTES, NORM_TILE_FACTOR, mlp_backward_width, mlp_intermediate_bytes
 from runner.plan.constants import (
     ACTIVATION_CALIBRATION,
     GDN_CHUNK,
     GDN_TORCH_PATH_BYTES,
     NORM_UPCAST_BYTES,
-    RECOMPUTED_NORM_BACKWARD_BYTES,
 )
 
 
@@ -83,18 +82,22 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
 
 
 def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False) -> float:
-    """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient is
-    a tile's (`tile_bytes`), and the recomputed RMSNorms' backward in fp32 can be the larger moment."""
+    """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient and
+    the RMSNorms' fp32 backward are a tile's (`tile_bytes`): what grows with the block is the attention's backward,
+    its q, k and v gradients beside the hidden state's gradients in and out (measured: tests/unit/
+    test_tiled_mlp.py)."""
+    if tiled and not arch.linear_key_dim:
+        return b * (2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim)
     widest = max(0 if tiled else mlp_backward_width(arch), 2 * arch.linear_key_dim + arch.linear_value_dim,
                  2 * arch.q_dim)
-    gradients = b * (2 * arch.hidden + 2 * widest)
-    if not tiled:
-        return gradients
-    norm_width = max(arch.hidden, arch.q_dim if arch.qk_norm else 0)
-    return max(gradients, b * 2 * arch.hidden + RECOMPUTED_NORM_BACKWARD_BYTES * norm_width)
+    return b * (2 * arch.hidden + 2 * widest)
 
 
 def tile_bytes(arch: Arch, b: int, tile_tokens: int) -> float:
-    """One MLP tile at its backward: the recomputed tile's intermediates and its gradients (bytes, whole tile)."""
-    return max((mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers)), default=0.0) * tile_tokens \
+    """The larger of one MLP tile at its backward (the recomputed tile's intermediates and its gradients) and one
+    RMSNorm tile's fp32 backward (over the hidden width, or a q/k norm's whole projection where it spans it), in
+    bytes for the whole tile."""
+    mlp = max((mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers)), default=0.0) * tile_tokens \
         * ACTIVATION_CALIBRATION + 2 * b * mlp_backward_width(arch) * tile_tokens
+    norm_width = max(arch.hidden, arch.q_dim if arch.qk_norm else 0)
+    return max(mlp, NORM_BACKWARD_BYTES * NORM_TILE_FACTOR * tile_tokens * norm_width)

@@ -52,13 +52,6 @@ The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) 
 engine, and its extra has not been traced."""
 NORM_UPCAST_BYTES = 4
 """HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
-RECOMPUTED_NORM_BACKWARD_BYTES = 16
-"""Bytes per element of its width that a recomputed RMSNorm's backward (a tiled layer's, runner.train.tiling)
-holds beyond the gradients in flight: at its peak six fp32 tensors of the width are alive (the upcast input, its
-square, the normalised product, and their gradients), of which what the layer's backward has freed by then leaves
-about 16 bytes uncounted. Measured with a live-bytes tracker on one recomputed layer of the Llama-3.1-8B and
-Qwen3-4B layouts at 1/8 width (tests/unit/test_tiled_mlp.py); the widest such norm is Qwen3's q norm, over all
-query heads."""
 GDN_TORCH_PATH_BYTES = 80.0
 """Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
 value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule

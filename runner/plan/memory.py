@@ -256,11 +256,13 @@ def activation_memory(s: Step) -> ActivationMemory:
     kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
     # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).
+    # A tiled layer's recomputed input norm keeps the layer's input itself, which per_layer counts already.
+    back = layer_input if not tiling.on else 0.0
     kept_at = 0.0
     worst = 0.0
     for i in range(arch.layers):
         kept_at += recomputed_kept[i] if i < k else per_layer[i]
-        worst = max(worst, kept_at + (per_layer[i] + layer_input - recomputed_kept[i] if i < k else 0.0))
+        worst = max(worst, kept_at + (per_layer[i] + back - recomputed_kept[i] if i < k else 0.0))
     host_offload = k * layer_input if offload else 0.0
     if offload:
         notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")

@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from runner.facts.tiling import NORM_TILE_FACTOR
 
 
 class TiledMlpFunction(torch.autograd.Function):
-    """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time. `params` are the MLP's trainable
+    """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time (any module that maps rows on
+    their own: the MLPs, and the RMSNorms of `recompute_norm`). `params` are the MLP's trainable
     parameters, passed so that the output requires grad whenever one of them does (a frozen input, LoRA adapters
     inside the MLP); their gradients come from the inner autograd call, not from this function's return."""
 
@@ -103,16 +105,23 @@ def tile_mlps(layers: list[nn.Module], tile: int) -> int:
     return n
 
 
-def recompute_norm(norm: nn.Module) -> None:
-    """Make `norm`'s forward a checkpoint: it keeps its input for backward and recomputes the rest there. HF's
-    RMSNorm otherwise keeps an fp32 copy of its input and the normalised tensor its weight multiplies (6 bytes per
-    element in bf16, against the input's 2); recomputing it is one elementwise pass over its input."""
+def recompute_norm(norm: nn.Module, tile: int) -> None:
+    """Make `norm` keep only its input for backward, and recompute itself there in tiles of rows. HF's RMSNorm
+    otherwise keeps an fp32 copy of its input and the normalised tensor its weight multiplies (6 bytes per element
+    in bf16, against the input's 2), and its backward holds six fp32 tensors of its input's size at once (24 bytes
+    an element: for Qwen3's q norm, over every query head, 96 KB a token at the 4B's width). An RMSNorm maps each
+    row (its last dimension) on its own, so tiles of rows give the whole's result, and its backward's fp32
+    tensors are a tile's."""
     forward = norm.forward
+    rows = NORM_TILE_FACTOR * tile
 
     def recomputed(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or not torch.is_grad_enabled():
             return forward(hidden_states, *args, **kwargs)
-        return checkpoint(forward, hidden_states, use_reentrant=False)
+        shape = hidden_states.shape
+        params = tuple(p for p in norm.parameters() if p.requires_grad)
+        out = TiledMlpFunction.apply(forward, rows, hidden_states.reshape(-1, shape[-1]), *params)
+        return out.view(shape)
 
     norm.forward = recomputed
 
@@ -130,5 +139,5 @@ def tile_layers(layers: list[nn.Module], tile: int) -> int:
     for layer in layers:
         for module in layer.modules():
             if is_rms_norm(module):
-                recompute_norm(module)
+                recompute_norm(module, tile)
     return tile_mlps(layers, tile)

@@ -278,14 +278,16 @@ def test_a_recomputed_layers_backward_peak_is_what_the_estimator_counts(model_ty
     """One recomputed decoder layer in bf16, its input back (as from host memory) and its output's gradient in:
     the peak of live bytes per token (the slope over two block lengths, so the weights drop out) against the
     estimator's count for the layer at its backward (its tensors, the backward's transients, its input and the
-    output its caller holds), at most 12% over and never under. Tiled, the peak is a recomputed RMSNorm's fp32
-    backward (Qwen3's q norm, over every query head), which the estimate once missed by 21%."""
+    output its caller holds), at most 12% over and never under. Tiled, the RMSNorms' fp32 backward is a tile's:
+    recomputed whole, Qwen3's q norm (over every query head) held six fp32 copies of q at once, the peak."""
     from runner.plan.activations import backward_transient_bytes, layer_activation_bytes
     from transformers import AutoConfig
 
     measured = (_layer_peak(model_type, tiled, 2048) - _layer_peak(model_type, tiled, 1024)) / 1024
     arch = parse_arch(AutoConfig.for_model(model_type, **EIGHTH[model_type]).to_dict())
-    # CPU SDPA without a mask keeps what a varlen kernel keeps: q, k, v, the output and the log-sum-exp.
+    # CPU SDPA without a mask keeps what a varlen kernel keeps: q, k, v, the output and the log-sum-exp. Besides
+    # the layer: its input (which a tiled layer's recomputed norm keeps, counted in the layer) and the output
+    # this harness holds.
     counted = layer_activation_bytes(arch, 0, "varlen", 2, 2048, tiled=tiled) \
-        + backward_transient_bytes(arch, 2, tiled) + 2 * 2 * arch.hidden
+        + backward_transient_bytes(arch, 2, tiled) + 2 * arch.hidden * (1 if tiled else 2)
     assert measured <= counted <= 1.12 * measured, (measured, counted)
