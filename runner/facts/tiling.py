@@ -16,8 +16,8 @@ from runner.facts.families import family
 
 LEVER = "train.tiled_mlp"
 NORM_TILE_FACTOR = 2
-"""A recomputed RMSNorm's tiles (runner.train.tiling.recompute_norm) hold this many MLP tiles' rows: a norm is
-cheap per element, so fewer, larger tiles."""
+"""A recomputed RMSNorm's tiles (runner.train.tiling.recompute_norm) hold as many elements as this many MLP tiles
+of the hidden state: a norm is cheap per element, so fewer, larger tiles (a Python loop runs per tile)."""
 NORM_BACKWARD_BYTES = 24
 """Bytes per element of a tile that an RMSNorm's backward holds at its peak: six fp32 tensors (the upcast input,
 its square, the normalised product and their gradients; measured with a live-bytes tracker, tests/unit/

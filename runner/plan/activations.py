@@ -95,9 +95,8 @@ def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False) -> float:
 
 def tile_bytes(arch: Arch, b: int, tile_tokens: int) -> float:
     """The larger of one MLP tile at its backward (the recomputed tile's intermediates and its gradients) and one
-    RMSNorm tile's fp32 backward (over the hidden width, or a q/k norm's whole projection where it spans it), in
-    bytes for the whole tile."""
+    RMSNorm tile's fp32 backward (runner.train.tiling: NORM_TILE_FACTOR MLP tiles' worth of hidden-state
+    elements, q/k norms' too), in bytes for the whole tile."""
     mlp = max((mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers)), default=0.0) * tile_tokens \
         * ACTIVATION_CALIBRATION + 2 * b * mlp_backward_width(arch) * tile_tokens
-    norm_width = max(arch.hidden, arch.q_dim if arch.qk_norm else 0)
-    return max(mlp, NORM_BACKWARD_BYTES * NORM_TILE_FACTOR * tile_tokens * norm_width)
+    return max(mlp, NORM_BACKWARD_BYTES * NORM_TILE_FACTOR * tile_tokens * arch.hidden)

@@ -105,21 +105,21 @@ def tile_mlps(layers: list[nn.Module], tile: int) -> int:
     return n
 
 
-def recompute_norm(norm: nn.Module, tile: int) -> None:
-    """Make `norm` keep only its input for backward, and recompute itself there in tiles of rows. HF's RMSNorm
-    otherwise keeps an fp32 copy of its input and the normalised tensor its weight multiplies (6 bytes per element
-    in bf16, against the input's 2), and its backward holds six fp32 tensors of its input's size at once (24 bytes
-    an element: for Qwen3's q norm, over every query head, 96 KB a token at the 4B's width). An RMSNorm maps each
-    row (its last dimension) on its own, so tiles of rows give the whole's result, and its backward's fp32
-    tensors are a tile's."""
+def recompute_norm(norm: nn.Module, tile_elements: int) -> None:
+    """Make `norm` keep only its input for backward, and recompute itself there in tiles of about `tile_elements`
+    elements (whole rows). HF's RMSNorm otherwise keeps an fp32 copy of its input and the normalised tensor its
+    weight multiplies (6 bytes per element in bf16, against the input's 2), and its backward holds six fp32 tensors
+    of its input's size at once (24 bytes an element: for Qwen3's q norm, over every query head, 96 KB a token at
+    the 4B's width). An RMSNorm maps each row (its last dimension) on its own, so tiles of rows give the whole's
+    result, and its backward's fp32 tensors are a tile's."""
     forward = norm.forward
-    rows = NORM_TILE_FACTOR * tile
 
     def recomputed(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or not torch.is_grad_enabled():
             return forward(hidden_states, *args, **kwargs)
         shape = hidden_states.shape
         params = tuple(p for p in norm.parameters() if p.requires_grad)
+        rows = max(1, tile_elements // shape[-1])
         out = TiledMlpFunction.apply(forward, rows, hidden_states.reshape(-1, shape[-1]), *params)
         return out.view(shape)
 
@@ -137,7 +137,11 @@ def tile_layers(layers: list[nn.Module], tile: int) -> int:
     its attention included) recomputed in backward, so what grows with the block in a layer is its attention's and
     its norms' inputs (runner.plan.activations counts it). Returns how many MLPs were tiled."""
     for layer in layers:
-        for module in layer.modules():
-            if is_rms_norm(module):
-                recompute_norm(module, tile)
+        norms = [m for m in layer.modules() if is_rms_norm(m)]
+        # Every norm's tiles hold as many elements as NORM_TILE_FACTOR MLP tiles of the hidden state: a q/k norm,
+        # whose rows are heads, takes as many tokens' heads as that makes.
+        hidden = max((m.weight.numel() for m in norms if isinstance(getattr(m, "weight", None), torch.Tensor)),
+                     default=1)
+        for module in norms:
+            recompute_norm(module, NORM_TILE_FACTOR * tile * hidden)
     return tile_mlps(layers, tile)
