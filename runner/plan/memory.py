@@ -297,7 +297,7 @@ class LossMemory:
 
 def loss_memory(s: Step, head_grad: float) -> LossMemory:
     arch, t, cb, tokens = s.plan.arch, s.spec.train, s.cb, s.tokens
-    norm_kept, norm_out = _norm_bytes(arch, cb, s.lora)
+    norm_kept, norm_out = _norm_bytes(arch, cb, s.lora, recomputed=s.plan.tiled_mlp.on)  # tiled: recomputed too
     final_norm = (norm_kept + norm_out) * arch.hidden * tokens
     v = arch.vocab
     impl = s.plan.loss_impl

@@ -234,9 +234,11 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     compile_layers = compile_layers and device == "cuda"
     offload = offload_activations and device == "cuda"
     if mlp_tile:
-        from runner.train.tiling import tile_layers
+        from runner.train.tiling import recompute_outer_norms, tile_layers
 
-        tile_layers(text_decoder_layers(model), mlp_tile)  # before FSDP2 and checkpointing wrap the layers
+        layers = text_decoder_layers(model)
+        tile_layers(layers, mlp_tile)  # before FSDP2 and checkpointing wrap the layers
+        recompute_outer_norms(model, layers, mlp_tile)
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,

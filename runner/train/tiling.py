@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from runner.facts.tiling import NORM_TILE_FACTOR
+from runner.train.lora import VISION_PARTS
 
 
 class TiledMlpFunction(torch.autograd.Function):
@@ -130,6 +131,19 @@ def is_rms_norm(module: nn.Module) -> bool:
     """An RMSNorm module as transformers' families name them (Llama-, Qwen-, Gemma-style), itself holding no
     modules; gated variants (a second input) are not."""
     return type(module).__name__.endswith("RMSNorm") and not any(True for _ in module.children())
+
+
+def recompute_outer_norms(model: nn.Module, layers: list[nn.Module], tile: int) -> int:
+    """The RMSNorms of the model outside its decoder layers (the final norm before the loss), recomputed in tiles
+    as the layers' are (`tile_layers`): untiled, the final norm's backward, six fp32 copies of the block's hidden
+    states, became the step's peak once the layers' were tiled. Returns how many."""
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    outer = [m for name, m in model.named_modules()
+             if is_rms_norm(m) and id(m) not in inside and not VISION_PARTS & set(name.split("."))]
+    hidden = max((m.weight.numel() for m in outer if isinstance(getattr(m, "weight", None), torch.Tensor)), default=1)
+    for norm in outer:
+        recompute_norm(norm, NORM_TILE_FACTOR * tile * hidden)
+    return len(outer)
 
 
 def tile_layers(layers: list[nn.Module], tile: int) -> int:

@@ -17,7 +17,7 @@ from runner.train.attention import concrete_model_class, keep_documents_apart, s
 from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
 from runner.train.model import enable_recompute, text_decoder_layers
-from runner.train.tiling import is_rms_norm, layer_mlp, tile_layers
+from runner.train.tiling import is_rms_norm, layer_mlp, recompute_outer_norms, tile_layers
 from tests.conftest import run_cli
 from tests.families import family_config
 from tests.unit.test_families import SEQ_LEN, _assert_same, _documents, _grads, _model, _packed_block
@@ -53,9 +53,10 @@ def _tiled(model: torch.nn.Module, recompute: bool) -> tuple[torch.nn.Module, li
 
         mlp.forward = counted
     assert tile_layers(layers, TILE) == len(layers)
-    # and the layers' RMSNorms recomputed in backward (at least the two around attention), so the comparisons below
-    # cover them too
+    # and the layers' RMSNorms recomputed in backward (at least the two around attention), and the final norm, so
+    # the comparisons below cover them too
     assert all(sum(is_rms_norm(m) for m in layer.modules()) >= 2 for layer in layers)
+    assert recompute_outer_norms(tiled, layers, TILE) >= 1
     if recompute:
         tiled.train()
         enable_recompute(tiled, None)
@@ -291,3 +292,4 @@ def test_a_recomputed_layers_backward_peak_is_what_the_estimator_counts(model_ty
     counted = layer_activation_bytes(arch, 0, "varlen", 2, 2048, tiled=tiled) \
         + backward_transient_bytes(arch, 2, tiled) + 2 * arch.hidden * (1 if tiled else 2)
     assert measured <= counted <= 1.12 * measured, (measured, counted)
+
