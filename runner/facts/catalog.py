@@ -34,6 +34,16 @@ from runner.facts.hub_config import config_from_hub as _from_hub
 # Architectures
 
 
+VISION_PARTS = frozenset({"visual", "vision_tower", "vision_model", "vision", "multi_modal_projector",
+                          "mm_projector", "vision_embed_tokens", "image_newline", "audio_tower"})
+"""Module-name parts of vision towers and projectors: text-only data never runs through them."""
+
+
+def in_vision_part(name: str) -> bool:
+    """A parameter or module name inside a vision tower or projector (VISION_PARTS)."""
+    return bool(VISION_PARTS & set(name.split(".")))
+
+
 @dataclass(frozen=True)
 class Linear:
     """One nn.Linear of a decoder layer: the unit LoRA adapts."""

@@ -24,7 +24,7 @@ from runner.facts.decisions import chunked_supported
 from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
-from runner.plan.memory import device_memory, memory_model
+from runner.plan.memory import device_memory, host_memory, memory_model
 from runner.plan.timing import flops_per_step, step_time, tokens_per_step
 from runner.spec import RunSpec
 
@@ -176,7 +176,9 @@ class Pricer:
         flops, attn_flops = flops_per_step(plan, self.attn_len, tokens_per_step(spec, plan.data_ranks, self.doc_len))
         step_s, _, _ = step_time(plan, mem, flops, attn_flops)
         self.priced += 1
-        return Priced(levers, per_gpu, step_s, per_gpu <= self.limit, order)
+        host = host_memory(plan, mem)  # offloaded layer inputs must fit the node's host memory too
+        fits = per_gpu <= self.limit and (host is None or host.needed <= host.capacity)
+        return Priced(levers, per_gpu, step_s, fits, order)
 
 
 @dataclass
@@ -200,6 +202,8 @@ class Tuned:
         left = (self.capacity - self.chosen.per_gpu) / GIB
         if not self.tuned:
             return f"{what}: as set"
+        if not self.chosen.fits and self.chosen.per_gpu <= self.limit:
+            return f"{what}: nothing fits the node's host memory (offloaded layer inputs); this needs the least GPU memory"
         if not self.chosen.fits:
             return f"{what}: nothing fits in {self.limit / GIB:.1f} GiB; this needs the least memory"
         return f"{what}: the fastest that leaves {left:.1f} GiB free"

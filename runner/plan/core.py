@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from runner.engines import engine_for
 
@@ -13,41 +12,16 @@ from runner.plan.constants import (
     TIGHT_FRACTION,
     gib,
 )
-from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, detect_gpu
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES
 from runner.plan.coverage import outside_measured
 from runner.plan.data_size import dataset_size
-from runner.plan.memory import DeviceMemory, Memory, device_memory, memory_model  # noqa: F401 (DeviceMemory re-exported)
+from runner.plan.memory import (  # noqa: F401 (DeviceMemory re-exported)
+    DeviceMemory, HostMemory, Memory, device_memory, host_memory, memory_model)
 from runner.plan.autotune import document_lengths, tune
 from runner.plan.choices import Plan, make_plan
 from runner.plan.result import PER_GPU_BASIS, Estimate
 from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, step_time, tokens_per_step
 from runner.spec import RunSpec
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Host memory that offloaded activations need on one node, and what the node has (bytes)."""
-
-    needed: float
-    capacity: float
-
-
-def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
-    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
-    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free. The node's memory is this
-    machine's when it has the GPUs (`runner bench` and a run plan on the node that runs them) unless
-    hardware.host_memory_gib states it; planned elsewhere without it, the node's host memory is unknown (None)."""
-    if not mem.host_offload:
-        return None
-    needed = plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES
-    stated = plan.spec.hardware.host_memory_gib
-    if stated is not None:
-        return HostMemory(needed, stated * GIB)
-    if detect_gpu() is None:
-        return None
-    import psutil
-
-    return HostMemory(needed, float(psutil.virtual_memory().total))
 
 
 def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory) -> str:

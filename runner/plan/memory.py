@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, detect_gpu
 from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
 from runner.plan.constants import (
@@ -503,6 +504,32 @@ class DeviceMemory:
     fragmentation: float
     idle_pools: float
     name: str
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host memory that offloaded activations need on one node, and what the node has (bytes)."""
+
+    needed: float
+    capacity: float
+
+
+def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
+    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
+    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free. The node's memory is this
+    machine's when it has the GPUs (`runner bench` and a run plan on the node that runs them) unless
+    hardware.host_memory_gib states it; planned elsewhere without it, the node's host memory is unknown (None)."""
+    if not mem.host_offload:
+        return None
+    needed = plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES
+    stated = plan.spec.hardware.host_memory_gib
+    if stated is not None:
+        return HostMemory(needed, stated * GIB)
+    if detect_gpu() is None:
+        return None
+    import psutil
+
+    return HostMemory(needed, float(psutil.virtual_memory().total))
 
 
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:

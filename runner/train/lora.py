@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.facts.catalog import VISION_PARTS
 from runner.facts.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
@@ -120,9 +121,6 @@ ROUTER_NAMES = ("gate", "router", "wg", "gating", "router.layer")
 """Last parts of a router's module name (Qwen/Mixtral `mlp.gate`, Llama 4 `router`, DBRX `router.layer`): with
 the expert count as its output width, such a Linear routes tokens (its output picks experts; Llama 4's returns a
 tuple that LoRA's wrapper cannot pass on)."""
-VISION_PARTS = frozenset({"visual", "vision_tower", "vision_model", "vision", "multi_modal_projector",
-                          "mm_projector", "vision_embed_tokens", "image_newline", "audio_tower"})
-"""Module-name parts of vision towers and projectors: text-only data never runs through them."""
 
 
 def _expert_count(model: nn.Module) -> int | None:

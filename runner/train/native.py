@@ -152,7 +152,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.train.evaluation import attach_eval
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
-    from runner.train.lora import VISION_PARTS
+    from runner.facts.catalog import in_vision_part
     from runner.train.optim import allocate_states, build_optimizer
 
     t = spec.train
@@ -196,8 +196,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
                           tuple(t.betas), t.weight_decay, rt.device, t.seed, rt.rank)
     # States before the first forward (not in the blocks its backward frees); not for a vision tower, which
     # text-only data never gives a gradient (runner.plan.memory counts the same).
-    allocate_states(opt, [p for n, p in model.named_parameters()
-                          if p.requires_grad and not VISION_PARTS & set(n.split("."))])
+    allocate_states(opt, [p for n, p in model.named_parameters() if p.requires_grad and not in_vision_part(n)])
     info = {**attn.to_dict(), "optimizer_precision": t.optimizer_precision, "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens, "tiled_mlp": tiling.reason,
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",

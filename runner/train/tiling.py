@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.facts.catalog import in_vision_part
 from runner.facts.tiling import NORM_TILE_FACTOR
-from runner.train.lora import VISION_PARTS
 
 
 class TiledMlpFunction(torch.autograd.Function):
@@ -139,7 +139,7 @@ def recompute_outer_norms(model: nn.Module, layers: list[nn.Module], tile: int) 
     states, became the step's peak once the layers' were tiled. Returns how many."""
     inside = {id(m) for layer in layers for m in layer.modules()}
     outer = [m for name, m in model.named_modules()
-             if is_rms_norm(m) and id(m) not in inside and not VISION_PARTS & set(name.split("."))]
+             if is_rms_norm(m) and id(m) not in inside and not in_vision_part(name)]
     hidden = max((m.weight.numel() for m in outer if isinstance(getattr(m, "weight", None), torch.Tensor)), default=1)
     for norm in outer:
         recompute_norm(norm, NORM_TILE_FACTOR * tile * hidden)

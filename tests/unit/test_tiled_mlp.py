@@ -170,17 +170,20 @@ def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_li
     assert "tiled MLP: tiles of 2,560 tokens" in tiled.approximate_reason
     assert tiled.per_gpu_allocated_gib < plain.per_gpu_allocated_gib - 20  # 4 × 9,728 × 2 B a token, and more
     assert tiled.host_memory_gib is None  # planned off the node: its host memory is not this machine's
-    monkeypatch.setattr("runner.plan.core.detect_gpu", lambda: ("H200", 1))
+    monkeypatch.setattr("runner.plan.memory.detect_gpu", lambda: ("H200", 1))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": 64 * 2**30})())
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
     assert "host memory is the limit: activation offload page-locks 84.6 GiB" in short.approximate_reason
     assert "hardware.host_memory_gib states" in short.approximate_reason
+    # every candidate the planner weighed is judged by the host too, and its reason says the host is the limit
+    assert short.runners_up and not any(r["fits"] for r in short.runners_up), short.runners_up
+    assert "nothing fits the node's host memory" in short.levers_reason
     # A VM whose memory grows as it is used reports too little at first: the node's stated memory wins, on the
     # node and off it.
     stated = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=128"]), suggest=False)
     assert stated.fits and stated.host_memory_gib == 128.0
-    monkeypatch.setattr("runner.plan.core.detect_gpu", lambda: None)
+    monkeypatch.setattr("runner.plan.memory.detect_gpu", lambda: None)
     small = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=70"]), suggest=False)
     assert not small.fits and small.host_memory_gib == 70.0
     assert "of 70.0 GiB" in small.approximate_reason and "states" not in small.approximate_reason
