@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.facts.catalog import VISION_PARTS
+from runner.facts.catalog import in_vision_part
 from runner.facts.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
@@ -152,7 +152,7 @@ def all_linear_modules(model: nn.Module) -> tuple[list[str], list[str]]:
     modules = dict(model.named_modules())
     out, routers, vision = [], [], []
     for name in linear_module_names(model):
-        if VISION_PARTS & set(name.split(".")):
+        if in_vision_part(name):
             vision.append(name)
         elif is_router(name, modules[name], experts):
             routers.append(name)
