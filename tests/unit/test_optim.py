@@ -250,14 +250,14 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_the_eager_update_with_one_w
     assert "RuntimeError: PTX assembly failed" in err and opt.kernel_error == "RuntimeError: PTX assembly failed"
 
 
-@pytest.mark.parametrize("kind", ["stochastic", "torch"])
+@pytest.mark.parametrize("kind", ["stochastic", "torch", "torch-fused"])
 def test_states_made_before_the_first_step_are_the_ones_it_would_make(kind):
     """allocate_states makes each AdamW state as the first step would (zeros, the same dtypes, devices and step
     counter), so the updates are the same bits; a parameter left out (a vision tower's) gets none."""
     def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         if kind == "stochastic":
             return StochasticAdamW(params, lr=1e-3, seed=3)
-        return torch.optim.AdamW(params, lr=1e-3, fused=False)
+        return torch.optim.AdamW(params, lr=1e-3, fused=kind == "torch-fused")  # fused: its step on the device
 
     dtype = torch.bfloat16 if kind == "stochastic" else torch.float32
     start = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
