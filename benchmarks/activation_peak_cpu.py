@@ -3,7 +3,7 @@ against the estimator's count, for the long-block settings (tiled MLP and RMSNor
 attention too, fused loss, bf16).
 
 The model is the Llama-3.1-8B or Qwen3-4B layout with every width an eighth (head size kept) and 4 layers, with the
-layout's vocabulary and tying. A TorchDispatchMode tracks every storage an op makes and frees (a storage's Python
+layout's vocabulary and tying. A TorchDispatchMode (`LiveBytes`) tracks every storage an op makes and frees (a storage's Python
 object lives as long as its memory), counting only tensors with a dimension of the block's length (or one fewer), so
 the weights, the loss's chunk of logits and the embedding's gradient drop out; the peak of that over the step, at
 two block lengths, gives bytes per token as a slope. The estimator's count is the slope of its allocated peak
@@ -41,12 +41,14 @@ LAYERS = 4
 BLOCKS = (4096, 8192)
 
 
-class GrowingBytes(TorchDispatchMode):
-    """Live bytes of the tensors that grow with a block of `tokens` tokens, their peak, and what was alive then."""
+class LiveBytes(TorchDispatchMode):
+    """Live bytes of the storages ops make under this mode, their peak, and what was alive then; with `tokens`,
+    only those of tensors that grow with a block of that many tokens (a dimension of it, or one fewer). Also used
+    by tests/unit/test_tiled_mlp.py."""
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int | None = None) -> None:
         super().__init__()
-        self.sizes = (tokens, tokens - 1)
+        self.sizes = None if tokens is None else (tokens, tokens - 1)
         self.live = self.peak = 0
         self.alive: dict[int, tuple] = {}
         self.at_peak: dict[int, tuple] = {}
@@ -54,7 +56,7 @@ class GrowingBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and any(d in self.sizes for d in t.shape):
+            if isinstance(t, torch.Tensor) and (self.sizes is None or any(d in self.sizes for d in t.shape)):
                 storage = t.untyped_storage()
                 ptr, n = storage.data_ptr(), storage.nbytes()
                 if n and ptr not in self.alive:
@@ -87,11 +89,11 @@ def build(layout: str) -> torch.nn.Module:
     return model
 
 
-def measured(model: torch.nn.Module, tokens: int, vocab: int) -> GrowingBytes:
+def measured(model: torch.nn.Module, tokens: int, vocab: int) -> LiveBytes:
     from runner.train.loss import fused_loss_sum
 
     ids = torch.randint(0, min(vocab, 500), (1, tokens), generator=torch.Generator().manual_seed(tokens))
-    mode = GrowingBytes(tokens)
+    mode = LiveBytes(tokens)
     with mode:
         fused_loss_sum(model, {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(tokens)[None]}).backward()
     model.zero_grad(set_to_none=True)

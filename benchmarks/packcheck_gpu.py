@@ -90,21 +90,28 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
     return {**row, "compiled_in_check": in_check, "compiled_in_run_call": compiled[len(in_check):]}
 
 
+COMPILED: list[str] = []
+"""flash-attn-4's compile keys, as `record_compiles` collects them in this process."""
+
+
 def record_compiles() -> list[str]:
     """The compile keys flash-attn-4 builds a kernel for from now on in this process (each cache's folder name and
-    the key), appended to the returned list: what the check compiled, and what the run's first call added. Its
-    kernels are kept on disk (runner.train.fa4.keep_kernels), so each new one is exported once compiled."""
+    the key), in the returned list (emptied first): what the check compiled, and what the run's first call added.
+    Its kernels are kept on disk (runner.train.fa4.keep_kernels), so each new one is exported once compiled; the
+    export is wrapped once per process."""
     from flash_attn.cute import cache_utils
 
-    seen: list[str] = []
-    original = cache_utils.JITPersistentCache._try_export_to_storage  # after a compile only, not a load from disk
+    COMPILED.clear()
+    cache = cache_utils.JITPersistentCache
+    if not getattr(cache, "_recorded", False):
+        original = cache._try_export_to_storage  # after a compile only, not a load from disk
 
-    def export(self: Any, key: Any, fn: Any) -> None:
-        seen.append(f"{self.cache_path.name}: {key!r}"[:600])
-        original(self, key, fn)
+        def export(self: Any, key: Any, fn: Any) -> None:
+            COMPILED.append(f"{self.cache_path.name}: {key!r}"[:600])
+            original(self, key, fn)
 
-    cache_utils.JITPersistentCache._try_export_to_storage = export
-    return seen
+        cache._try_export_to_storage, cache._recorded = export, True
+    return COMPILED
 
 
 RUN_DOC = 1300

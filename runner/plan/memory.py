@@ -514,22 +514,30 @@ class HostMemory:
     capacity: float
 
 
-def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
-    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
-    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free. The node's memory is this
-    machine's when it has the GPUs (`runner bench` and a run plan on the node that runs them) unless
-    hardware.host_memory_gib states it; planned elsewhere without it, the node's host memory is unknown (None)."""
-    if not mem.host_offload:
-        return None
-    needed = plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES
-    stated = plan.spec.hardware.host_memory_gib
+def host_capacity(spec: RunSpec) -> float | None:
+    """The node's host memory (bytes): hardware.host_memory_gib where stated, else this machine's when it has the
+    GPUs (`runner bench` and a run plan on the node that runs them); planned elsewhere, unknown (None)."""
+    stated = spec.hardware.host_memory_gib
     if stated is not None:
-        return HostMemory(needed, stated * GIB)
+        return stated * GIB
     if detect_gpu() is None:
         return None
     import psutil
 
-    return HostMemory(needed, float(psutil.virtual_memory().total))
+    return float(psutil.virtual_memory().total)
+
+
+def host_memory(plan: Plan, mem: Memory, capacity: float | None = None) -> HostMemory | None:
+    """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
+    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free; against `capacity` where the
+    caller read it once (runner.plan.autotune prices many candidates), else `host_capacity`. None without offload
+    or where the node's memory is unknown."""
+    if not mem.host_offload:
+        return None
+    capacity = host_capacity(plan.spec) if capacity is None else capacity
+    if capacity is None:
+        return None
+    return HostMemory(plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES, capacity)
 
 
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:

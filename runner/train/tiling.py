@@ -23,9 +23,9 @@ from runner.facts.catalog import in_vision_part
 from runner.facts.tiling import NORM_TILE_FACTOR
 
 
-class TiledMlpFunction(torch.autograd.Function):
-    """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time (any module that maps rows on
-    their own: the MLPs, and the RMSNorms of `recompute_norm`). `params` are the MLP's trainable
+class TiledRowsFunction(torch.autograd.Function):
+    """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time: any module that maps each row on
+    its own (the MLPs, and the RMSNorms of `recompute_norm`). `params` are the MLP's trainable
     parameters, passed so that the output requires grad whenever one of them does (a frozen input, LoRA adapters
     inside the MLP); their gradients come from the inner autograd call, not from this function's return."""
 
@@ -77,7 +77,7 @@ def tile_mlp(mlp: nn.Module, tile: int) -> None:
         flat = hidden_states.reshape(-1, shape[-1])
         # The parameters as the MLP sees them now: FSDP2 swaps unsharded ones in for the layer's forward.
         params = tuple(p for p in mlp.parameters() if p.requires_grad)
-        out = TiledMlpFunction.apply(forward, tile, flat, *params)
+        out = TiledRowsFunction.apply(forward, tile, flat, *params)
         if isinstance(out, tuple):
             return (out[0].view(shape), *out[1:])
         return out.view(shape)
@@ -121,7 +121,7 @@ def recompute_norm(norm: nn.Module, tile_elements: int) -> None:
         shape = hidden_states.shape
         params = tuple(p for p in norm.parameters() if p.requires_grad)
         rows = max(1, tile_elements // shape[-1])
-        out = TiledMlpFunction.apply(forward, rows, hidden_states.reshape(-1, shape[-1]), *params)
+        out = TiledRowsFunction.apply(forward, rows, hidden_states.reshape(-1, shape[-1]), *params)
         return out.view(shape)
 
     norm.forward = recomputed
@@ -133,6 +133,15 @@ def is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and not any(True for _ in module.children())
 
 
+def recompute_norms(norms: list[nn.Module], tile: int) -> None:
+    """`recompute_norm` each of `norms` with tiles of as many elements as NORM_TILE_FACTOR MLP tiles of the hidden
+    state (the widest norm weight among them): a q/k norm, whose rows are heads, takes as many tokens' heads as
+    that makes."""
+    hidden = max((m.weight.numel() for m in norms if isinstance(getattr(m, "weight", None), torch.Tensor)), default=1)
+    for norm in norms:
+        recompute_norm(norm, NORM_TILE_FACTOR * tile * hidden)
+
+
 def recompute_outer_norms(model: nn.Module, layers: list[nn.Module], tile: int) -> int:
     """The RMSNorms of the model outside its decoder layers (the final norm before the loss), recomputed in tiles
     as the layers' are (`tile_layers`): untiled, the final norm's backward, six fp32 copies of the block's hidden
@@ -140,9 +149,7 @@ def recompute_outer_norms(model: nn.Module, layers: list[nn.Module], tile: int) 
     inside = {id(m) for layer in layers for m in layer.modules()}
     outer = [m for name, m in model.named_modules()
              if is_rms_norm(m) and id(m) not in inside and not in_vision_part(name)]
-    hidden = max((m.weight.numel() for m in outer if isinstance(getattr(m, "weight", None), torch.Tensor)), default=1)
-    for norm in outer:
-        recompute_norm(norm, NORM_TILE_FACTOR * tile * hidden)
+    recompute_norms(outer, tile)
     return len(outer)
 
 
@@ -151,11 +158,5 @@ def tile_layers(layers: list[nn.Module], tile: int) -> int:
     its attention included) recomputed in backward, so what grows with the block in a layer is its attention's and
     its norms' inputs (runner.plan.activations counts it). Returns how many MLPs were tiled."""
     for layer in layers:
-        norms = [m for m in layer.modules() if is_rms_norm(m)]
-        # Every norm's tiles hold as many elements as NORM_TILE_FACTOR MLP tiles of the hidden state: a q/k norm,
-        # whose rows are heads, takes as many tokens' heads as that makes.
-        hidden = max((m.weight.numel() for m in norms if isinstance(getattr(m, "weight", None), torch.Tensor)),
-                     default=1)
-        for module in norms:
-            recompute_norm(module, NORM_TILE_FACTOR * tile * hidden)
+        recompute_norms([m for m in layer.modules() if is_rms_norm(m)], tile)
     return tile_mlps(layers, tile)

@@ -195,7 +195,7 @@ def test_tiling_is_exact_on_layouts_the_registry_does_not_list(model_type):
     """Families the matrix does not hold, from transformers' own default configs (shrunk as the packing check
     shrinks them), their layers recomputed: the tiled MLPs and recomputed RMSNorms (q/k norms over whole projections
     in olmo2, sandwich norms in gemma2, MoE blocks in glm4_moe, and under other names in granitemoe,
-    `block_sparse_moe`, and Llama 4, `feed_forward`) give the plain loss and gradients."""
+    `block_sparse_moe`, and Llama 4, `feed_forward`), and their final norms, give the plain loss and gradients."""
     from transformers import AutoConfig
 
     from runner.plan.shrink import shrunk_config
@@ -213,32 +213,16 @@ def test_tiling_is_exact_on_layouts_the_registry_does_not_list(model_type):
     assert calls, model_type
 
 
-class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Bytes of the storages alive (made by an op under this mode, not yet freed) and their peak."""
+def _live_bytes() -> type:
+    """benchmarks/activation_peak_cpu.py's LiveBytes: the storages ops make and free, and their peak."""
+    import importlib.util
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.ptrs: set[int] = set()
+    from tests.conftest import REPO
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        import weakref
-
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                ptr, n = storage.data_ptr(), storage.nbytes()
-                if n and ptr not in self.ptrs:
-                    self.ptrs.add(ptr)
-                    self.live += n
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._free, ptr, n)
-        return out
-
-    def _free(self, ptr: int, n: int) -> None:
-        self.ptrs.discard(ptr)
-        self.live -= n
+    spec = importlib.util.spec_from_file_location("activation_peak_cpu", REPO / "benchmarks" / "activation_peak_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LiveBytes
 
 
 # The Llama-3.1-8B and Qwen3-4B layouts with every width an eighth (head size kept): what a token costs scales with
@@ -270,7 +254,7 @@ def _layer_peak(model_type: str, tiled: bool, tokens: int) -> int:
         out = layer(h, position_embeddings=rotary, attention_mask=None, position_ids=positions)
         return out[0] if isinstance(out, tuple) else out
 
-    mode = _LiveBytes()
+    mode = _live_bytes()()
     with mode:
         checkpoint(forward, x, use_reentrant=False).backward(grad)
     return mode.peak
