@@ -302,7 +302,7 @@ def _print_estimate(spec: Any, est: Any) -> None:
         table.add_row("reserved, as nvidia-smi shows it", f"{est.per_gpu_reserved_gib:.2f}")
     console.print(table)
     style = VERDICT_STYLE[est.verdict]
-    host = "; host memory is the limit (see notes)" if not est.fits and est.headroom_gib >= 0 else ""
+    host = "; host memory is the limit (see notes)" if "host memory is the limit" in est.approximate_reason else ""
     console.print(f"[{style}]{est.verdict}[/{style}]: {est.per_gpu_gib:.2f} GiB needed per {unit} of "
                   f"{est.gpu_memory_gib:.1f} GiB (headroom {est.headroom_gib:.1f} GiB){host}")
     console.print(f"time: {est.step_s:.2f} s/step × {est.steps if est.steps is not None else '?'} steps = "

@@ -156,3 +156,27 @@ HOST_RANK_BYTES = int(7.5 * 2**30)
 """Host memory a rank takes besides its offloaded activations, the OS and the launcher counted in: measured on a
 one-GPU H200 node (125.8 GiB; a Qwen3-4B layout rank had locked 111.6 GiB when 6.7 GiB were still available).
 Counted per rank, so it over-counts the OS's share on nodes of several ranks."""
+
+
+def host_capacity(host_memory_gib: float | None, has_gpus: bool | None = None) -> float | None:
+    """A node's host memory (bytes): hardware.host_memory_gib where stated, else this machine's when it has GPUs
+    (a run or a plan on the node that runs it; `has_gpus` where the caller asked NVML already); planned elsewhere,
+    unknown (None)."""
+    if host_memory_gib is not None:
+        return host_memory_gib * 2**30
+    if not (detect_gpu() is not None if has_gpus is None else has_gpus):
+        return None
+    import psutil
+
+    return float(psutil.virtual_memory().total)
+
+
+def offloaded_layers(recomputed: int, layer_input_bytes: float, ranks_per_node: int, host_bytes: float | None) -> int:
+    """How many of the recomputed layers (the first ones) send their input to page-locked host memory
+    (train.offload_activations): all that the node's host holds beside what each rank takes and what is kept free.
+    The others keep their input on the GPU, so a block longer than the host can hold still trains where the GPU
+    has room. The engine (runner.train.native) and the estimator (runner.plan.memory) both ask here."""
+    if host_bytes is None or layer_input_bytes <= 0:
+        return recomputed
+    room = host_bytes - HOST_RESERVE_BYTES - ranks_per_node * HOST_RANK_BYTES
+    return max(0, min(recomputed, int(room // (ranks_per_node * layer_input_bytes))))

@@ -24,7 +24,7 @@ from runner.facts.decisions import chunked_supported
 from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
-from runner.plan.memory import device_memory, host_capacity, host_memory, memory_model
+from runner.plan.memory import device_memory, memory_model
 from runner.plan.timing import flops_per_step, step_time, tokens_per_step
 from runner.spec import RunSpec
 
@@ -164,7 +164,6 @@ class Pricer:
         self.spec, self.plans, self.doc_len, self.attn_len, self.limit = spec, plans, doc_len, attn_len, limit
         self.priced = 0
         self.capacity = 0.0
-        self._host: tuple[float | None] | None = None  # the node's host memory, read at the first offloading candidate
 
     def price(self, levers: Levers, order: int) -> Priced:
         base = self.plans[levers.micro_batch]
@@ -177,13 +176,9 @@ class Pricer:
         flops, attn_flops = flops_per_step(plan, self.attn_len, tokens_per_step(spec, plan.data_ranks, self.doc_len))
         step_s, _, _ = step_time(plan, mem, flops, attn_flops)
         self.priced += 1
-        host = None
-        if mem.host_offload:  # offloaded layer inputs must fit the node's host memory too
-            if self._host is None:
-                self._host = (host_capacity(self.spec),)
-            host = None if self._host[0] is None else host_memory(plan, mem, self._host[0])
-        fits = per_gpu <= self.limit and (host is None or host.needed <= host.capacity)
-        return Priced(levers, per_gpu, step_s, fits, order)
+        # Offloaded layer inputs fit the node's host by construction: those it cannot hold stay on the GPU and are
+        # counted in per_gpu (runner.facts.gpus.offloaded_layers).
+        return Priced(levers, per_gpu, step_s, per_gpu <= self.limit, order)
 
 
 @dataclass
@@ -207,8 +202,6 @@ class Tuned:
         left = (self.capacity - self.chosen.per_gpu) / GIB
         if not self.tuned:
             return f"{what}: as set"
-        if not self.chosen.fits and self.chosen.per_gpu <= self.limit:
-            return f"{what}: nothing fits the node's host memory (offloaded layer inputs); this needs the least GPU memory"
         if not self.chosen.fits:
             return f"{what}: nothing fits in {self.limit / GIB:.1f} GiB; this needs the least memory"
         return f"{what}: the fastest that leaves {left:.1f} GiB free"

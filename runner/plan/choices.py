@@ -21,7 +21,7 @@ from runner.facts.decisions import (
 from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
 from runner.errors import Problem, UserError
 from runner.engines import engine_for
-from runner.facts.gpus import GpuType, detect_gpu, gpu_type, machine_of
+from runner.facts.gpus import GpuType, detect_gpu, gpu_type, host_capacity, machine_of
 from runner.facts.tiling import TiledMlp, tiled_mlp_choice
 from runner.machine import Machine, ranks_per_node, target_machine
 from runner.spec import RunSpec, weights_dtype
@@ -45,6 +45,9 @@ class Plan:
     loss_reason: str = ""
     attn_kernel: str = ""
     """The kernel behind varlen attention (runner.facts.decisions.varlen_kernel); empty for other paths."""
+    host_bytes: float | None = None
+    """The node's host memory, which offloaded layer inputs must fit in (runner.facts.gpus.host_capacity); None on
+    CPU and where it is unknown (planned off the node without hardware.host_memory_gib)."""
 
     @property
     def arch(self) -> Arch:
@@ -132,9 +135,10 @@ def make_plan(spec: RunSpec) -> Plan:
     loaded = _load_arch_cached(spec.model.id, spec.model.revision, spec.model.path)
     attn = planned_attention(spec, device, loaded.config)
     loss, loss_reason = planned_loss(spec, loaded.config)
+    host = None if device != "cuda" else host_capacity(hw.host_memory_gib, True if detected is not None else None)
     return Plan(spec, device, gpu, nproc, nproc * hw.nodes, dtype, attn.impl, loss, loaded, tuple(reasons),
                 gdn_torch=not gdn_kernels_installed(), attn_reason=attn.reason, loss_reason=loss_reason,
-                attn_kernel=attn.kernel)
+                attn_kernel=attn.kernel, host_bytes=host)
 
 
 @functools.lru_cache(maxsize=64)

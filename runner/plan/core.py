@@ -24,10 +24,14 @@ from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, ste
 from runner.spec import RunSpec
 
 
-def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory) -> str:
-    return (f"host memory is the limit: activation offload page-locks {gib(host.needed):.1f} GiB "
-            f"({plan.nproc} rank(s) × {gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB "
-            f"a rank takes and {gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(host.capacity):.1f} GiB"
+def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory | None) -> str:
+    """Why the GPU holds layer inputs that activation offload would have sent to the host."""
+    held = (f"activation offload page-locks {gib(host.needed):.1f} GiB ({plan.nproc} rank(s) × "
+            f"{gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB a rank takes and "
+            f"{gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(plan.host_bytes or 0.0):.1f} GiB"
+            if host is not None else
+            f"{gib(plan.host_bytes or 0.0):.1f} GiB cannot hold one layer's input beside what a rank takes")
+    return (f"host memory is the limit: {held}, so {gib(mem.host_short):.1f} GiB of layer inputs stay on the GPU"
             + ("" if plan.spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
                                                              "the node's where the OS reports too little)"))
 
@@ -59,7 +63,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         breakdown = {("process" if k == "cuda_context_nccl" else k): v for k, v in breakdown.items()}
     headroom = dev.capacity - per_gpu
     host = host_memory(plan, mem)
-    if host is not None and host.needed > host.capacity:
+    if mem.host_short and headroom < 0:
         reasons.append(host_limit_reason(plan, mem, host))
 
     data = dataset_size(spec, plan.loaded)
@@ -91,10 +95,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     approx_reasons = [r for r in reasons if not r.startswith(notes)]
     if plan.loaded.note:
         reasons.append(plan.loaded.note)
-    host_short = host is not None and host.needed > host.capacity
     return Estimate(
-        fits=headroom >= 0 and not host_short,
-        verdict="does not fit" if host_short else verdict_for(headroom, dev.capacity), headroom_gib=gib(headroom),
+        fits=headroom >= 0, verdict=verdict_for(headroom, dev.capacity), headroom_gib=gib(headroom),
         per_gpu_gib=gib(per_gpu), per_gpu_allocated_gib=gib(mem.allocated),
         per_gpu_reserved_gib=gib(per_gpu + dev.idle_pools), gpu_memory_gib=round(dev.capacity / GIB, 2),
         gpu=dev.name, world_size=plan.world, breakdown=breakdown, step_s=round(step_s, 3), steps=steps,
@@ -109,7 +111,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
         phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
-        host_memory_gib=None if host is None else round(host.capacity / GIB, 1),
+        host_memory_gib=None if not mem.host_offload and not mem.host_short or plan.host_bytes is None
+        else round(plan.host_bytes / GIB, 1),
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,

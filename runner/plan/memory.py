@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
-from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, detect_gpu
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers
 from runner.engines import engine_for
 from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
 from runner.plan.constants import (
@@ -78,6 +78,9 @@ class Memory:
     stream holds at that moment, at the phase where that is largest)."""
     host_offload: float = 0.0
     """Bytes of pinned host memory the offloaded layer inputs take at the end of forward (train.offload_activations)."""
+    host_short: float = 0.0
+    """Bytes of layer inputs that stay on the GPU (counted in the phases) because the node's host memory cannot
+    hold them beside the offloaded ones (runner.facts.gpus.offloaded_layers)."""
     state_holes: float = 0.0
     """Reserved, not allocated: the first step's working set that one unwrapped TRL process reserves again in its
     second step, after the AdamW states (created at the first optimizer step) took the blocks it had freed."""
@@ -223,6 +226,7 @@ class ActivationMemory:
     mask: float
     score_transient: float
     host_offload: float
+    host_short: float
     notes: tuple[str, ...]
 
 
@@ -246,14 +250,15 @@ def activation_memory(s: Step) -> ActivationMemory:
     layer_input = cb * arch.hidden * tokens
     k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
-    offload = offloads_activations(s.spec, plan.device)
-    on_gpu_input = 0.0 if offload else layer_input
+    # The first `hosted` of them as many as the node's host holds (all, where its memory is unknown).
+    hosted = offloaded_layers(k, layer_input, plan.nproc, plan.host_bytes) \
+        if offloads_activations(s.spec, plan.device) else 0
     # A recomputed layer keeps its input; with train.recompute_attention=false a full-attention one also keeps its
     # kernel's output and log-sum-exp (fp32) from forward.
     attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens \
         if keeps_attention_outputs(s.spec, plan.attn, plan.device) else 0.0
-    recomputed_kept = [on_gpu_input + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0)
-                       for i in range(k)]
+    recomputed_kept = [(0.0 if i < hosted else layer_input)
+                       + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i in range(k)]
     kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
     # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).
@@ -264,9 +269,11 @@ def activation_memory(s: Step) -> ActivationMemory:
     for i in range(arch.layers):
         kept_at += recomputed_kept[i] if i < k else per_layer[i]
         worst = max(worst, kept_at + (per_layer[i] + back - recomputed_kept[i] if i < k else 0.0))
-    host_offload = k * layer_input if offload else 0.0
-    if offload:
-        notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank")
+    host_offload = hosted * layer_input
+    if offloads_activations(s.spec, plan.device):
+        notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank"
+                     + (f" ({hosted} of {k} recomputed layers' inputs, all the node's host holds: the other "
+                        f"{k - hosted} stay on the GPU, {gib((k - hosted) * layer_input):.1f} GiB)" if hosted < k else ""))
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and t.packing:
@@ -285,7 +292,8 @@ def activation_memory(s: Step) -> ActivationMemory:
         kept_first=layer_input if k else per_layer[0],  # by the first layer's backward the others' are freed
         transient=backward_transient_bytes(arch, cb, tiling.on) * tokens
         + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
-        score_transient=score_transient, host_offload=host_offload, notes=tuple(notes))
+        score_transient=score_transient, host_offload=host_offload,
+        host_short=(k - hosted) * layer_input if offloads_activations(s.spec, plan.device) else 0.0, notes=tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -491,7 +499,8 @@ def memory_model(plan: Plan) -> Memory:
     reduce_pool = 0.0 if not s.cuda or s.lora or not plan.sharded else states.grads + fsdp.root_reduce_output
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return Memory(phases, peak_phase, totals[peak_phase], phases[peak_phase].as_dict(), states.trainable, reasons,
-                  states.expert_stack, reduce_pool, default_pool, act.host_offload, state_holes(s, parts))
+                  states.expert_stack, reduce_pool, default_pool, act.host_offload, act.host_short,
+                  state_holes(s, parts))
 
 
 @dataclass(frozen=True)
@@ -514,30 +523,13 @@ class HostMemory:
     capacity: float
 
 
-def host_capacity(spec: RunSpec) -> float | None:
-    """The node's host memory (bytes): hardware.host_memory_gib where stated, else this machine's when it has the
-    GPUs (`runner bench` and a run plan on the node that runs them); planned elsewhere, unknown (None)."""
-    stated = spec.hardware.host_memory_gib
-    if stated is not None:
-        return stated * GIB
-    if detect_gpu() is None:
-        return None
-    import psutil
-
-    return float(psutil.virtual_memory().total)
-
-
-def host_memory(plan: Plan, mem: Memory, capacity: float | None = None) -> HostMemory | None:
+def host_memory(plan: Plan, mem: Memory) -> HostMemory | None:
     """Every rank of a node page-locks its offloaded layer inputs (runner.train.offload) beside what the rank
-    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free; against `capacity` where the
-    caller read it once (runner.plan.autotune prices many candidates), else `host_capacity`. None without offload
-    or where the node's memory is unknown."""
-    if not mem.host_offload:
+    itself takes (HOST_RANK_BYTES), and the engine keeps HOST_RESERVE_BYTES free, within the node's memory
+    (`Plan.host_bytes`). None without offload or where the node's memory is unknown."""
+    if not mem.host_offload or plan.host_bytes is None:
         return None
-    capacity = host_capacity(plan.spec) if capacity is None else capacity
-    if capacity is None:
-        return None
-    return HostMemory(plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES, capacity)
+    return HostMemory(plan.nproc * (mem.host_offload + HOST_RANK_BYTES) + HOST_RESERVE_BYTES, plan.host_bytes)
 
 
 def device_memory(plan: Plan, mem: Memory) -> DeviceMemory:

@@ -178,11 +178,13 @@ def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) ->
 
 
 def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False,
-                     inside_compile: bool = False, recompute_attention: bool = True) -> int:
+                     inside_compile: bool = False, recompute_attention: bool = True,
+                     offload_layers: int | None = None) -> int:
     """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
 
-    The layers left out keep their activations from forward to backward. With `offload` the recomputed layers'
-    inputs wait in host memory (runner.train.offload). With `inside_compile` each recomputed layer's forward
+    The layers left out keep their activations from forward to backward. With `offload` the inputs of the first
+    `offload_layers` recomputed layers (None = all) wait in host memory (runner.train.offload), the others' on the
+    GPU. With `inside_compile` each recomputed layer's forward
     becomes a checkpoint region for the layer's compilation (`checkpoint_in_compile`; the caller compiles the
     layers). Returns how many layers recompute.
     """
@@ -206,7 +208,7 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
     elif offload:
         from runner.train.offload import offloaded_checkpoint
 
-        for layer in layers[:keep]:
+        for layer in layers[:keep if offload_layers is None else min(offload_layers, keep)]:
             # GradientCheckpointingLayer calls this in place of torch.utils.checkpoint.checkpoint.
             layer._gradient_checkpointing_func = functools.partial(offloaded_checkpoint, use_reentrant=False)
     return keep
@@ -220,13 +222,14 @@ def weights_bf16(model: nn.Module) -> bool:
 def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
                 compile_layers: bool = False, recompute_layers: int | None = None,
                 offload_activations: bool = False, fsdp_one_rank: bool = False,
-                recompute_attention: bool = True, mlp_tile: int | None = None) -> nn.Module:
+                recompute_attention: bool = True, mlp_tile: int | None = None,
+                offload_layers: int | None = None) -> nn.Module:
     """FSDP2 over all ranks: fully_shard each decoder layer, then the root; bf16 compute with fp32 reduction on GPU.
 
     One rank trains the plain module unless runner.facts.decisions.fsdp_wrapped says otherwise: FSDP2 there copies each
     layer's weights in and its gradients out, and its hooks cost host time that short steps cannot hide.
     With `mlp_tile` each decoder layer's MLP runs in tiles of that many tokens and its RMSNorms are recomputed in
-    backward (runner.train.tiling).
+    backward (runner.train.tiling). `offload_layers` as enable_recompute's.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -242,7 +245,7 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,
-                         recompute_attention=recompute_attention)
+                         recompute_attention=recompute_attention, offload_layers=offload_layers)
     world = torch.distributed.get_world_size()
     layers = decoder_layers(model)
     if compile_layers:

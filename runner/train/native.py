@@ -153,6 +153,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
     from runner.facts.catalog import in_vision_part
+    from runner.train.offload import hosted_layer_inputs
     from runner.train.optim import allocate_states, build_optimizer
 
     t = spec.train
@@ -184,9 +185,11 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
         if rt.device == "cuda" else 0.0
     tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, parse_arch(config.to_dict()),
                               t.seq_len * t.micro_batch // sp.size, gpu_bytes, t.compile)
+    hosted = hosted_layer_inputs(spec, config, len(model_mod.text_decoder_layers(model)),
+                                 t.seq_len * t.micro_batch // sp.size, rt.device)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
                         t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
-                        mlp_tile=tiling.tile_tokens if tiling.on else None)
+                        mlp_tile=tiling.tile_tokens if tiling.on else None, offload_layers=hosted)
     model.to(rt.device)
     model.train()
     if loss_impl in ("chunked", "fused"):
@@ -204,7 +207,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "lora_left_out": lora_left_out,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
-            "sequence_parallel": sp.size}
+            "sequence_parallel": sp.size, "offloaded_layers": hosted}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info, "sp": sp}
 

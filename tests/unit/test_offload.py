@@ -99,3 +99,28 @@ def test_offload_gives_the_same_gradients_on_a_gpu():
     again = _grads(model, ids, offload_on=True)  # a second step reuses the buffers
     assert all(torch.equal(a, b) for a, b in zip(ref, again, strict=True))
     assert offload.HostOffload.pool.pinned_bytes - before == 3 * 4096 * 256 * 2
+
+
+def test_only_the_layers_the_host_holds_offload_their_input():
+    """Where the node's host holds fewer layer inputs than recompute, the first ones offload and the others keep
+    their input on the GPU under a plain checkpoint, with the same gradients (runner.facts.gpus.offloaded_layers)."""
+    from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers
+    from runner.train.model import enable_recompute
+
+    model = _tiny_qwen3(layers=4)
+    ids = torch.randint(0, 512, (1, 256))
+    ref = _grads(model, ids, offload_on=False)
+    enable_recompute(model, 3, offload=True, offload_layers=2)
+    funcs = [getattr(layer._gradient_checkpointing_func, "func", None) for layer in model.model.layers]
+    assert funcs[:2] == [offloaded_checkpoint] * 2 and offloaded_checkpoint not in funcs[2:]
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, True, True, False]
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(ref, model.parameters(), strict=True))
+    # The split: all that fits beside each rank's own share and the reserve, never more than recompute, never < 0.
+    one = 1 << 30
+    base = HOST_RESERVE_BYTES + 2 * HOST_RANK_BYTES
+    assert offloaded_layers(32, one, 2, base + 2 * 5 * one + one) == 5
+    assert offloaded_layers(32, one, 2, base + 2 * 40 * one) == 32
+    assert offloaded_layers(32, one, 2, base - one) == 0
+    assert offloaded_layers(32, one, 2, None) == 32  # the node's memory unknown: all, as planned off the node

@@ -4,6 +4,7 @@ without activation checkpointing; the choice of `auto`; the estimator's accounti
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,40 +155,56 @@ def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
     assert plain - tiled == counted + 4 * rows, (plain, tiled, counted, rows)
 
 
-def test_the_estimator_tiles_long_gpu_blocks_and_says_when_host_memory_is_the_limit(monkeypatch):
+def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_cannot_hold(monkeypatch):
     """Qwen3-4B layout on one H200 at 425,984 tokens, every layer recomputed and offloaded (the committed limit run):
-    auto tiles there, which frees GPU memory; planned on a node with 64 GiB of host memory, the 73 GiB of offloaded
-    inputs do not fit, and the estimate says host memory is why."""
+    auto tiles there, which frees GPU memory. On a node with 64 GiB of host memory the first 25 layers' inputs
+    (2.03 GiB each) go to the host and the other 11 stay on the GPU, which holds them, as the engine splits them;
+    with 12 GiB none can go, the GPU cannot hold all 36, and the estimate says host memory is why."""
     import psutil
+    from transformers import AutoConfig
 
     from runner.plan import estimate
     from runner.spec import load_spec
+    from runner.train.offload import hosted_layer_inputs
 
+    n = 425984
     sets = ["train.compile=false", "train.recompute_layers=null", "train.offload_activations=true",
-            "train.seq_len=425984"]
+            "train.activation_checkpointing=true", f"train.seq_len={n}"]
+    one = 2 * 2560 * n / 2**30
     tiled, plain = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"train.tiled_mlp={t}"]), suggest=False)
                     for t in ("auto", "false"))
     assert "tiled MLP: tiles of 2,560 tokens" in tiled.approximate_reason
     assert tiled.per_gpu_allocated_gib < plain.per_gpu_allocated_gib - 20  # 4 × 9,728 × 2 B a token, and more
     assert tiled.host_memory_gib is None  # planned off the node: its host memory is not this machine's
-    monkeypatch.setattr("runner.plan.memory.detect_gpu", lambda: ("H200", 1))
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": 64 * 2**30})())
+    assert tiled.host_offload_gib == pytest.approx(36 * one, rel=1e-3)
+
+    def node(gib: float) -> None:
+        monkeypatch.setattr("runner.facts.gpus.detect_gpu", lambda: ("H200", 1))
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: type("vm", (), {"total": gib * 2**30})())
+
+    node(64)
+    split = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
+    assert split.host_memory_gib == 64.0 and split.host_offload_gib == pytest.approx(25 * one, rel=1e-3)
+    assert "25 of 36 recomputed layers' inputs, all the node's host holds: the other 11 stay on the GPU" \
+        in split.approximate_reason
+    assert split.fits and tiled.per_gpu_gib + 10 < split.per_gpu_gib <= tiled.per_gpu_gib + 11 * one + 0.01
+    config = AutoConfig.from_pretrained(Path(__file__).resolve().parents[2] / "recipes" / "embedded" / "qwen3-4b")
+    spec = load_spec("qwen3-4b-bench-h200", sets)
+    assert hosted_layer_inputs(spec, config, 36, n, "cuda") == 25  # the engine's split is the estimator's
+    assert hosted_layer_inputs(spec, config, 36, n, "cpu") is None
+    node(12)
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
-    assert not short.fits and short.verdict == "does not fit" and short.host_memory_gib == 64.0
-    assert "host memory is the limit: activation offload page-locks 84.6 GiB" in short.approximate_reason
+    assert not short.fits and short.verdict == "does not fit" and short.host_offload_gib == 0
+    assert "host memory is the limit: 12.0 GiB cannot hold one layer's input" in short.approximate_reason
     assert "hardware.host_memory_gib states" in short.approximate_reason
-    # every candidate the planner weighed is judged by the host too, and its reason says the host is the limit
-    assert short.runners_up and not any(r["fits"] for r in short.runners_up), short.runners_up
-    assert "nothing fits the node's host memory" in short.levers_reason
     # A VM whose memory grows as it is used reports too little at first: the node's stated memory wins, on the
     # node and off it.
     stated = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=128"]), suggest=False)
-    assert stated.fits and stated.host_memory_gib == 128.0
-    monkeypatch.setattr("runner.plan.memory.detect_gpu", lambda: None)
-    small = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=70"]), suggest=False)
-    assert not small.fits and small.host_memory_gib == 70.0
-    assert "of 70.0 GiB" in small.approximate_reason and "states" not in small.approximate_reason
-
+    assert stated.fits and stated.host_memory_gib == 128.0 and stated.host_offload_gib == tiled.host_offload_gib
+    monkeypatch.setattr("runner.facts.gpus.detect_gpu", lambda: None)
+    small = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=64"]), suggest=False)
+    assert small.host_memory_gib == 64.0 and small.host_offload_gib == split.host_offload_gib
+    assert "states" not in small.approximate_reason
 
 
 @pytest.mark.parametrize("model_type", ["olmo2", "exaone4", "glm4_moe", "gemma2", "granitemoe", "llama4_text"])
