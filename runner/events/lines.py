@@ -126,10 +126,14 @@ class TrainBeginEvent(Event):
     resumed_from: str | None = None
     sequence_parallel: int | None = None
     """Ranks that shared each block (hardware.sequence_parallel; 1 = none); absent from engines that never split."""
+    offloaded_layers: int | None = None
+    """Recomputed layers whose input waited in host memory (train.offload_activations: as many as the node's host
+    holds, runner.facts.gpus.offloaded_layers); absent where nothing offloads. Where, not what: replay does not pin it."""
 
     DECISIONS: ClassVar[tuple[str, ...]] = (
         "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
-        "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel")
+        "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel",
+        "offloaded_layers")
     """The train_begin keys that say what the engine decided (rather than what it counted)."""
 
     def decisions(self) -> dict[str, Any]:

@@ -81,13 +81,23 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
     return n * ACTIVATION_CALIBRATION
 
 
-def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False) -> float:
+def flash_backward_workspace_bytes(arch: Arch) -> float:
+    """Per token, what FlashAttention-2's varlen backward (torch's varlen kernel) allocates beside the q, k and v
+    gradients: dq accumulated in fp32 (4 bytes × q_dim; plus 128 rows per document, not counted), and with fewer
+    KV heads than query heads the k and v gradients of every query head, in bf16, before they are summed per KV head
+    (2 × 2 bytes × q_dim). Measured on an H100: the Qwen3-4B layout's tiled layers ran out of memory asking for
+    exactly these two (3.50 GiB at 458,752 tokens, 2 bytes × q_dim; 7.44 GiB at 425,984, dq's fp32 with its
+    per-document rows)."""
+    return 4 * arch.q_dim + (4 * arch.q_dim if arch.kv_heads < arch.heads else 0)
+
+
+def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False, workspace: float = 0.0) -> float:
     """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient and
     the RMSNorms' fp32 backward are a tile's (`tile_bytes`): what grows with the block is the attention's backward,
     its q, k and v gradients beside the hidden state's gradients in and out (measured: tests/unit/
-    test_tiled_mlp.py)."""
+    test_tiled_mlp.py) and the attention kernel's own `workspace` per token (`flash_backward_workspace_bytes`)."""
     if tiled and not arch.linear_key_dim:
-        return b * (2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim)
+        return b * (2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim) + workspace
     widest = max(0 if tiled else mlp_backward_width(arch), 2 * arch.linear_key_dim + arch.linear_value_dim,
                  2 * arch.q_dim)
     return b * (2 * arch.hidden + 2 * widest)

@@ -8,7 +8,8 @@ from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
 from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers
 from runner.engines import engine_for
-from runner.plan.activations import _norm_bytes, backward_transient_bytes, layer_activation_bytes, tile_bytes
+from runner.plan.activations import (
+    _norm_bytes, backward_transient_bytes, flash_backward_workspace_bytes, layer_activation_bytes, tile_bytes)
 from runner.plan.constants import (
     ADAM_STATES_PER_PARAM,
     CPU_PROCESS_GIB,
@@ -290,7 +291,8 @@ def activation_memory(s: Step) -> ActivationMemory:
     return ActivationMemory(
         kept=kept, recompute_last=worst - kept, recompute_first=per_layer[0] if k else 0.0,
         kept_first=layer_input if k else per_layer[0],  # by the first layer's backward the others' are freed
-        transient=backward_transient_bytes(arch, cb, tiling.on) * tokens
+        transient=backward_transient_bytes(arch, cb, tiling.on, flash_backward_workspace_bytes(arch)
+                                           if s.cuda and plan.attn == "varlen" and plan.attn_kernel == "torch" else 0.0) * tokens
         + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
         score_transient=score_transient, host_offload=host_offload,
         host_short=(k - hosted) * layer_input if offloads_activations(s.spec, plan.device) else 0.0, notes=tuple(notes))
