@@ -297,3 +297,28 @@ def test_a_recomputed_layers_backward_peak_is_what_the_estimator_counts(model_ty
         + backward_transient_bytes(arch, 2, tiled) + 2 * arch.hidden * (1 if tiled else 2)
     assert measured <= counted <= 1.12 * measured, (measured, counted)
 
+
+
+def test_a_tiled_layers_attention_backward_counts_the_flash_kernels_workspace():
+    """torch's varlen kernel (FlashAttention-2) allocates, in a layer's backward, dq in fp32 and, with grouped KV
+    heads, k and v gradients for every query head: 8 bytes × q_dim a token for Qwen3-4B (32 query heads, 8 KV),
+    4 for a layout without grouped heads. On an H100 the 4B's tiled layers ran out of memory asking for exactly
+    these; the estimate counts them for the kernel that allocates them only."""
+    from runner.plan import estimate
+    from runner.plan.activations import backward_transient_bytes, flash_backward_workspace_bytes
+    from runner.spec import load_spec
+
+    arch = parse_arch({"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936})
+    assert flash_backward_workspace_bytes(arch) == 8 * 4096
+    mha = parse_arch({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 2,
+                      "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 512})
+    assert flash_backward_workspace_bytes(mha) == 4 * 2048
+    assert backward_transient_bytes(arch, 2, True, 8 * 4096) - backward_transient_bytes(arch, 2, True) == 8 * 4096
+    n = 262144
+    sets = ["train.compile=false", "train.recompute_layers=null", "train.activation_checkpointing=true",
+            "train.offload_activations=true", "train.tiled_mlp=true", f"train.seq_len={n}", "hardware.gpu=H100-80GB"]
+    torch_k, fa4 = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"model.varlen_kernel={k}"]), suggest=False)
+                    for k in ("torch", "flash-attn-4"))
+    assert torch_k.attn_implementation == fa4.attn_implementation == "varlen"
+    assert torch_k.per_gpu_allocated_gib - fa4.per_gpu_allocated_gib == pytest.approx(8 * 4096 * n / 2**30, abs=0.05)
