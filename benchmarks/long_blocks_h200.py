@@ -88,6 +88,40 @@ def search(name: str, folder: Path, model_id: str, grid: str, out: Path, runs: P
             "tokens_per_s": tokens_per_s(fit[0]["record"]) if fit else None, "note": row.get("note")}
 
 
+def budget(folders: dict[str, Path], host_gib: float) -> None:
+    """The estimator's side, no GPU needed: per layout and block length, where the bytes go on one H200, and the
+    largest block it predicts on the GPU alone and with a node of `host_gib` of host memory (layer inputs the host
+    cannot hold stay on the GPU: runner.facts.gpus.offloaded_layers)."""
+    from runner.cli.bench_limit import grid, predicted_limit
+    from runner.plan import estimate
+    from runner.spec import load_spec
+
+    print("| layout, tokens per block | host GiB | GPU total | states | activations | fragmentation | "
+          "host: offloaded inputs | inputs kept on the GPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    limits = []
+    for name, folder in folders.items():
+        for host in (None, host_gib):
+            sets = [f"model.path={folder}", f"model.id={LAYOUTS[name][1]}",
+                    *[s.replace("hardware.gpu=auto", "hardware.gpu=H200") for s in LONG_BLOCKS]]
+            if host:
+                sets.append(f"hardware.host_memory_gib={host:g}")
+            spec = load_spec("qwen3-4b-bench-h200", sets)
+            at = predicted_limit(spec, grid(32768, 1572864, 32768))
+            limits.append((name, host, at))
+            for n in sorted({524288, 1048576, at or 32768}):
+                e = estimate(spec.model_copy(update={"train": spec.train.model_copy(update={"seq_len": n})}),
+                             suggest=False)
+                b = e.breakdown
+                kept = next((r.split("the other ")[1].rstrip(")") for r in e.approximate_reason.split("; ")
+                             if "stay on the GPU" in r and r.startswith("activation offload")), "0")
+                print(f"| {name}, {n:,} | {host or 'unlimited'} | {e.per_gpu_gib:.1f} | "
+                      f"{b['params'] + b['grads'] + b['optimizer']:.1f} | {b['activations'] + b['logits_loss']:.1f} | "
+                      f"{b['fragmentation']:.1f} | {e.host_offload_gib:.1f} | {kept} |")
+    for name, host, at in limits:
+        print(f"{name}: largest predicted block {at:,} ({'host ' + format(host, 'g') + ' GiB' if host else 'host unlimited'})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=sorted(LAYOUTS), help="one layout (default: both)")
@@ -98,8 +132,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "bench-h200")
     ap.add_argument("--runs-dir", type=Path, default=Path("/tmp/long-blocks/runs"))
     ap.add_argument("--records-dir", type=Path, default=Path("/tmp/long-blocks/records"))
+    ap.add_argument("--budget", action="store_true",
+                    help="print the estimator's table and predicted limits (no GPU), host from --host-memory-gib "
+                         "(default 125.8)")
     args = ap.parse_args()
     rows = []
+    if args.budget:
+        with tempfile.TemporaryDirectory() as tmp:
+            budget({name: folder or llama_folder(Path(tmp) / name) for name, (folder, _, _) in LAYOUTS.items()
+                    if not args.only or name == args.only}, args.host_memory_gib or 125.8)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, (folder, model_id, grid) in LAYOUTS.items():
             if args.only and name != args.only:
