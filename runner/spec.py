@@ -172,9 +172,8 @@ class TrainSpec(_Section):
     engine, varlen attention): faster where attention is a large part of the step (long documents), for memory."""
     offload_activations: bool | Literal["auto"] = "auto"
     """With activation_checkpointing, the input each recomputing layer keeps from forward to backward waits in
-    pinned host memory instead of on the GPU (native engine, GPU only): longer blocks fit, at the cost of host RAM
-    and one copy each way per layer, overlapped with compute in forward. The first layers offload as many inputs as
-    the node's host memory holds; the rest stay on the GPU."""
+    pinned host memory (as many as the node's host holds) instead of on the GPU (native engine, GPU only): longer
+    blocks fit, at the cost of host RAM and one copy each way per layer, overlapped with compute in forward."""
     tiled_mlp: bool | Literal["auto"] = "auto"
     """Run each layer's MLP over the block in tiles of hidden-size tokens, each recomputed in backward, and recompute
     its RMSNorms there: exact, its intermediates a tile's, at one more MLP forward (native engine, eager layers).
