@@ -26,6 +26,14 @@ RUN_ENV = {
 }
 
 
+ALLOCATOR_DEFAULTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+"""Set for every run unless the user's environment sets them (then theirs is kept; either way it is recorded).
+CUDA's caching allocator otherwise keeps freed blocks at their sizes, and long blocks' large, varying tensors
+strand memory between them: the Qwen3-4B layout at 360,448 tokens on an H100 ran out of memory in step 2 with
+10.3 GiB reserved but unallocated; with segments that grow in place it trained (69.2 GiB allocated, 74.7
+reserved; benchmarks/long-blocks-h200/README.md)."""
+
+
 # One folder name: no separators, no "..", nothing a shell or a filesystem treats specially.
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -105,7 +113,7 @@ def write_spec(paths: RunPaths, spec: RunSpec) -> None:
 
 
 def run_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**ALLOCATOR_DEFAULTS, **os.environ}
     env.update(RUN_ENV)
     # The ranks import this checkout's `runner` even when it is not installed.
     root = str(Path(__file__).resolve().parent.parent)

@@ -67,3 +67,18 @@ def test_run_ids_never_collide_in_the_same_second(tmp_path: Path):
         t.join()
     assert len(ids) == 200 and len(set(ids)) == 200
     assert all((tmp_path / "runs" / i).is_dir() for i in ids)
+
+
+def test_ranks_get_expandable_allocator_segments_unless_the_user_chose(monkeypatch):
+    """Long blocks strand reserved memory between the caching allocator's fixed-size blocks (an H100 run out of
+    memory with 10.3 GiB reserved but unallocated trained with expandable segments): every run gets them, a
+    user's own PYTORCH_CUDA_ALLOC_CONF wins, and what the ranks get is what the record keeps."""
+    from runner.launch.command import run_env
+    from runner.record.pins import relevant_env
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    env = run_env()
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert relevant_env(env)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert run_env()["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
