@@ -24,14 +24,16 @@ from runner.plan.timing import flops_per_step, planned_steps, setup_seconds, ste
 from runner.spec import RunSpec
 
 
-def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory | None) -> str:
-    """Why the GPU holds layer inputs that activation offload would have sent to the host."""
+def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory | None, alone: bool) -> str:
+    """Why the GPU holds layer inputs that activation offload would have sent to the host; `alone`: the GPU would
+    have room for the rest were they on the host."""
     held = (f"activation offload page-locks {gib(host.needed):.1f} GiB ({plan.nproc} rank(s) × "
             f"{gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB a rank takes and "
             f"{gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(plan.host_bytes or 0.0):.1f} GiB"
             if host is not None else
             f"{gib(plan.host_bytes or 0.0):.1f} GiB cannot hold one layer's input beside what a rank takes")
-    return (f"host memory is the limit: {held}, so {gib(mem.host_short):.1f} GiB of layer inputs stay on the GPU"
+    return (f"host memory is {'the limit' if alone else 'short too'}: {held}, so {gib(mem.host_short):.1f} GiB of "
+            "layer inputs stay on the GPU"
             + ("" if plan.spec.hardware.host_memory_gib else " (the OS's figure: hardware.host_memory_gib states "
                                                              "the node's where the OS reports too little)"))
 
@@ -64,7 +66,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     headroom = dev.capacity - per_gpu
     host = host_memory(plan, mem)
     if mem.host_short and headroom < 0:
-        reasons.append(host_limit_reason(plan, mem, host))
+        reasons.append(host_limit_reason(plan, mem, host, alone=headroom + mem.host_short >= 0))
 
     data = dataset_size(spec, plan.loaded)
     packs = engine_for(spec.engine).packs(t.packing)

@@ -197,6 +197,10 @@ def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_
     assert not short.fits and short.verdict == "does not fit" and short.host_offload_gib == 0
     assert "host memory is the limit: 12.0 GiB cannot hold one layer's input" in short.approximate_reason
     assert "hardware.host_memory_gib states" in short.approximate_reason
+    # Where the GPU could not hold the block even with every input on the host, the host is short too, not the limit.
+    longer = estimate(load_spec("qwen3-4b-bench-h200", [*sets[:-1], "train.seq_len=1048576"]), suggest=False)
+    assert not longer.fits and "host memory is short too: " in longer.approximate_reason
+    assert "host memory is the limit" not in longer.approximate_reason
     # A VM whose memory grows as it is used reports too little at first: the node's stated memory wins, on the
     # node and off it.
     stated = estimate(load_spec("qwen3-4b-bench-h200", [*sets, "hardware.host_memory_gib=128"]), suggest=False)
