@@ -184,9 +184,8 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
 
     The layers left out keep their activations from forward to backward. With `offload` the inputs of the first
     `offload_layers` recomputed layers (None = all) wait in host memory (runner.train.offload), the others' on the
-    GPU. With `inside_compile` each recomputed layer's forward
-    becomes a checkpoint region for the layer's compilation (`checkpoint_in_compile`; the caller compiles the
-    layers). Returns how many layers recompute.
+    GPU. With `inside_compile` each recomputed layer's forward becomes a checkpoint region for the layer's
+    compilation (`checkpoint_in_compile`; the caller compiles the layers). Returns how many layers recompute.
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers ≥ 5.2x; the older name is a deprecated alias there
