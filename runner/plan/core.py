@@ -29,7 +29,7 @@ def host_limit_reason(plan: Plan, mem: Memory, host: HostMemory | None, alone: b
     have room for the rest were they on the host."""
     held = (f"activation offload page-locks {gib(host.needed):.1f} GiB ({plan.nproc} rank(s) × "
             f"{gib(mem.host_offload):.1f} GiB, beside {gib(HOST_RANK_BYTES):.1f} GiB a rank takes and "
-            f"{gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(plan.host_bytes or 0.0):.1f} GiB"
+            f"{gib(HOST_RESERVE_BYTES):.0f} GiB kept free) of {gib(host.capacity):.1f} GiB"
             if host is not None else
             f"{gib(plan.host_bytes or 0.0):.1f} GiB cannot hold one layer's input beside what a rank takes")
     return (f"host memory is {'the limit' if alone else 'short too'}: {held}, so {gib(mem.host_short):.1f} GiB of "
@@ -113,8 +113,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         arch_source=plan.loaded.source, doc_len=doc_len, dataset_tokens=data.tokens, hfu_source=hfu_source,
         phases_gib={k: gib(v.total) for k, v in mem.phases.items()},
         host_offload_gib=gib(mem.host_offload),
-        host_memory_gib=None if not mem.host_offload and not mem.host_short or plan.host_bytes is None
-        else round(plan.host_bytes / GIB, 1),
+        host_memory_gib=round(plan.host_bytes / GIB, 1)
+        if plan.host_bytes is not None and (mem.host_offload or mem.host_short) else None,
         peak_mem_gib=({"allocated": gib(mem.allocated), "reserved": gib(per_gpu + dev.idle_pools - dev.context)}
                       if plan.device == "cuda" else {"rss": gib(per_gpu)}),
         per_gpu_basis=PER_GPU_BASIS[plan.device], approximate_scope=scope,

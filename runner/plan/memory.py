@@ -252,8 +252,8 @@ def activation_memory(s: Step) -> ActivationMemory:
     k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
     # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
     # The first `hosted` of them as many as the node's host holds (all, where its memory is unknown).
-    hosted = offloaded_layers(k, layer_input, plan.nproc, plan.host_bytes) \
-        if offloads_activations(s.spec, plan.device) else 0
+    offload = offloads_activations(s.spec, plan.device)
+    hosted = offloaded_layers(k, layer_input, plan.nproc, plan.host_bytes) if offload else 0
     # A recomputed layer keeps its input; with train.recompute_attention=false a full-attention one also keeps its
     # kernel's output and log-sum-exp (fp32) from forward.
     attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens \
@@ -271,10 +271,11 @@ def activation_memory(s: Step) -> ActivationMemory:
         kept_at += recomputed_kept[i] if i < k else per_layer[i]
         worst = max(worst, kept_at + (per_layer[i] + back - recomputed_kept[i] if i < k else 0.0))
     host_offload = hosted * layer_input
-    if offloads_activations(s.spec, plan.device):
+    host_short = (k - hosted) * layer_input if offload else 0.0
+    if offload:
         notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank"
                      + (f" ({hosted} of {k} recomputed layers' inputs, all the node's host holds: the other "
-                        f"{k - hosted} stay on the GPU, {gib((k - hosted) * layer_input):.1f} GiB)" if hosted < k else ""))
+                        f"{k - hosted} stay on the GPU, {gib(host_short):.1f} GiB)" if hosted < k else ""))
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and t.packing:
@@ -294,8 +295,7 @@ def activation_memory(s: Step) -> ActivationMemory:
         transient=backward_transient_bytes(arch, cb, tiling.on, flash_backward_workspace_bytes(arch)
                                            if s.cuda and plan.attn == "varlen" and plan.attn_kernel == "torch" else 0.0) * tokens
         + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
-        score_transient=score_transient, host_offload=host_offload,
-        host_short=(k - hosted) * layer_input if offloads_activations(s.spec, plan.device) else 0.0, notes=tuple(notes))
+        score_transient=score_transient, host_offload=host_offload, host_short=host_short, notes=tuple(notes))
 
 
 @dataclass(frozen=True)
