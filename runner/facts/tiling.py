@@ -60,6 +60,33 @@ def attention_bytes(arch: Arch, i: int, b: int) -> float:
     return b * (2 * arch.q_dim + 2 * arch.kv_dim)
 
 
+def flash_backward_workspace_bytes(arch: Arch) -> float:
+    """Per token, what FlashAttention-2's varlen backward (torch's varlen kernel) allocates beside the q, k and v
+    gradients: dq accumulated in fp32 (4 bytes × q_dim; plus 128 rows per document, not counted), and with fewer
+    KV heads than query heads the k and v gradients of every query head, in bf16, before they are summed per KV head
+    (2 × 2 bytes × q_dim). Measured on an H100: the Qwen3-4B layout's tiled layers ran out of memory asking for
+    exactly these two (3.50 GiB at 458,752 tokens, 2 bytes × q_dim; 7.44 GiB at 425,984, dq's fp32 with its
+    per-document rows)."""
+    return 4 * arch.q_dim + (4 * arch.q_dim if arch.kv_heads < arch.heads else 0)
+
+
+HEAD_GROUPS_WHEN_SHARE = 1 / 16
+"""A tiled layer's attention differentiates one KV-head group at a time when the flash kernel's backward workspace
+for the whole block would take more than this share of the GPU (as TILE_WHEN_SHARE weighs the MLP's)."""
+
+
+def attention_head_groups(arch: Arch, tiled: bool, attn: str, device: str, tokens: int, gpu_bytes: float) -> int:
+    """KV-head groups a tiled layer's varlen attention runs its backward in (runner.train.head_groups): every KV head
+    on its own where the flash kernel's workspace (`flash_backward_workspace_bytes`) over the block would exceed
+    HEAD_GROUPS_WHEN_SHARE of the GPU (of `gpu_bytes`), at the price of one more attention forward a layer; else 1,
+    the kernel's own backward. One rule for the engine and the estimator."""
+    if not (tiled and attn == "varlen" and device == "cuda" and arch.kv_heads > 1 and gpu_bytes):
+        return 1
+    if flash_backward_workspace_bytes(arch) * tokens <= HEAD_GROUPS_WHEN_SHARE * gpu_bytes:
+        return 1
+    return arch.kv_heads
+
+
 @dataclass(frozen=True)
 class TiledMlp:
     on: bool

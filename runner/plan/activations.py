@@ -5,7 +5,13 @@ from __future__ import annotations
 from runner.facts.catalog import LAYER_LINEAR, Arch
 from runner.facts.decisions import ULYSSES
 from runner.facts.families import family
-from runner.facts.tiling import NORM_BACKWARD_BYTES, NORM_TILE_FACTOR, mlp_backward_width, mlp_intermediate_bytes
+from runner.facts.tiling import (
+    NORM_BACKWARD_BYTES,
+    NORM_TILE_FACTOR,
+    flash_backward_workspace_bytes as flash_backward_workspace_bytes,  # the estimator reads it here
+    mlp_backward_width,
+    mlp_intermediate_bytes,
+)
 from runner.plan.constants import (
     ACTIVATION_CALIBRATION,
     GDN_CHUNK,
@@ -81,22 +87,19 @@ def layer_activation_bytes(arch: Arch, i: int, attn: str, b: int, seq_len: int, 
     return n * ACTIVATION_CALIBRATION
 
 
-def flash_backward_workspace_bytes(arch: Arch) -> float:
-    """Per token, what FlashAttention-2's varlen backward (torch's varlen kernel) allocates beside the q, k and v
-    gradients: dq accumulated in fp32 (4 bytes × q_dim; plus 128 rows per document, not counted), and with fewer
-    KV heads than query heads the k and v gradients of every query head, in bf16, before they are summed per KV head
-    (2 × 2 bytes × q_dim). Measured on an H100: the Qwen3-4B layout's tiled layers ran out of memory asking for
-    exactly these two (3.50 GiB at 458,752 tokens, 2 bytes × q_dim; 7.44 GiB at 425,984, dq's fp32 with its
-    per-document rows)."""
-    return 4 * arch.q_dim + (4 * arch.q_dim if arch.kv_heads < arch.heads else 0)
-
-
-def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False, workspace: float = 0.0) -> float:
+def backward_transient_bytes(arch: Arch, b: int, tiled: bool = False, workspace: float = 0.0,
+                             head_groups: int = 1) -> float:
     """Gradient tensors alive at once inside one layer's backward, per token. Tiled, the MLP's widest gradient and
     the RMSNorms' fp32 backward are a tile's (`tile_bytes`): what grows with the block is the attention's backward,
     its q, k and v gradients beside the hidden state's gradients in and out (measured: tests/unit/
-    test_tiled_mlp.py) and the attention kernel's own `workspace` per token (`flash_backward_workspace_bytes`)."""
+    test_tiled_mlp.py) and the attention kernel's own `workspace` per token (`flash_backward_workspace_bytes`).
+    In `head_groups` (runner.train.head_groups) the kernel runs on one group at a time: its workspace is a group's,
+    beside that group's recomputed output and log-sum-exp, its contiguous q, k, v and output-gradient slices and its
+    q, k, v gradients before they are copied into the whole's."""
     if tiled and not arch.linear_key_dim:
+        if head_groups > 1:
+            group = workspace + b * (4 * arch.q_dim + 4 * arch.kv_dim) + 4 * arch.heads
+            return b * (2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim) + group / head_groups
         return b * (2 * arch.hidden + arch.q_dim + 2 * arch.kv_dim) + workspace
     widest = max(0 if tiled else mlp_backward_width(arch), 2 * arch.linear_key_dim + arch.linear_value_dim,
                  2 * arch.q_dim)

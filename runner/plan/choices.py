@@ -22,7 +22,7 @@ from runner.facts.decisions import fused_chunk_tokens_for as fused_chunk_tokens 
 from runner.errors import Problem, UserError
 from runner.engines import engine_for
 from runner.facts.gpus import GpuType, detect_gpu, gpu_type, host_capacity, machine_of
-from runner.facts.tiling import TiledMlp, tiled_mlp_choice
+from runner.facts.tiling import TiledMlp, attention_head_groups, tiled_mlp_choice
 from runner.machine import Machine, ranks_per_node, target_machine
 from runner.spec import RunSpec, weights_dtype
 
@@ -76,12 +76,22 @@ class Plan:
         return loss_chunk_tokens(self.loss_impl, self.arch.vocab)
 
     @property
+    def gpu_bytes(self) -> float:
+        return self.gpu.memory_gib * 2**30 if self.gpu else 0.0
+
+    @property
     def tiled_mlp(self) -> TiledMlp:
         """Whether the MLP runs in tiles and how long they are, as the native engine decides (runner.facts.tiling)."""
         t = self.spec.train
-        gpu_bytes = self.gpu.memory_gib * 2**30 if self.gpu else 0.0
         return tiled_mlp_choice(t.tiled_mlp, self.spec.engine, self.device, self.arch, self.tokens_per_rank,
-                                gpu_bytes, t.compile)
+                                self.gpu_bytes, t.compile)
+
+    @property
+    def head_groups(self) -> int:
+        """KV-head groups a tiled layer's attention backward runs in, as the native engine decides
+        (runner.facts.tiling.attention_head_groups)."""
+        return attention_head_groups(self.arch, self.tiled_mlp.on, self.attn, self.device, self.tokens_per_rank,
+                                     self.gpu_bytes)
 
     @property
     def precision(self) -> Precision:

@@ -238,8 +238,10 @@ def activation_memory(s: Step) -> ActivationMemory:
     tiling = plan.tiled_mlp
     per_layer = [layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch,
                                         tiled=tiling.on) * tokens * compiled for i in range(arch.layers)]
+    groups = plan.head_groups
     if tiling.on:
-        notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens, RMSNorms recomputed")
+        notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens, RMSNorms recomputed"
+                     + (f"; attention's backward one of {groups} KV-head groups at a time" if groups > 1 else ""))
     if plan.gdn_torch and any(arch.layer_type(i) == LAYER_LINEAR for i in range(arch.layers)):
         notes.append("gated-delta layers through the PyTorch path (flash-linear-attention not installed): "
                      "fp32 intermediates counted")
@@ -293,7 +295,8 @@ def activation_memory(s: Step) -> ActivationMemory:
         kept=kept, recompute_last=worst - kept, recompute_first=per_layer[0] if k else 0.0,
         kept_first=layer_input if k else per_layer[0],  # by the first layer's backward the others' are freed
         transient=backward_transient_bytes(arch, cb, tiling.on, flash_backward_workspace_bytes(arch)
-                                           if s.cuda and plan.attn == "varlen" and plan.attn_kernel == "torch" else 0.0) * tokens
+                                           if s.cuda and plan.attn == "varlen" and plan.attn_kernel == "torch" else 0.0,
+                                           groups) * tokens
         + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
         score_transient=score_transient, host_offload=host_offload, host_short=host_short, notes=tuple(notes))
 

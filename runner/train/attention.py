@@ -34,6 +34,7 @@ from runner.facts.decisions import choose_attention as choose_attention  # bench
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
 from runner.engines import tokens_per_forward
+from runner.train.head_groups import attend_in_groups
 from runner.train.masks import (  # noqa: F401
     PACKED_MASK_HOOK,
     TEXT_POSITION_ROW,
@@ -173,6 +174,16 @@ def _kernel_params(kernel: Callable[..., Any]) -> frozenset[str]:
         return frozenset()
 
 
+_head_groups = 1
+"""KV-head groups varlen attention's backward runs in (runner.train.head_groups; 1 = the kernel's own backward)."""
+
+
+def set_head_groups(groups: int) -> None:
+    """The native engine's choice for its tiled layers (runner.facts.tiling `attention_head_groups`)."""
+    global _head_groups
+    _head_groups = max(1, int(groups))
+
+
 def set_varlen_kernel(kernel: Callable[..., torch.Tensor] | None) -> None:
     """Use another kernel with varlen_attn's signature (tests use `reference_varlen_attn`); None = torch's."""
     global _varlen
@@ -257,7 +268,12 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         else:
             rep = heads_q // heads_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = kernel(q, k, v, cu_q, cu_k, _length(max_q), _length(max_k), **extra)
+    max_q, max_k = _length(max_q), _length(max_k)
+    if _head_groups > 1:  # a tiled layer's long block: the backward one KV-head group at a time
+        out = attend_in_groups(lambda q, k, v: kernel(q, k, v, cu_q, cu_k, max_q, max_k, **extra), _head_groups,
+                               q, k, v)
+    else:
+        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
     return out[..., :v_dim].reshape(batch, length, heads_q, v_dim), None
 
 

@@ -146,9 +146,9 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.facts.catalog import parse_arch
     from runner.facts.decisions import choose_loss, loss_chunk_tokens, sequence_parallel_attention
     from runner.engines import lever_values
-    from runner.facts.tiling import tiled_mlp_choice
+    from runner.facts.tiling import attention_head_groups, tiled_mlp_choice
     from runner.errors import Problem, SpecError
-    from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types
+    from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types, set_head_groups
     from runner.train.evaluation import attach_eval
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
@@ -183,10 +183,12 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
         if rt.device == "cuda" else 0.0
-    tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, parse_arch(config.to_dict()),
-                              t.seq_len * t.micro_batch // sp.size, gpu_bytes, t.compile)
-    hosted = hosted_layer_inputs(spec, config, len(model_mod.text_decoder_layers(model)),
-                                 t.seq_len * t.micro_batch // sp.size, rt.device)
+    arch = parse_arch(config.to_dict())
+    tokens = t.seq_len * t.micro_batch // sp.size
+    tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, arch, tokens, gpu_bytes, t.compile)
+    head_groups = attention_head_groups(arch, tiling.on, attn.impl, rt.device, tokens, gpu_bytes)
+    set_head_groups(head_groups)
+    hosted = hosted_layer_inputs(spec, config, len(model_mod.text_decoder_layers(model)), tokens, rt.device)
     model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
                         t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
                         mlp_tile=tiling.tile_tokens if tiling.on else None, offload_layers=hosted)
@@ -207,7 +209,8 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "lora_left_out": lora_left_out,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
-            "sequence_parallel": sp.size, "offloaded_layers": hosted}
+            "sequence_parallel": sp.size, "offloaded_layers": hosted,
+            "attention_head_groups": head_groups}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info, "sp": sp}
 

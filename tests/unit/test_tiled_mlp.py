@@ -325,4 +325,6 @@ def test_a_tiled_layers_attention_backward_counts_the_flash_kernels_workspace():
     torch_k, fa4 = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"model.varlen_kernel={k}"]), suggest=False)
                     for k in ("torch", "flash-attn-4"))
     assert torch_k.attn_implementation == fa4.attn_implementation == "varlen"
-    assert torch_k.per_gpu_allocated_gib - fa4.per_gpu_allocated_gib == pytest.approx(8 * 4096 * n / 2**30, abs=0.05)
+    # At this length the layers attend in KV-head groups (runner.facts.tiling.attention_head_groups): the kernel's
+    # workspace is one group's of 8.
+    assert torch_k.per_gpu_allocated_gib - fa4.per_gpu_allocated_gib == pytest.approx(4096 * n / 2**30, abs=0.05)

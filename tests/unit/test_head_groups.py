@@ -1,0 +1,131 @@
+"""Attention differentiated one KV-head group at a time (runner.train.head_groups): the whole attention's output and
+gradients, alone and inside a tiled, recomputed layer; when the planner asks for it and what the estimator counts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from runner.train import attention
+from runner.train.data import collate
+from runner.train.head_groups import HeadGroups, attend_in_groups
+from runner.train.loss import full_loss_sum
+from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.tiling import tile_layers
+from tests.families import family_config
+from tests.unit.test_families import _assert_same, _documents, _grads, _packed_block
+
+CU = torch.tensor([0, 5, 17, 18, 40], dtype=torch.int32)  # four documents, one of a single token
+
+
+def _attend(q, k, v):
+    return attention.reference_varlen_attn(q, k, v, CU, CU, 22, 22, window_size=(-1, 0), enable_gqa=True)
+
+
+def _qkv(heads_q: int, heads_kv: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    tokens = int(CU[-1])
+    return [torch.randn(tokens, h, 16, generator=g, requires_grad=True) for h in (heads_q, heads_kv, heads_kv)]
+
+
+def _out_and_grads(fn, q, k, v):
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.linspace(-1, 1, out.numel()).view_as(out))
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("heads_q, heads_kv, groups", [(8, 2, 2), (8, 2, 4), (4, 4, 4), (6, 3, 3)])
+def test_head_groups_give_the_whole_attention_s_output_and_gradients(heads_q, heads_kv, groups):
+    q, k, v = _qkv(heads_q, heads_kv)
+    out, grads = _out_and_grads(_attend, q, k, v)
+    calls: list[int] = []
+
+    def counted(q_, k_, v_):
+        calls.append(k_.shape[1])
+        return _attend(q_, k_, v_)
+
+    grouped_out, grouped_grads = _out_and_grads(lambda *x: attend_in_groups(counted, groups, *x), q, k, v)
+    torch.testing.assert_close(grouped_out, out, rtol=0, atol=0)
+    for a, b in zip(grouped_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    runs = min(groups, heads_kv) if heads_kv % groups else groups  # 4 groups of 2 KV heads fall back to 2
+    assert len(calls) == 2 * runs and set(calls) == {heads_kv // runs}  # forward, then backward, a group each
+
+
+def test_head_groups_step_aside_where_nothing_takes_a_gradient():
+    q, k, v = (x.detach() for x in _qkv(8, 2))
+    assert attend_in_groups(_attend, 2, q, k, v).grad_fn is None
+    q.requires_grad_()
+    assert attend_in_groups(_attend, 2, q, k, v).grad_fn.name().endswith(HeadGroups.__name__ + "Backward")
+    with torch.no_grad():
+        assert attend_in_groups(_attend, 2, q, k, v).grad_fn is None
+
+
+@pytest.fixture
+def reference_varlen():
+    attention.set_varlen_kernel(attention.reference_varlen_attn)
+    attention.register_varlen()
+    yield
+    attention.set_varlen_kernel(None)
+    attention.set_head_groups(1)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama"])
+def test_a_tiled_recomputed_layer_attending_in_head_groups_trains_as_the_plain_one(name, reference_varlen,
+                                                                                  monkeypatch):
+    config = family_config(name)
+    assert config.num_key_value_heads > 1
+    torch.manual_seed(0)
+    config.initializer_range = 0.2
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="varlen", dtype=torch.float32)
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    reference = _grads(model, lambda: full_loss_sum(model, batch))
+    grouped = copy.deepcopy(model)
+    tile_layers(text_decoder_layers(grouped), 37)
+    grouped.train()
+    enable_recompute(grouped, None)
+    attention.set_head_groups(config.num_key_value_heads)
+    backward_calls: list[int] = []
+    backward = HeadGroups.backward
+    monkeypatch.setattr(HeadGroups, "backward", staticmethod(lambda ctx, g: backward_calls.append(1) or backward(ctx, g)))
+    _assert_same(_grads(grouped, lambda: full_loss_sum(grouped, batch)), reference, f"{name} in head groups")
+    assert len(backward_calls) == config.num_hidden_layers
+
+
+QWEN3_4B = {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
+
+
+def test_tiled_layers_attend_in_head_groups_where_the_kernels_workspace_would_take_a_share_of_the_gpu():
+    from runner.facts.catalog import parse_arch
+    from runner.facts.tiling import HEAD_GROUPS_WHEN_SHARE, attention_head_groups, flash_backward_workspace_bytes
+
+    arch = parse_arch(QWEN3_4B)
+    gpu = 80 * 2**30
+    edge = int(HEAD_GROUPS_WHEN_SHARE * gpu / flash_backward_workspace_bytes(arch))  # 163,840 tokens
+    assert attention_head_groups(arch, True, "varlen", "cuda", edge, gpu) == 1
+    assert attention_head_groups(arch, True, "varlen", "cuda", edge + 1, gpu) == 8
+    for tiled, attn, device in ((False, "varlen", "cuda"), (True, "flex", "cuda"), (True, "varlen", "cpu")):
+        assert attention_head_groups(arch, tiled, attn, device, 4 * edge, gpu) == 1
+
+
+def test_the_estimate_counts_one_groups_workspace_and_temporaries():
+    """Qwen3-4B on an H100 at 262,144 tokens, tiled: the kernel's workspace (8 bytes × q_dim a token) is one group's
+    of 8, beside that group's slices, output and gradients: 7/8 of 32 KiB a token less 1/8 of the group's own."""
+    from runner.facts.catalog import parse_arch
+    from runner.plan import estimate
+    from runner.plan.activations import backward_transient_bytes
+    from runner.spec import load_spec
+
+    arch = parse_arch(QWEN3_4B)
+    whole, grouped = (backward_transient_bytes(arch, 2, True, 8 * 4096, g) for g in (1, 8))
+    assert whole - grouped == pytest.approx(7 / 8 * 8 * 4096 - (2 * (4 * 4096 + 4 * 1024) + 4 * 32) / 8)
+    n = 262144
+    sets = ["train.compile=false", "train.recompute_layers=null", "train.activation_checkpointing=true",
+            "train.offload_activations=true", f"train.seq_len={n}", "hardware.gpu=H100-80GB"]
+    tiled, untiled = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"train.tiled_mlp={v}"]), suggest=False)
+                      for v in ("true", "false"))
+    assert "8 KV-head groups" in tiled.approximate_reason and "KV-head" not in untiled.approximate_reason
