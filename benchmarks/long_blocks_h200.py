@@ -91,14 +91,15 @@ def search(name: str, folder: Path, model_id: str, grid: str, out: Path, runs: P
 def budget(folders: dict[str, Path], host_gib: float) -> None:
     """The estimator's side, no GPU needed: per layout and block length, where the bytes go on one H200, and the
     largest block it predicts on the GPU alone and with a node of `host_gib` of host memory (layer inputs the host
-    cannot hold stay on the GPU: runner.facts.gpus.offloaded_layers)."""
+    cannot hold are regenerated in backward, one per hosted layer, and the rest stay on the GPU:
+    runner.facts.gpus.offloaded_layers, regenerated_layers)."""
     from runner.cli.bench_limit import grid, predicted_limit
     from runner.plan import estimate
     from runner.spec import load_spec
 
     print("| layout, tokens per block | host GiB | GPU total | states | activations | fragmentation | "
-          "host: offloaded inputs | inputs kept on the GPU |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "host: offloaded inputs | inputs regenerated | inputs kept on the GPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     limits = []
     for name, folder in folders.items():
         for host in (None, host_gib):
@@ -113,11 +114,12 @@ def budget(folders: dict[str, Path], host_gib: float) -> None:
                 e = estimate(spec.model_copy(update={"train": spec.train.model_copy(update={"seq_len": n})}),
                              suggest=False)
                 b = e.breakdown
-                kept = next((r.split("the other ")[1].rstrip(")") for r in e.approximate_reason.split("; ")
-                             if "stay on the GPU" in r and r.startswith("activation offload")), "0")
+                why = e.approximate_reason
+                regenerated = why.split(" more regenerated")[0].rsplit(" ", 1)[-1] if " more regenerated" in why else "0"
+                kept = why.split("the other ")[1].split(")")[0] if "stay on the GPU" in why else "0"
                 print(f"| {name}, {n:,} | {host or 'unlimited'} | {e.per_gpu_gib:.1f} | "
                       f"{b['params'] + b['grads'] + b['optimizer']:.1f} | {b['activations'] + b['logits_loss']:.1f} | "
-                      f"{b['fragmentation']:.1f} | {e.host_offload_gib:.1f} | {kept} |")
+                      f"{b['fragmentation']:.1f} | {e.host_offload_gib:.1f} | {regenerated} | {kept} |")
     for name, host, at in limits:
         print(f"{name}: largest predicted block {at:,} ({'host ' + format(host, 'g') + ' GiB' if host else 'host unlimited'})")
 

@@ -129,6 +129,9 @@ class TrainBeginEvent(Event):
     offloaded_layers: int | None = None
     """Recomputed layers whose input waited in host memory (train.offload_activations: as many as the node's host
     holds, runner.facts.gpus.offloaded_layers); absent where nothing offloads. Where, not what: replay does not pin it."""
+    regenerated_layers: int | None = None
+    """Recomputed layers whose input, beyond what the host held, was regenerated in backward from the layer before's
+    (runner.facts.gpus.regenerated_layers); absent where nothing offloads. Not pinned, as offloaded_layers."""
     attention_head_groups: int | None = None
     """KV-head groups a tiled layer's attention ran its backward in (runner.facts.tiling.attention_head_groups; 1 =
     the kernel's own backward); absent from engines that never group. Follows the block length and the GPU, not pinned."""
@@ -136,7 +139,7 @@ class TrainBeginEvent(Event):
     DECISIONS: ClassVar[tuple[str, ...]] = (
         "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
         "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel",
-        "offloaded_layers", "attention_head_groups")
+        "offloaded_layers", "regenerated_layers", "attention_head_groups")
     """The train_begin keys that say what the engine decided (rather than what it counted)."""
 
     def decisions(self) -> dict[str, Any]:

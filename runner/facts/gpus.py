@@ -180,3 +180,22 @@ def offloaded_layers(recomputed: int, layer_input_bytes: float, ranks_per_node: 
         return recomputed
     room = host_bytes - HOST_RESERVE_BYTES - ranks_per_node * HOST_RANK_BYTES
     return max(0, min(recomputed, int(room // (ranks_per_node * layer_input_bytes))))
+
+
+def regenerated_layers(recomputed: int, hosted: int, eager: bool) -> int:
+    """Of the recomputed layers whose input the host cannot hold, how many regenerate it in backward instead, from
+    the layer before's input in host memory (runner.train.regenerate): one per hosted layer, as many as are short.
+    Eager layers only: a compiled layer's forward run again outside its graph could differ in the last bits. The
+    rest keep their input on the GPU. The engine and the estimator both ask here."""
+    return max(0, min(hosted, recomputed - hosted)) if eager else 0
+
+
+HOSTED, SOURCE, REGENERATED, ON_GPU = "host", "source", "regenerated", "gpu"
+
+
+def layer_input_places(recomputed: int, hosted: int, regenerated: int) -> list[str]:
+    """Where each recomputed layer's input waits for its backward: the first 2 × `regenerated` layers in pairs, a
+    SOURCE (in host memory, read again to regenerate the next layer's) and a REGENERATED one; then HOSTED ones; the
+    last ON_GPU (backward frees them first, so they cost little at its peak)."""
+    pairs = [SOURCE, REGENERATED] * regenerated
+    return (pairs + [HOSTED] * (hosted - regenerated) + [ON_GPU] * recomputed)[:recomputed]

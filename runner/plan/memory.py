@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
-from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers, regenerated_layers
 from runner.engines import engine_for
 from runner.plan.activations import (
     _norm_bytes, backward_transient_bytes, flash_backward_workspace_bytes, layer_activation_bytes, tile_bytes)
@@ -85,6 +85,9 @@ class Memory:
     state_holes: float = 0.0
     """Reserved, not allocated: the first step's working set that one unwrapped TRL process reserves again in its
     second step, after the AdamW states (created at the first optimizer step) took the blocks it had freed."""
+    regenerated: int = 0
+    """Recomputed layers whose input is regenerated in backward (runner.facts.gpus.regenerated_layers): each runs
+    the layer before's forward once more."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,7 @@ class ActivationMemory:
     score_transient: float
     host_offload: float
     host_short: float
+    regenerated: int
     notes: tuple[str, ...]
 
 
@@ -256,11 +260,14 @@ def activation_memory(s: Step) -> ActivationMemory:
     # The first `hosted` of them as many as the node's host holds (all, where its memory is unknown).
     offload = offloads_activations(s.spec, plan.device)
     hosted = offloaded_layers(k, layer_input, plan.nproc, plan.host_bytes) if offload else 0
+    # Of the rest, as many as are hosted regenerate their input in backward from the layer before's (eager layers):
+    # at that moment the layer before's input is back on the GPU beside it, under the layer's own recompute peak.
+    regenerated = regenerated_layers(k, hosted, eager=not (t.compile and s.cuda)) if offload else 0
     # A recomputed layer keeps its input; with train.recompute_attention=false a full-attention one also keeps its
     # kernel's output and log-sum-exp (fp32) from forward.
     attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens \
         if keeps_attention_outputs(s.spec, plan.attn, plan.device) else 0.0
-    recomputed_kept = [(0.0 if i < hosted else layer_input)
+    recomputed_kept = [(0.0 if i < hosted + regenerated else layer_input)  # runner.facts.gpus.layer_input_places
                        + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i in range(k)]
     kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
@@ -273,11 +280,14 @@ def activation_memory(s: Step) -> ActivationMemory:
         kept_at += recomputed_kept[i] if i < k else per_layer[i]
         worst = max(worst, kept_at + (per_layer[i] + back - recomputed_kept[i] if i < k else 0.0))
     host_offload = hosted * layer_input
-    host_short = (k - hosted) * layer_input if offload else 0.0
+    short = k - hosted - regenerated
+    host_short = short * layer_input if offload else 0.0
     if offload:
+        regen = f"{regenerated} more regenerated in backward from the layer before's" if regenerated else ""
+        gpu = f"the other {short} stay on the GPU, {gib(host_short):.1f} GiB" if short else ""
         notes.append(f"activation offload: {gib(host_offload):.1f} GiB of pinned host memory per rank"
-                     + (f" ({hosted} of {k} recomputed layers' inputs, all the node's host holds: the other "
-                        f"{k - hosted} stay on the GPU, {gib(host_short):.1f} GiB)" if hosted < k else ""))
+                     + (f" ({hosted} of {k} recomputed layers' inputs, all the node's host holds: "
+                        + "; ".join(x for x in (regen, gpu) if x) + ")" if hosted < k else ""))
     mask = 0.0
     score_transient = 0.0
     if plan.attn in ("sdpa", "eager") and t.packing:
@@ -298,7 +308,8 @@ def activation_memory(s: Step) -> ActivationMemory:
                                            if s.cuda and plan.attn == "varlen" and plan.attn_kernel == "torch" else 0.0,
                                            groups) * tokens
         + (tile_bytes(arch, cb, tiling.tile_tokens) if tiling.on else 0.0), layer_input=layer_input, mask=mask,
-        score_transient=score_transient, host_offload=host_offload, host_short=host_short, notes=tuple(notes))
+        score_transient=score_transient, host_offload=host_offload, host_short=host_short, regenerated=regenerated,
+        notes=tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -505,7 +516,7 @@ def memory_model(plan: Plan) -> Memory:
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return Memory(phases, peak_phase, totals[peak_phase], phases[peak_phase].as_dict(), states.trainable, reasons,
                   states.expert_stack, reduce_pool, default_pool, act.host_offload, act.host_short,
-                  state_holes(s, parts))
+                  state_holes(s, parts), act.regenerated)
 
 
 @dataclass(frozen=True)

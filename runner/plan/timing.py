@@ -176,6 +176,12 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
         source += f"; attention through {plan.attn_kernel} at × {factor:g} that rate"
     else:
         step_s = flops / rate
+    # One more forward of a layer for each regenerated layer input (runner.train.regenerate), and of the attention
+    # for each layer attending in KV-head groups (runner.train.head_groups): a recomputed layer runs about four
+    # forwards' work (forward, recompute, a backward of two), its attention four and a half.
+    step_s += flops / rate * mem.regenerated / (4 * arch.layers)
+    if plan.head_groups > 1:
+        step_s += attn_flops / rate / 4.5
     if spec.method.kind == "lora" and mem.expert_stack:
         uses = (3 if t.activation_checkpointing else 2) * t.grad_accum
         moved = PARAMWRAPPER_TRAFFIC * uses * mem.expert_stack * 2 * sum(

@@ -25,6 +25,15 @@ def _slices(q: torch.Tensor, k: torch.Tensor, groups: int) -> list[tuple[slice, 
     return [(slice(g * per_q, (g + 1) * per_q), slice(g * per_kv, (g + 1) * per_kv)) for g in range(groups)]
 
 
+def _forward(attend: Callable[..., torch.Tensor], groups: int, q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> torch.Tensor:
+    out = q.new_empty(*q.shape[:2], v.shape[-1])
+    with torch.no_grad():
+        for hq, hk in _slices(q, k, groups):
+            out[:, hq] = attend(q[:, hq].contiguous(), k[:, hk].contiguous(), v[:, hk].contiguous())
+    return out
+
+
 class HeadGroups(torch.autograd.Function):
     """out = attend(q, k, v) for q, k, v of [tokens, heads, head_dim], computed and differentiated one KV-head group
     at a time (see the module docstring). `attend` holds the documents' boundaries and the kernel's options."""
@@ -34,11 +43,7 @@ class HeadGroups(torch.autograd.Function):
                 v: torch.Tensor) -> torch.Tensor:
         ctx.attend, ctx.groups = attend, groups
         ctx.save_for_backward(q, k, v)
-        out = q.new_empty(*q.shape[:2], v.shape[-1])
-        with torch.no_grad():
-            for hq, hk in _slices(q, k, groups):
-                out[:, hq] = attend(q[:, hq].contiguous(), k[:, hk].contiguous(), v[:, hk].contiguous())
-        return out
+        return _forward(attend, groups, q, k, v)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
@@ -56,10 +61,13 @@ class HeadGroups(torch.autograd.Function):
 
 def attend_in_groups(attend: Callable[..., torch.Tensor], groups: int, q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor) -> torch.Tensor:
-    """`attend(q, k, v)`, its backward one of `groups` KV-head groups at a time where it pays: with gradients to
-    take and more than one group (a count that does not divide the KV heads falls back to their greatest common
-    divisor)."""
+    """`attend(q, k, v)` one of `groups` KV-head groups at a time (a count that does not divide the KV heads falls
+    back to their greatest common divisor), its backward too where there are gradients to take. Without them the
+    groups run all the same: a forward run again without gradients (a regenerated layer input) then makes the
+    kernel calls, and the bits, of the forward it repeats."""
     groups = math.gcd(groups, k.shape[1])
-    if groups <= 1 or not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+    if groups <= 1:
         return attend(q, k, v)
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+        return _forward(attend, groups, q, k, v)
     return HeadGroups.apply(attend, groups, q, k, v)

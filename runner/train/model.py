@@ -179,13 +179,15 @@ def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) ->
 
 def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False,
                      inside_compile: bool = False, recompute_attention: bool = True,
-                     offload_layers: int | None = None) -> int:
+                     offload_layers: int | None = None, regenerate: bool = False) -> int:
     """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all).
 
     The layers left out keep their activations from forward to backward. With `offload` the inputs of the first
     `offload_layers` recomputed layers (None = all) wait in host memory (runner.train.offload), the others' on the
-    GPU. With `inside_compile` each recomputed layer's forward becomes a checkpoint region for the layer's
-    compilation (`checkpoint_in_compile`; the caller compiles the layers). Returns how many layers recompute.
+    GPU, or with `regenerate` (eager layers) as many of them as there are hosted ones are computed again in backward
+    from the layer before's (runner.train.regenerate). With `inside_compile` each recomputed layer's forward becomes
+    a checkpoint region for the layer's compilation (`checkpoint_in_compile`; the caller compiles the layers).
+    Returns how many layers recompute.
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers ≥ 5.2x; the older name is a deprecated alias there
@@ -204,13 +206,33 @@ def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bo
         for layer in layers[:keep]:
             layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False,
                                                                    context_fn=keep_attention_context)
-    elif offload:
-        from runner.train.offload import offloaded_checkpoint
-
-        for layer in layers[:keep if offload_layers is None else min(offload_layers, keep)]:
-            # GradientCheckpointingLayer calls this in place of torch.utils.checkpoint.checkpoint.
-            layer._gradient_checkpointing_func = functools.partial(offloaded_checkpoint, use_reentrant=False)
+    elif offload or regenerate:
+        _place_layer_inputs(layers[:keep], offload, keep if offload_layers is None else min(offload_layers, keep),
+                            regenerate)
     return keep
+
+
+def _place_layer_inputs(layers: list[nn.Module], offload: bool, hosted: int, regenerate: bool) -> None:
+    """Each recomputed layer's checkpoint as runner.facts.gpus.layer_input_places puts its input: in host memory
+    (`offload`; runner.train.offload), regenerated from the layer before's (`regenerate`; runner.train.regenerate),
+    or on the GPU. GradientCheckpointingLayer calls `_gradient_checkpointing_func` in place of
+    torch.utils.checkpoint.checkpoint."""
+    from runner.facts.gpus import HOSTED, REGENERATED, SOURCE, layer_input_places, regenerated_layers
+    from runner.train.offload import offloaded_checkpoint
+    from runner.train.regenerate import InputChain, regenerated_checkpoint, source_checkpoint
+
+    chain = InputChain()
+    places = layer_input_places(len(layers), hosted, regenerated_layers(len(layers), hosted, regenerate))
+    for layer, place in zip(layers, places, strict=True):
+        if place == HOSTED and offload:
+            func = functools.partial(offloaded_checkpoint, use_reentrant=False)
+        elif place == SOURCE:
+            func = functools.partial(source_checkpoint, chain, layer, offload, use_reentrant=False)
+        elif place == REGENERATED:
+            func = functools.partial(regenerated_checkpoint, chain, use_reentrant=False)
+        else:
+            continue
+        layer._gradient_checkpointing_func = func
 
 
 def weights_bf16(model: nn.Module) -> bool:
@@ -244,7 +266,8 @@ def shard_model(model: nn.Module, device: str, activation_checkpointing: bool,
     if activation_checkpointing:
         # Offload works through saved-tensor hooks around an eager checkpoint, so it keeps transformers' wrapper.
         enable_recompute(model, recompute_layers, offload=offload, inside_compile=compile_layers and not offload,
-                         recompute_attention=recompute_attention, offload_layers=offload_layers)
+                         recompute_attention=recompute_attention, offload_layers=offload_layers,
+                         regenerate=offload and not compile_layers)
     world = torch.distributed.get_world_size()
     layers = decoder_layers(model)
     if compile_layers:

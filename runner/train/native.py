@@ -153,7 +153,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     from runner.train.loss import attach_chunked_loss
     from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
     from runner.facts.catalog import in_vision_part
-    from runner.train.offload import hosted_layer_inputs
+    from runner.train.offload import hosted_layer_inputs, regenerated_layer_inputs
     from runner.train.optim import allocate_states, build_optimizer
 
     t = spec.train
@@ -210,6 +210,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
             "sequence_parallel": sp.size, "offloaded_layers": hosted,
+            "regenerated_layers": regenerated_layer_inputs(spec, len(model_mod.text_decoder_layers(model)), hosted),
             "attention_head_groups": head_groups}
     return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
             "pass_boundaries": pass_boundaries, "info": info, "sp": sp}

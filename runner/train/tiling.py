@@ -23,6 +23,23 @@ from runner.facts.catalog import in_vision_part
 from runner.facts.tiling import NORM_TILE_FACTOR
 
 
+def tiled_rows(mlp: Any, tile: int, x: torch.Tensor) -> Any:
+    """mlp(x) without gradients, `tile` rows of x at a time: what TiledRowsFunction's forward computes, and what a
+    forward without gradients (evaluation, a regenerated layer input) runs, so that both give the same bits."""
+    outs, extras = [], []
+    with torch.no_grad():
+        for part in x.split(tile):
+            out = mlp(part.unsqueeze(0))
+            if isinstance(out, tuple):  # gpt_oss returns (hidden, router scores); the layer drops the scores
+                extras.append(out[1:])
+                out = out[0]
+            outs.append(out.squeeze(0))
+    hidden = torch.cat(outs)
+    if not extras:
+        return hidden
+    return (hidden, *(torch.cat(e) if isinstance(e[0], torch.Tensor) else e[0] for e in zip(*extras, strict=True)))
+
+
 class TiledRowsFunction(torch.autograd.Function):
     """out = mlp(x), computed over `tile` rows of x (tokens × hidden) at a time: any module that maps each row on
     its own (the MLPs, and the RMSNorms of `recompute_norm`). `params` are the MLP's trainable
@@ -33,20 +50,10 @@ class TiledRowsFunction(torch.autograd.Function):
     def forward(ctx: Any, mlp: Any, tile: int, x: torch.Tensor, *params: torch.Tensor) -> Any:
         ctx.mlp, ctx.tile = mlp, tile
         ctx.save_for_backward(x)
-        outs, extras = [], []
-        with torch.no_grad():
-            for part in x.split(tile):
-                out = mlp(part.unsqueeze(0))
-                if isinstance(out, tuple):  # gpt_oss returns (hidden, router scores); the layer drops the scores
-                    extras.append(out[1:])
-                    out = out[0]
-                outs.append(out.squeeze(0))
-        hidden = torch.cat(outs)
-        if not extras:
-            return hidden
-        rest = tuple(torch.cat(e) if isinstance(e[0], torch.Tensor) else e[0] for e in zip(*extras, strict=True))
-        ctx.mark_non_differentiable(*(r for r in rest if isinstance(r, torch.Tensor)))
-        return (hidden, *rest)
+        out = tiled_rows(mlp, tile, x)
+        if isinstance(out, tuple):
+            ctx.mark_non_differentiable(*(r for r in out[1:] if isinstance(r, torch.Tensor)))
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor, *_: Any) -> Any:
@@ -116,13 +123,15 @@ def recompute_norm(norm: nn.Module, tile_elements: int) -> None:
     forward = norm.forward
 
     def recomputed(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs or not torch.is_grad_enabled():
+        if args or kwargs:
             return forward(hidden_states, *args, **kwargs)
         shape = hidden_states.shape
         params = tuple(p for p in norm.parameters() if p.requires_grad)
         rows = max(1, tile_elements // shape[-1])
-        out = TiledRowsFunction.apply(forward, rows, hidden_states.reshape(-1, shape[-1]), *params)
-        return out.view(shape)
+        flat = hidden_states.reshape(-1, shape[-1])
+        if not torch.is_grad_enabled():  # the same tiles: the same bits as with gradients, and no block-long fp32 copy
+            return tiled_rows(forward, rows, flat).view(shape)
+        return TiledRowsFunction.apply(forward, rows, flat, *params).view(shape)
 
     norm.forward = recomputed
 

@@ -55,13 +55,20 @@ def test_head_groups_give_the_whole_attention_s_output_and_gradients(heads_q, he
     assert len(calls) == 2 * runs and set(calls) == {heads_kv // runs}  # forward, then backward, a group each
 
 
-def test_head_groups_step_aside_where_nothing_takes_a_gradient():
+def test_without_gradients_the_groups_make_the_same_kernel_calls():
     q, k, v = (x.detach() for x in _qkv(8, 2))
-    assert attend_in_groups(_attend, 2, q, k, v).grad_fn is None
+    calls: list[int] = []
+
+    def counted(q_, k_, v_):
+        calls.append(k_.shape[1])
+        return _attend(q_, k_, v_)
+
+    plain = attend_in_groups(counted, 2, q, k, v)
+    assert plain.grad_fn is None and calls == [1, 1]
     q.requires_grad_()
     assert attend_in_groups(_attend, 2, q, k, v).grad_fn.name().endswith(HeadGroups.__name__ + "Backward")
     with torch.no_grad():
-        assert attend_in_groups(_attend, 2, q, k, v).grad_fn is None
+        assert torch.equal(attend_in_groups(_attend, 2, q, k, v), plain)
 
 
 @pytest.fixture

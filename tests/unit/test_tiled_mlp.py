@@ -158,14 +158,15 @@ def test_the_estimator_counts_what_tiling_takes_off_the_saved_activations():
 def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_cannot_hold(monkeypatch):
     """Qwen3-4B layout on one H200 at 425,984 tokens, every layer recomputed and offloaded (the committed limit run):
     auto tiles there, which frees GPU memory. On a node with 64 GiB of host memory the first 25 layers' inputs
-    (2.03 GiB each) go to the host and the other 11 stay on the GPU, which holds them, as the engine splits them;
-    with 12 GiB none can go, the GPU cannot hold all 36, and the estimate says host memory is why."""
+    (2.03 GiB each) go to the host and the other 11 regenerate theirs in backward, as the engine splits them; with
+    40 GiB 14 go, 14 regenerate and 8 stay on the GPU, which holds them; with 12 GiB none can go, the GPU cannot
+    hold all 36, and the estimate says host memory is why."""
     import psutil
     from transformers import AutoConfig
 
     from runner.plan import estimate
     from runner.spec import load_spec
-    from runner.train.offload import hosted_layer_inputs
+    from runner.train.offload import hosted_layer_inputs, regenerated_layer_inputs
 
     n = 425984
     sets = ["train.compile=false", "train.recompute_layers=null", "train.offload_activations=true",
@@ -185,13 +186,19 @@ def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_
     node(64)
     split = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert split.host_memory_gib == 64.0 and split.host_offload_gib == pytest.approx(25 * one, rel=1e-3)
-    assert "25 of 36 recomputed layers' inputs, all the node's host holds: the other 11 stay on the GPU" \
-        in split.approximate_reason
-    assert split.fits and tiled.per_gpu_gib + 10 < split.per_gpu_gib <= tiled.per_gpu_gib + 11 * one + 0.01
+    assert "25 of 36 recomputed layers' inputs, all the node's host holds: 11 more regenerated in backward from " \
+           "the layer before's)" in split.approximate_reason
+    assert split.fits and split.per_gpu_gib == pytest.approx(tiled.per_gpu_gib, abs=0.01)
     config = AutoConfig.from_pretrained(Path(__file__).resolve().parents[2] / "recipes" / "embedded" / "qwen3-4b")
     spec = load_spec("qwen3-4b-bench-h200", sets)
     assert hosted_layer_inputs(spec, config, 36, n, "cuda") == 25  # the engine's split is the estimator's
+    assert regenerated_layer_inputs(spec, 36, 25) == 11
     assert hosted_layer_inputs(spec, config, 36, n, "cpu") is None
+    node(40)  # 14 hosted, as many regenerated, 8 on the GPU
+    fewer = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
+    assert "14 of 36 recomputed layers' inputs, all the node's host holds: 14 more regenerated in backward from " \
+           "the layer before's; the other 8 stay on the GPU" in fewer.approximate_reason
+    assert fewer.fits and tiled.per_gpu_gib + 5 < fewer.per_gpu_gib <= tiled.per_gpu_gib + 8 * one + 0.01
     node(12)
     short = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert not short.fits and short.verdict == "does not fit" and short.host_offload_gib == 0

@@ -1,0 +1,108 @@
+"""Layer inputs regenerated in backward (runner.train.regenerate): the same loss and gradients as layers that keep
+their input, dropout and odd layouts included; where they go (runner.facts.gpus.layer_input_places); what the
+estimator counts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from runner.facts.gpus import HOSTED, ON_GPU, REGENERATED, SOURCE, layer_input_places, regenerated_layers
+from runner.train.data import collate
+from runner.train.loss import full_loss_sum
+from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.tiling import tile_layers
+from tests.families import family_config
+from tests.unit.test_families import _documents, _grads, _packed_block
+
+
+def test_pairs_first_then_hosted_inputs_then_the_gpu():
+    assert layer_input_places(6, 6, regenerated_layers(6, 6, True)) == [HOSTED] * 6
+    assert layer_input_places(6, 2, regenerated_layers(6, 2, True)) == [SOURCE, REGENERATED] * 2 + [ON_GPU] * 2
+    assert layer_input_places(6, 4, regenerated_layers(6, 4, True)) == [SOURCE, REGENERATED] * 2 + [HOSTED] * 2
+    assert layer_input_places(5, 0, regenerated_layers(5, 0, True)) == [ON_GPU] * 5
+    assert layer_input_places(4, 2, regenerated_layers(4, 2, False)) == [HOSTED] * 2 + [ON_GPU] * 2  # compiled
+
+
+def _model(layers: int, dropout: float = 0.0) -> torch.nn.Module:
+    config = family_config("qwen3")
+    config.num_hidden_layers = layers
+    config.layer_types = ["full_attention"] * layers
+    config.attention_dropout = dropout
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager" if dropout else "sdpa",
+                                            dtype=torch.float32)
+
+
+def _recomputed(model: torch.nn.Module, kept: int | None, tile: int | None = None) -> torch.nn.Module:
+    """A copy whose layers all recompute (in tiles of `tile` tokens, runner.train.tiling); with `kept`, only that
+    many keep their input and as many after them as there are regenerate it (the rest keep theirs too: without
+    offload every kept input stays where it is)."""
+    copied = copy.deepcopy(model)
+    if tile:
+        tile_layers(text_decoder_layers(copied), tile)
+    copied.train()
+    enable_recompute(copied, None, offload_layers=kept, regenerate=kept is not None)
+    return copied
+
+
+@pytest.mark.parametrize("layers, kept, tile", [(4, 2, None), (4, 1, None), (5, 3, None), (4, 2, 37)])
+def test_regenerated_inputs_give_the_kept_inputs_loss_and_gradients_bit_for_bit(layers, kept, tile):
+    """Tiled layers too: their norms and MLP run in the same tiles without gradients as with them."""
+    model = _model(layers)
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    plain = _recomputed(model, None, tile)
+    reference = _grads(plain, lambda: full_loss_sum(plain, batch))
+    paired = _recomputed(model, kept, tile)
+    regenerated = []
+    from runner.train import regenerate
+
+    original = regenerate._regenerate
+    try:
+        regenerate._regenerate = lambda p: regenerated.append(isinstance(p, regenerate._Regenerated)) or original(p)
+        loss, grads = _grads(paired, lambda: full_loss_sum(paired, batch))
+    finally:
+        regenerate._regenerate = original
+    assert sum(regenerated) == min(kept, layers - kept)
+    assert torch.equal(loss, reference[0])
+    assert grads.keys() == reference[1].keys() and all(torch.equal(grads[n], reference[1][n]) for n in grads)
+
+
+def test_a_regenerated_input_replays_the_first_forward_s_dropout():
+    model = _model(2, dropout=0.3)
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    plain = _recomputed(model, None)
+    torch.manual_seed(5)
+    reference = _grads(plain, lambda: full_loss_sum(plain, batch))
+    paired = _recomputed(model, 1)
+    torch.manual_seed(5)
+    loss, grads = _grads(paired, lambda: full_loss_sum(paired, batch))
+    assert torch.equal(loss, reference[0])
+    assert all(torch.equal(grads[n], reference[1][n]) for n in grads)
+    torch.manual_seed(6)  # and the dropout does move the result: the check above could fail
+    assert not torch.equal(_grads(plain, lambda: full_loss_sum(plain, batch))[0], reference[0])
+
+
+def test_the_regenerating_forward_skips_module_hooks_whichever_way_transformers_checkpoints():
+    """transformers ≥ 5.2x checkpoints a layer's `forward` (module hooks outside); earlier releases checkpoint
+    `nn.Module.__call__` (hooks inside): the regeneration calls the layer's forward either way, so FSDP2's hooks
+    never run in the middle of a backward (it asks for the unshard itself)."""
+    import functools
+
+    from runner.train.regenerate import _hookless
+
+    layer = torch.nn.Linear(4, 4)
+    calls: list[str] = []
+    layer.register_forward_pre_hook(lambda *_: calls.append("hook"))
+    x = torch.randn(2, 4)
+    older = functools.partial(torch.nn.Module.__call__.__get__(layer))
+    newer = functools.partial(type(layer).forward, layer)
+    for function in (older, newer):
+        assert torch.equal(_hookless(layer, function)(x), layer.forward(x))
+    assert calls == []
+    older(x)  # the older form itself runs the hooks
+    assert calls == ["hook"]
