@@ -18,7 +18,7 @@ from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
 from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
                            PredictedNotToFit, UserError)
 from runner.launch.replay import prepare_replay
-from runner.record.replay import compare, pinned_decisions, tolerance
+from runner.record.replay import CPU_PIN, compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 
@@ -268,7 +268,11 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
         return code
     _report(console, active)
     rec = active.record or {}
-    result = compare(original, rec, tolerance(spec))
+    result = compare(original, rec, tolerance(spec, rows))
+    other_cpu = next((r for r in rows if r["pin"] == CPU_PIN), None)
+    if other_cpu and spec.hardware.device == "cpu":
+        result["message"] += (f"; recorded on {other_cpu['recorded']}, replayed on {other_cpu['current']}: a CPU run "
+                              "replays bit for bit on its own CPU model only")
     if "max_abs_eval_loss_diff" in result:
         steps = "same eval steps" if result["eval_same_steps"] else "[red]different eval steps[/red]"
         console.print(f"eval curve: max |Δeval loss| = {result['max_abs_eval_loss_diff']:g} ({steps})")
