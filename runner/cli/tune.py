@@ -75,6 +75,17 @@ def tuned_recipe(spec_ref: str, overrides: list[str], fields: dict[str, Any], wh
     return f"# Tuned by `runner tune`: {why}\n" + yaml.safe_dump(data, sort_keys=False)
 
 
+def _fits_cell(est: Any, row: dict[str, Any], chosen: bool) -> str:
+    """One verdict for every row: "yes" within the planner's margin (hardware.headroom_gib), "tight" on the GPU but
+    inside that margin, "no". The chosen row's `fits` is the estimate's (the whole GPU), the others' the planner's
+    (its margin), so a chosen row that is tight read "yes" beside runners-up of the same size that read "no"."""
+    if chosen:
+        return {"fits": "yes", "tight": "tight"}.get(est.verdict, "no")
+    if row["fits"]:
+        return "yes"
+    return "tight" if row["per_gpu_gib"] <= est.gpu_memory_gib else "no"
+
+
 def print_plan(console: Console, est: Any, rows: list[dict[str, Any]] | None = None) -> None:
     console.print(f"levers: {est.levers_reason}")
     table = Table(show_header=True, title="candidates, fastest first (predicted)")
@@ -88,7 +99,7 @@ def print_plan(console: Console, est: Any, rows: list[dict[str, Any]] | None = N
             measured = ["-" if got is None else f"{got['step_s']:.3f}" if got.get("step_s") else
                         ("OOM" if got.get("fits") is False else got.get("status") or "failed")]
         table.add_row(levers.describe(est.arch["layers"]), f"{row['step_s']:.3f}", f"{row['per_gpu_gib']:.1f}",
-                      "yes" if row["fits"] else "no", *measured)
+                      _fits_cell(est, row, chosen=i == 0), *measured)
     console.print(table)
 
 

@@ -203,7 +203,8 @@ class Tuned:
         if not self.tuned:
             return f"{what}: as set"
         if not self.chosen.fits:
-            return f"{what}: nothing fits in {self.limit / GIB:.1f} GiB; this needs the least memory"
+            return (f"{what}: nothing fits within the planner's margin ({self.limit / GIB:.1f} of "
+                    f"{self.capacity / GIB:.1f} GiB, hardware.headroom_gib); this needs the least memory")
         return f"{what}: the fastest that leaves {left:.1f} GiB free"
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,6 +3,8 @@ GPU types, block lengths and world sizes; what it leaves alone; and the CPU reci
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from runner.engines import SPEED_LEVERS as LEVERS
@@ -154,3 +156,20 @@ def test_estimate_json_has_every_lever_resolved_and_the_runners_up(recipe, more,
         assert {"step_s", "per_gpu_gib", "fits", *LEVERS} <= set(row)
         if est["fits"] and row["fits"]:
             assert row["step_s"] >= est["step_s"]
+
+
+def test_the_candidates_table_judges_every_row_by_one_rule(capsys):
+    """A block only the planner's margin refuses: the chosen row and its runners-up of the same size read "tight"
+    alike (the chosen one once read "yes" beside runners-up of its size that read "no"), and the reason names the
+    margin."""
+    from runner.cli.main import main
+
+    folder = Path(__file__).resolve().parents[2] / "recipes" / "embedded" / "qwen3-4b"
+    code = main(["estimate", "qwen3-4b-bench-h200", "--set", f"model.path={folder}",
+                 "--set", "model.init=random", "--set", "train.seq_len=1048576", "--set", "hardware.gpu=H200",
+                 "--set", "hardware.host_memory_gib=125.8", "--set", "hardware.nproc_per_node=1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "nothing fits within the planner's margin (" in out
+    rows = [line for line in out.splitlines() if "recompute 35 of 36 layers" in line and "│" in line]
+    cells = [line.rstrip(" │").rsplit("│", 1)[1].strip() for line in rows]
+    assert cells[0] == "tight" and "yes" not in cells and "tight" in cells[1:], cells
