@@ -347,9 +347,10 @@ class DashboardScreen(Screen):
             code = active.wait()
             record = active.finish(code)
             if record is not None and self.original is not None:
-                from runner.record.replay import compare, tolerance
+                from runner.record.replay import compare, drift, tolerance
 
-                replay = compare(self.original, record, tolerance(active.spec))
+                rows = drift(self.original.get("pins") or {}, record.get("pins") or {})
+                replay = compare(self.original, record, tolerance(active.spec, rows))
         except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed
             error = f"{type(e).__name__}: {e}"
         self.post_message(RunEnded(record, code, replay, error))
