@@ -109,10 +109,12 @@ def regenerated_checkpoint(chain: InputChain, function: Any, *args: Any, **kwarg
     source, chain.source = chain.source, None
     if source is None or not args:
         return checkpoint(function, *args, **kwargs)
-    hidden = args[0]
+    # The input's id, not the input: autograd keeps the pack hook as long as the saved tensor, and a hook that held
+    # the input would keep it alive to the layer's backward, which is what regenerating it saves.
+    hidden = id(args[0])
 
     def pack(t: torch.Tensor) -> Any:
-        return _Regenerated(source, t) if t is hidden else t
+        return _Regenerated(source, t) if id(t) == hidden else t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _regenerate):
         return checkpoint(function, *args, **kwargs)

@@ -26,15 +26,21 @@ from runner.facts.tiling import NORM_TILE_FACTOR
 def tiled_rows(mlp: Any, tile: int, x: torch.Tensor) -> Any:
     """mlp(x) without gradients, `tile` rows of x at a time: what TiledRowsFunction's forward computes, and what a
     forward without gradients (evaluation, a regenerated layer input) runs, so that both give the same bits."""
-    outs, extras = [], []
+    hidden: torch.Tensor | None = None
+    extras = []
+    start = 0
     with torch.no_grad():
         for part in x.split(tile):
             out = mlp(part.unsqueeze(0))
             if isinstance(out, tuple):  # gpt_oss returns (hidden, router scores); the layer drops the scores
                 extras.append(out[1:])
                 out = out[0]
-            outs.append(out.squeeze(0))
-    hidden = torch.cat(outs)
+            out = out.squeeze(0)
+            if hidden is None:  # written tile by tile: the tiles and a concatenation of them were the block twice
+                hidden = out.new_empty(len(x), *out.shape[1:])
+            hidden[start:start + len(part)] = out
+            start += len(part)
+    assert hidden is not None
     if not extras:
         return hidden
     return (hidden, *(torch.cat(e) if isinstance(e[0], torch.Tensor) else e[0] for e in zip(*extras, strict=True)))
