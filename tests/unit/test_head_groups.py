@@ -136,3 +136,50 @@ def test_the_estimate_counts_one_groups_workspace_and_temporaries():
     tiled, untiled = (estimate(load_spec("qwen3-4b-bench-h200", [*sets, f"train.tiled_mlp={v}"]), suggest=False)
                       for v in ("true", "false"))
     assert "8 KV-head groups" in tiled.approximate_reason and "KV-head" not in untiled.approximate_reason
+
+
+class _FlashLike(torch.autograd.Function):
+    """FlashAttention-2's allocations, not its math: forward keeps q, k, v, its output and the fp32 log-sum-exp;
+    backward allocates dq in fp32 and the k and v gradients of every query head before summing them per KV head."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = q * 1
+        ctx.save_for_backward(q, k, v, out, torch.empty(q.shape[:2], dtype=torch.float32))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        dq, dk, dv = torch.zeros(q.shape, dtype=torch.float32), torch.zeros_like(q), torch.zeros_like(q)
+        per_kv = (q.shape[0], k.shape[1], q.shape[1] // k.shape[1], q.shape[2])
+        return dq.to(q.dtype) + grad, dk.view(per_kv).sum(2), dv.view(per_kv).sum(2)
+
+
+def test_a_backward_in_head_groups_holds_what_the_estimator_counts():
+    """Live bytes (benchmarks/activation_peak_cpu.py's tracker) of one attention backward over a kernel that
+    allocates as FlashAttention-2 does, 32 query and 8 KV heads: in 8 groups under half of the whole's, and each
+    within 12% over the estimator's count (its q, k, v gradients and the workspace, a group's at a time)."""
+    from runner.facts.catalog import parse_arch
+    from runner.facts.tiling import flash_backward_workspace_bytes
+    from runner.plan.activations import backward_transient_bytes
+    from tests.unit.test_tiled_mlp import _live_bytes
+
+    tokens, hidden = 4096, 512
+    arch = parse_arch({"model_type": "llama", "hidden_size": hidden, "intermediate_size": 1024, "num_hidden_layers": 1,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 16, "vocab_size": 128})
+    measured = {}
+    for groups in (1, 8):
+        mode = _live_bytes()(tokens)
+        with mode:
+            q = torch.randn(tokens, 32, 16).to(torch.bfloat16).requires_grad_()
+            k, v = (torch.randn(tokens, 8, 16).to(torch.bfloat16).requires_grad_() for _ in range(2))
+            out = attend_in_groups(_FlashLike.apply, groups, q, k, v)
+            grad = torch.randn_like(out)
+            mode.peak = before = mode.live
+            out.backward(grad)
+        measured[groups] = (mode.peak - before) / tokens
+    assert measured[8] < measured[1] / 2, measured
+    for groups, got in measured.items():  # the hidden state's gradients in and out are not part of this call
+        counted = backward_transient_bytes(arch, 2, True, flash_backward_workspace_bytes(arch), groups) - 4 * hidden
+        assert counted <= got <= 1.12 * counted, (groups, got, counted)
