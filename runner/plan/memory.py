@@ -87,7 +87,9 @@ class Memory:
     second step, after the AdamW states (created at the first optimizer step) took the blocks it had freed."""
     regenerated: int = 0
     """Recomputed layers whose input is regenerated in backward (runner.facts.gpus.regenerated_layers): each runs
-    the layer before's forward once more."""
+    the layer before's forward once more, from that layer's input brought back from host memory once more."""
+    layer_input: float = 0.0
+    """Bytes of one layer's input (its hidden states for the block)."""
 
 
 @dataclass(frozen=True)
@@ -516,7 +518,7 @@ def memory_model(plan: Plan) -> Memory:
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
     return Memory(phases, peak_phase, totals[peak_phase], phases[peak_phase].as_dict(), states.trainable, reasons,
                   states.expert_stack, reduce_pool, default_pool, act.host_offload, act.host_short,
-                  state_holes(s, parts), act.regenerated)
+                  state_holes(s, parts), act.regenerated, act.layer_input)
 
 
 @dataclass(frozen=True)

@@ -188,9 +188,9 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
             1 for i in range(arch.layers) if arch.is_moe_layer(i))
         step_s += moved / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
     if mem.host_offload:
-        # Each offloaded input comes back over the host link on the compute stream, just before its recompute
-        # (the forward copies run on a side stream, overlapped).
-        step_s += t.grad_accum * mem.host_offload / (HOST_LINK_GB_S * 1e9)
+        # Each offloaded input comes back over the host link on the compute stream, just before its recompute, and
+        # a regenerated input's source once more (the forward copies run on a side stream, overlapped).
+        step_s += t.grad_accum * (mem.host_offload + mem.regenerated * mem.layer_input) / (HOST_LINK_GB_S * 1e9)
     step_s += TRL_STEP_OVERHEAD_S if hf_trainer else \
         UNWRAPPED_STEP_OVERHEAD_S if unwrapped else GPU_STEP_OVERHEAD_S
     return step_s, hfu, source
