@@ -16,6 +16,7 @@ state and autocast of the first forward, so dropout and mixed precision give the
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -28,10 +29,11 @@ class _Source:
     """What regenerates the next layer's input: this layer, its forward's arguments, its saved input (a tensor, or
     host memory), and the random and autocast state its forward ran under."""
 
-    __slots__ = ("autocast", "forward", "layer", "packed", "rng", "unpack")
+    __slots__ = ("autocast", "forward", "layer", "output", "packed", "rng", "unpack")
 
     def __init__(self, layer: torch.nn.Module, forward: Any, packed: Any, unpack: Any, device: torch.device) -> None:
         self.layer, self.forward, self.packed, self.unpack = layer, forward, packed, unpack
+        self.output: weakref.ref | None = None  # the hidden states the layer returned, once it has
         self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
         self.autocast = (device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
 
@@ -65,7 +67,11 @@ def source_checkpoint(chain: InputChain, layer: torch.nn.Module, offload: bool, 
         return packed
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        return checkpoint(function, *args, **kwargs)
+        out = checkpoint(function, *args, **kwargs)
+    hidden = out[0] if isinstance(out, tuple) else out
+    if chain.source is not None and isinstance(hidden, torch.Tensor):
+        chain.source.output = weakref.ref(hidden)
+    return out
 
 
 class _Regenerated:
@@ -102,12 +108,25 @@ def _regenerate(packed: Any) -> torch.Tensor:
     return out
 
 
+def _is_output_of(source: _Source, x: Any) -> bool:
+    """`x` holds the very elements the source layer returned: the same tensor, or another view of the same memory
+    with the same layout (FSDP2's hooks hand a layer its input through an autograd function that returns a view).
+    The returned tensor must still be alive, so that its memory cannot have been reused."""
+    out = source.output() if source.output is not None else None
+    if out is None or not isinstance(x, torch.Tensor):
+        return False
+    return x is out or (x.data_ptr() == out.data_ptr() and x.shape == out.shape and x.stride() == out.stride()
+                        and x.dtype == out.dtype and x.device == out.device)
+
+
 def regenerated_checkpoint(chain: InputChain, function: Any, *args: Any, **kwargs: Any) -> Any:
     """Checkpoint `function` keeping nothing: its input (the layer before's output, handed over in `chain`) is
-    regenerated at the start of its backward. Without a source in `chain` it keeps its input, as a plain
-    checkpoint."""
+    regenerated at the start of its backward. Without a source in `chain`, or with an input that is not the
+    source's output, it keeps its input, as a plain checkpoint."""
     source, chain.source = chain.source, None
-    if source is None or not args:
+    # Only an input that is the layer before's output, as it returned it, can be computed again from that layer's:
+    # a model that changes the hidden states between its layers keeps this one's input.
+    if source is None or not args or not _is_output_of(source, args[0]):
         return checkpoint(function, *args, **kwargs)
     # The input's id, not the input: autograd keeps the pack hook as long as the saved tensor, and a hook that held
     # the input would keep it alive to the layer's backward, which is what regenerating it saves.

@@ -135,3 +135,25 @@ def test_a_regenerated_input_is_not_held_to_its_backward():
         peaks[kept] = mode.peak
     layer_input = 2 * config.hidden_size * tokens
     assert peaks[None] - peaks[2] >= layer_input, (peaks, layer_input)
+
+
+def test_an_input_the_model_changed_after_the_layer_before_is_kept():
+    """Only the layer before's own output can be computed again from its input: where something between the two
+    layers makes a new tensor of it (a forward pre-hook here), the input is kept, and the result stays exact."""
+    from runner.train import regenerate
+
+    model = _model(2)
+    text_decoder_layers(model)[1].register_forward_pre_hook(lambda _, args: (args[0] * 1.5, *args[1:]))
+    batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
+    plain = _recomputed(model, None)
+    reference = _grads(plain, lambda: full_loss_sum(plain, batch))
+    paired = _recomputed(model, 1)
+    regenerated = []
+    original = regenerate._regenerate
+    try:
+        regenerate._regenerate = lambda p: regenerated.append(isinstance(p, regenerate._Regenerated)) or original(p)
+        loss, grads = _grads(paired, lambda: full_loss_sum(paired, batch))
+    finally:
+        regenerate._regenerate = original
+    assert not any(regenerated)
+    assert torch.equal(loss, reference[0]) and all(torch.equal(grads[n], reference[1][n]) for n in grads)
