@@ -50,24 +50,30 @@ def _recomputed(model: torch.nn.Module, kept: int | None, tile: int | None = Non
     return copied
 
 
+def _counting_regenerations(monkeypatch, run):
+    """run()'s result and how many layer inputs were regenerated while it ran."""
+    from runner.train import regenerate
+
+    seen: list[bool] = []
+    original = regenerate._regenerate
+    monkeypatch.setattr(regenerate, "_regenerate",
+                        lambda p: seen.append(isinstance(p, regenerate._Regenerated)) or original(p))
+    result = run()
+    monkeypatch.setattr(regenerate, "_regenerate", original)
+    return result, sum(seen)
+
+
 @pytest.mark.parametrize("layers, kept, tile", [(4, 2, None), (4, 1, None), (5, 3, None), (4, 2, 37)])
-def test_regenerated_inputs_give_the_kept_inputs_loss_and_gradients_bit_for_bit(layers, kept, tile):
+def test_regenerated_inputs_give_the_kept_inputs_loss_and_gradients_bit_for_bit(layers, kept, tile, monkeypatch):
     """Tiled layers too: their norms and MLP run in the same tiles without gradients as with them."""
     model = _model(layers)
     batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
     plain = _recomputed(model, None, tile)
     reference = _grads(plain, lambda: full_loss_sum(plain, batch))
     paired = _recomputed(model, kept, tile)
-    regenerated = []
-    from runner.train import regenerate
-
-    original = regenerate._regenerate
-    try:
-        regenerate._regenerate = lambda p: regenerated.append(isinstance(p, regenerate._Regenerated)) or original(p)
-        loss, grads = _grads(paired, lambda: full_loss_sum(paired, batch))
-    finally:
-        regenerate._regenerate = original
-    assert sum(regenerated) == min(kept, layers - kept)
+    (loss, grads), regenerated = _counting_regenerations(monkeypatch, lambda: _grads(
+        paired, lambda: full_loss_sum(paired, batch)))
+    assert regenerated == min(kept, layers - kept)
     assert torch.equal(loss, reference[0])
     assert grads.keys() == reference[1].keys() and all(torch.equal(grads[n], reference[1][n]) for n in grads)
 
@@ -137,23 +143,42 @@ def test_a_regenerated_input_is_not_held_to_its_backward():
     assert peaks[None] - peaks[2] >= layer_input, (peaks, layer_input)
 
 
-def test_an_input_the_model_changed_after_the_layer_before_is_kept():
+def test_an_input_the_model_changed_after_the_layer_before_is_kept(monkeypatch):
     """Only the layer before's own output can be computed again from its input: where something between the two
     layers makes a new tensor of it (a forward pre-hook here), the input is kept, and the result stays exact."""
-    from runner.train import regenerate
-
     model = _model(2)
     text_decoder_layers(model)[1].register_forward_pre_hook(lambda _, args: (args[0] * 1.5, *args[1:]))
     batch = collate([_packed_block(_documents(model.get_input_embeddings().weight.shape[0]))])
     plain = _recomputed(model, None)
     reference = _grads(plain, lambda: full_loss_sum(plain, batch))
     paired = _recomputed(model, 1)
-    regenerated = []
-    original = regenerate._regenerate
-    try:
-        regenerate._regenerate = lambda p: regenerated.append(isinstance(p, regenerate._Regenerated)) or original(p)
-        loss, grads = _grads(paired, lambda: full_loss_sum(paired, batch))
-    finally:
-        regenerate._regenerate = original
-    assert not any(regenerated)
+    (loss, grads), regenerated = _counting_regenerations(monkeypatch, lambda: _grads(
+        paired, lambda: full_loss_sum(paired, batch)))
+    assert regenerated == 0
+    assert torch.equal(loss, reference[0]) and all(torch.equal(grads[n], reference[1][n]) for n in grads)
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "glm4_moe", "gemma2", "granitemoe", "llama4_text", "cohere2"])
+def test_regeneration_is_exact_on_layouts_the_registry_does_not_list(model_type, monkeypatch):
+    """transformers' own default configs, shrunk as the packing check shrinks them: the second layer's input
+    regenerated from the first's gives the kept input's loss and gradients bit for bit (sandwich norms, MoE blocks,
+    tuple-returning layers, Llama 4's no-rope layers, Cohere's parallel blocks)."""
+    from transformers import AutoConfig
+
+    from runner.plan.shrink import shrunk_config
+    from runner.train.model import expose_backbone
+
+    config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    expose_backbone(model)
+    ids = torch.randint(3, 200, (1, 96))
+
+    def step(m):
+        return _grads(m, lambda: m(input_ids=ids, labels=ids, use_cache=False).loss)
+
+    reference = step(_recomputed(model, None))
+    paired = _recomputed(model, 1)
+    (loss, grads), regenerated = _counting_regenerations(monkeypatch, lambda: step(paired))
+    assert regenerated == 1
     assert torch.equal(loss, reference[0]) and all(torch.equal(grads[n], reference[1][n]) for n in grads)
