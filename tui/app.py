@@ -150,9 +150,9 @@ class SftApp(App):
                 estimate = original.get("estimate")
             else:
                 try:
-                    # The same preflight as `runner run`: refuses a GPU run predicted not to fit unless forced.
+                    # The same preflight as `runner run`: refuses a run predicted not to fit (memory, disk) unless forced.
                     # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
-                    estimate = preflight_estimate(resolved, force)
+                    estimate = preflight_estimate(resolved, force, runs_dir=self.runs_dir)
                 except PredictedNotToFit as e:
                     self.post_message(LaunchFailed(str(e), spec=spec))
                     return

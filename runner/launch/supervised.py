@@ -3,6 +3,7 @@ requests, and finish the record of a run whose supervisor is gone."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -209,13 +210,28 @@ def attach(run_ref: str, runs_dir: Path) -> SupervisedRun:
 def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None:
     """Finish the record of a run whose supervisor died before finishing it: `failed`, "supervisor lost", with
     the steps the events show. Returns the record written, or None when there was nothing to finish."""
+    from runner.launch.reserve import DiskReserve
+
     path = Path(state["record"]) if state.get("record") else None
     if path is None:
         return None
-    return finish_unfinished(paths, path, "supervisor lost",
-                             f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing "
-                             "the record (killed, e.g. by the OOM killer or SIGKILL)",
-                             lost={"supervisor_pid": state.get("pid"), "host": state.get("host")})
+    finish = functools.partial(
+        finish_unfinished, paths, path, "supervisor lost",
+        f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing the record "
+        "(killed, e.g. by the OOM killer or SIGKILL)", lost={"supervisor_pid": state.get("pid"),
+                                                            "host": state.get("host")})
+    try:
+        return finish()
+    except OSError:
+        # A full disk: the dead supervisor's reserve (runner.launch.reserve) is the room the record needs.
+        reserve = DiskReserve(paths.run_dir, path.parent)
+        reserve.held = list(reserve.files)
+        reserve.release()
+    try:
+        return finish()
+    except OSError as e:
+        raise UserError(f"could not finish the record {path} of the lost run {paths.run_dir.name}: {e.strerror}; "
+                        f"free space there, then `runner list --records-dir {path.parent}` finishes it") from None
 
 
 def reap_lost(records_dir: Path) -> list[str]:
