@@ -19,11 +19,12 @@ _ENOSPC = re.compile(r"No space left on device|\[Errno 28\]|ENOSPC|file write fa
 
 
 class DiskReserve:
-    """Files that hold RESERVE_BYTES / 2 in each folder (run folder, records folder) until the record is written:
+    """Files that hold RESERVE_BYTES / 2 in the run folder and the records folder until the record is written:
     when the ranks fill the disk, releasing them gives the supervisor room for the record and its state file."""
 
-    def __init__(self, *folders: Path):
-        self.files = [Path(f) / RESERVE_FILE for f in dict.fromkeys(map(Path, folders))]
+    def __init__(self, run_dir: Path, records_dir: Path):
+        # The records folder is shared by runs: each holds its own file there.
+        self.files = [Path(run_dir) / RESERVE_FILE, Path(records_dir) / f".{Path(run_dir).name}{RESERVE_FILE}"]
         self.held: list[Path] = []
 
     def hold(self) -> None:
@@ -40,8 +41,9 @@ class DiskReserve:
             except OSError:  # no room even for this: the run's own check said so unless --force; go on without
                 f.unlink(missing_ok=True)
 
-    def release(self) -> None:
-        for f in self.held:
+    def release(self, all_files: bool = False) -> None:
+        """Give the space back; all_files: also what a supervisor that died left held."""
+        for f in self.files if all_files else self.held:
             f.unlink(missing_ok=True)
         self.held = []
 

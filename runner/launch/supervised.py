@@ -3,7 +3,6 @@ requests, and finish the record of a run whose supervisor is gone."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -215,20 +214,13 @@ def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None
     path = Path(state["record"]) if state.get("record") else None
     if path is None:
         return None
-    finish = functools.partial(
-        finish_unfinished, paths, path, "supervisor lost",
-        f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing the record "
-        "(killed, e.g. by the OOM killer or SIGKILL)", lost={"supervisor_pid": state.get("pid"),
-                                                            "host": state.get("host")})
+    # The dead supervisor's reserve (runner.launch.reserve) is the room the record needs on a full disk.
+    DiskReserve(paths.run_dir, path.parent).release(all_files=True)
     try:
-        return finish()
-    except OSError:
-        # A full disk: the dead supervisor's reserve (runner.launch.reserve) is the room the record needs.
-        reserve = DiskReserve(paths.run_dir, path.parent)
-        reserve.held = list(reserve.files)
-        reserve.release()
-    try:
-        return finish()
+        return finish_unfinished(paths, path, "supervisor lost",
+                                 f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before "
+                                 "finishing the record (killed, e.g. by the OOM killer or SIGKILL)",
+                                 lost={"supervisor_pid": state.get("pid"), "host": state.get("host")})
     except OSError as e:
         raise UserError(f"could not finish the record {path} of the lost run {paths.run_dir.name}: {e.strerror}; "
                         f"free space there, then `runner list --records-dir {path.parent}` finishes it") from None
