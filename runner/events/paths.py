@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+CHECKPOINT_LAYOUTS = (("step", "meta.json"), ("checkpoint-", "trainer_state.json"))
+"""(folder prefix, the file written last) of the native engine's checkpoints and of the Hugging Face trainer's
+(the TRL engine's): a checkpoint folder is complete only once that file exists."""
+
+
 @dataclass
 class RunPaths:
     run_dir: Path

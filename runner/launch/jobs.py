@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from runner.errors import UserError
+from runner.events.paths import CHECKPOINT_LAYOUTS
 
 if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
     from runner.spec import RunSpec
@@ -75,7 +76,9 @@ def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, ex
     run_dir = q(str(o.run_dir))
     # A restart before the first checkpoint starts the run again: node 0 sets the attempt's rank events aside
     # first (ranks write none before every node has joined), so the record counts each step once.
-    return (f"if ls {run_dir}/checkpoints/step*/meta.json >/dev/null 2>&1; then\n"
+    # A complete checkpoint of either engine (runner.events.paths.CHECKPOINT_LAYOUTS) means resume.
+    done = " ".join(f"{run_dir}/checkpoints/{prefix}*/{last}" for prefix, last in CHECKPOINT_LAYOUTS)
+    return (f"if ls -d {done} 2>/dev/null | grep -q .; then\n"
             f"  exec {o.runner} run --resume {run_dir} {tail}\n"
             "else\n"
             f"  if [ {node_rank} = 0 ] && ls {run_dir}/events/rank*.jsonl >/dev/null 2>&1; then\n"

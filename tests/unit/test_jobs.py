@@ -223,6 +223,18 @@ def test_sbatch_starts_fresh_then_resumes_from_a_checkpoint(tmp_path):
     assert all(f"--node-rank {ln[5]} " in ln and "hardware.rdzv_endpoint=127.0.0.1:29500" in ln for ln in lines)
 
 
+def test_a_requeued_trl_job_resumes_from_the_trainers_checkpoint(tmp_path):
+    script, run_dir = _fake_job(tmp_path)
+    env = _script_env(tmp_path)
+    trl = run_dir / "checkpoints" / "checkpoint-4"
+    trl.mkdir(parents=True)  # being written: no trainer_state.json yet
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    (trl / "trainer_state.json").write_text("{}")
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    lines = (tmp_path / "fake.log").read_text().splitlines()
+    assert [f"run --resume {run_dir} " in ln for ln in lines] == [False, False, True, True]
+
+
 def test_usr1_before_the_time_limit_reaches_every_node_and_requeues(tmp_path):
     script, _ = _fake_job(tmp_path)
     proc = subprocess.Popen(["bash", str(script)], env=_script_env(tmp_path, FAKE_WAIT="1"))
