@@ -74,7 +74,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
     p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
-    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+    p.add_argument("--force", action="store_true",
+                   help="launch even when the estimate says it does not fit (GPU memory, or the checkpoints and "
+                        "export on disk)")
 
 
 def _add_attach(sub: Any) -> None:

@@ -142,9 +142,26 @@ def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -
     _report(console, active)
     rec = active.record
     if as_json:
-        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
-                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
+        result = {"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
+                  "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}
+        if code == EXIT_DETACHED:
+            _hung_up_json(active.paths, {**result, "status": "running", "detached": True})
+        else:
+            print(json.dumps(result))
     return _status_exit(rec, code)
+
+
+def _hung_up_json(paths: RunPaths, result: dict[str, Any]) -> None:
+    """The result line of a view that hung up: into the run folder (its terminal is gone), and to stdout only
+    where that is a pipe or a file that outlives the terminal."""
+    import sys
+
+    records.atomic_write_json(paths.view_result, result)
+    try:
+        if not sys.stdout.isatty():
+            print(json.dumps(result), flush=True)
+    except OSError:  # stdout was the terminal after all
+        pass
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:

@@ -69,5 +69,10 @@ class RunPaths:
         return self.run_dir / "control"
 
     @property
+    def view_result(self) -> Path:
+        """The `--json` line of a view that hung up (SIGHUP): its terminal is gone, the line lands here."""
+        return self.run_dir / "view-result.json"
+
+    @property
     def supervisor_log(self) -> Path:
         return self.logs / "supervisor.log"
