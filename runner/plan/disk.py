@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,11 +161,10 @@ def check_disk(spec: RunSpec, runs_dir: Path, steps: int | None, force: bool,
         disk = disk_plan(spec, runs_dir, steps)
     except UserError:
         return None
-    if from_step and disk.checkpoints:
-        left = checkpoint_count(spec, steps) - from_step // spec.train.checkpoint_every
-        disk = DiskPlan(disk.folder, disk.free_bytes,
-                        disk.needed_bytes - (disk.checkpoints - max(left, 0)) * disk.checkpoint_bytes,
-                        disk.checkpoint_bytes, max(left, 0), disk.export_bytes, disk.export)
+    if from_step and disk.checkpoints:  # those written before from_step are on the disk already
+        written = min(from_step // spec.train.checkpoint_every, disk.checkpoints)
+        disk = replace(disk, checkpoints=disk.checkpoints - written,
+                       needed_bytes=disk.needed_bytes - written * disk.checkpoint_bytes)
     if not disk.fits:
         raise PredictedNotToFit(f"not enough disk in {disk.folder}: {human(disk.needed_bytes)} needed "
                         f"({disk.needed_bytes} bytes: {disk.checkpoints} checkpoint(s) of "

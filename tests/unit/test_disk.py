@@ -50,3 +50,20 @@ def test_estimate_reports_disk_needed_and_free(tmp_path, capsys):
     assert disk["needed_bytes"] >= 3 * disk["checkpoint_bytes"] + disk["export_bytes"] > 0 and disk["free_bytes"]
     code, out, _ = run_cli(args, capsys)
     assert code == 0 and "3 checkpoint(s)" in out and f"free in {tmp_path}" in out
+
+
+def test_refusal_names_folder_bytes_and_fix_and_a_resume_counts_only_what_is_left(tmp_path, monkeypatch):
+    import pytest
+
+    from runner.errors import PredictedNotToFit
+    from runner.plan import disk
+
+    spec = load_spec("tiny-cpu", ["train.checkpoint_every=4", "train.max_steps=12"])
+    need = disk.disk_plan(spec, tmp_path, 12)
+    monkeypatch.setattr(disk, "free_bytes", lambda _: (tmp_path, need.needed_bytes - 1))
+    with pytest.raises(PredictedNotToFit) as e:
+        disk.check_disk(spec, tmp_path, 12, force=False)
+    assert str(e.value).startswith(f"not enough disk in {tmp_path}: ") and f"{need.needed_bytes} bytes" in str(e.value)
+    assert "--force" in str(e.value) and disk.check_disk(spec, tmp_path, 12, force=True) is None
+    left = disk.check_disk(spec, tmp_path, 12, force=False, from_step=8)  # two of three checkpoints written
+    assert left.checkpoints == 1 and left.needed_bytes == need.needed_bytes - 2 * need.checkpoint_bytes
