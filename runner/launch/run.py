@@ -16,6 +16,7 @@ from runner.events.failure import any_error_event, diagnose  # noqa: F401 (diagn
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
 from runner.facts.gpus import ceiling_tflops_here
 from runner.launch.process import Launcher
+from runner.launch.reserve import disk_full_failure
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
@@ -42,6 +43,9 @@ class ActiveRun:
     trackers: Trackers | None = None
     # Why the run was stopped early (None: it was not): the signal or request, and the cause the record names.
     stop_reason: dict[str, Any] | None = None
+    # Bytes free on the run folder's filesystem when the ranks stopped (the supervisor measures it before giving
+    # back its reserve): a run that failed with almost none left failed of a full disk.
+    free_at_end: int | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -92,7 +96,8 @@ class ActiveRun:
             rec["status"] = "succeeded"
         else:
             rec["status"] = "failed"
-            rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
+            rec["failure"] = disk_full_failure(diagnose(self.paths, self.spec.world_size, exit_code), self.paths,
+                                               self.free_at_end)
         rec["exit_code"] = exit_code
         if self.trackers is not None:
             self.trackers.stop()
