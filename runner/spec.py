@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from runner.engines import lever_problems
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
-from runner.naming import follow_paths, overridden_sections, revision_problems
+from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections, revision_problems
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -529,15 +529,18 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
               notes: list[str] | None = None) -> RunSpec:
     """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first. An override of
     model.path or dataset.path without one of its id renames the run's model or data after the path
-    (follow_paths); `notes`, when given, receives a line saying so."""
+    (follow_paths), and overrides that make it another run than the recipe's rename and redescribe it
+    (follow_run); `notes`, when given, receives a line saying so."""
     if isinstance(spec, dict):
         data = json.loads(json.dumps(spec))
     else:
         data = read_spec_file(find_spec_file(str(spec)))
+    origin = json.loads(json.dumps(data))
     for assignment in overrides:
         apply_override(data, assignment)
     said = follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX,
                         {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
+    said += follow_run(data, origin, RunSpec().to_dict(), overridden_fields(overrides))
     if notes is not None:
         notes += said
     return validate(data)
