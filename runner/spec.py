@@ -310,8 +310,11 @@ def read_spec_file(path: Path) -> dict[str, Any]:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         elif isinstance(e, json.JSONDecodeError):
             where = f" at line {e.lineno}, column {e.colno}"
+        problem = str(getattr(e, 'problem', None) or e.msg)
+        # YAML refuses a tab where it expects indentation; "fix the syntax" would not say so.
+        fix = "indent with spaces, not tabs" if "'\\t'" in problem else "fix the syntax"
         raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
-                        [Problem("SPEC", str(getattr(e, 'problem', None) or e.msg), "fix the syntax")]) from None
+                        [Problem("SPEC", problem, fix)]) from None
     if data is None or data == {}:
         # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
         raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
