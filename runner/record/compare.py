@@ -114,11 +114,13 @@ def print_diff(a: dict[str, Any], b: dict[str, Any], rows: list[tuple[str, Any, 
     table.add_column("field", overflow="fold")
     table.add_column(a["id"], overflow="fold")
     table.add_column(b["id"], overflow="fold")
+    # A terminal gets long values (loss curves) cut to a glance; a file or a pipe gets every value in full.
+    cut = console.is_terminal
     for key, va, vb in rows:
-        table.add_row(key, _short(va), _short(vb))
+        table.add_row(key, _short(va, cut), _short(vb, cut))
     console.print(table)
 
 
-def _short(v: Any) -> str:
+def _short(v: Any, cut: bool = True) -> str:
     s = "-" if v is None else str(v)
-    return s if len(s) <= 60 else s[:57] + "…"
+    return s if not cut or len(s) <= 60 else s[:57] + "…"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from runner.spec import RunSpec
 from runner.train import model as model_mod
 from runner.train.runtime import Runtime
+from runner.train.schedule import lr_at
 from runner.train.ulysses import SequenceParallel
 
 
@@ -39,32 +39,6 @@ GC_FREEZE_AFTER_STEPS = 2
 out of Python's garbage collector. A full collection over them took 330-420 ms on the H200 host (measured with
 gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again. (The run-to-run
 spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
-
-
-def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:
-    """train.warmup_steps, or train.warmup_ratio of the run when the step count is known (rounded up)."""
-    t = spec.train
-    if t.warmup_steps or not t.warmup_ratio or not total_steps:
-        return t.warmup_steps
-    return math.ceil(t.warmup_ratio * total_steps)
-
-
-def lr_at(spec: RunSpec, step: int, total_steps: int | None) -> float:
-    """Learning rate for optimizer step `step` (1-based): linear warmup to the peak, then the schedule.
-
-    After warmup the first step runs at the peak and the decay reaches 0 one step after the last (as
-    transformers' schedulers do), so no step is spent at a zero learning rate.
-    """
-    t = spec.train
-    warmup = warmup_steps(spec, total_steps)
-    if warmup and step <= warmup:
-        return t.lr * step / warmup
-    if t.schedule == "constant" or not total_steps:
-        return t.lr
-    progress = min(1.0, (step - 1 - warmup) / max(1, total_steps - warmup))
-    if t.schedule == "cosine":
-        return t.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return t.lr * (1.0 - progress)
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:

@@ -24,6 +24,14 @@ def test_run_writes_events_and_record_and_loss_falls(tiny_run):
         assert [e["step"] for e in steps] == list(range(1, 13))
         assert {"t", "rank", "step", "loss", "lr", "grad_norm", "tokens", "step_s", "mem_gib"} <= set(steps[0])
         assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
+    # The engines' one schedule (runner.train.schedule; tests/dist/test_trl.py checks the TRL side): the recipe's
+    # 10 warmup steps from step 1, then cosine over 12.
+    from runner.spec import RunSpec
+    from runner.train.schedule import lr_at
+
+    spec = RunSpec.model_validate(rec["spec"])
+    assert [e["lr"] for e in steps] == pytest.approx([lr_at(spec, s, 12) for s in range(1, 13)], rel=1e-12, abs=0)
+    assert steps[0]["lr"] == pytest.approx(spec.train.lr / 10) and steps[9]["lr"] == steps[10]["lr"] == spec.train.lr
     m = rec["metrics"]
     assert m["steps"] == 12 and set(m["loss_curve"]) == {"0", "1"}
     assert m["final_loss"] < m["first_loss"] - 0.5

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli.main import EXIT_BAD_INPUT, EXIT_NOT_VERIFIED, EXIT_OK, main
+from runner.record import records as records_mod
 from tests.tui.conftest import RUN_ID, RUN_ID_B, write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,12 @@ def test_piped_list_and_diff_are_never_cut(recs: Path) -> None:
     lines = diff.stdout.splitlines()
     assert any("metrics.per_rank" not in ln and "spec.train.lr" in ln and "0.003" in ln and "0.01" in ln
                for ln in lines), diff.stdout
-    assert "…" not in diff.stdout.split("metrics.loss_curve")[0]
+    # Long values too, whole (in a terminal they may be cut to a glance).
+    long = records_mod.load(recs / f"{RUN_ID_B}.json")
+    long["id"], long["spec"]["description"] = "20260101-003000-demo-long", "a description " * 12 + "that ends here"
+    records_mod.save(recs / f"{long['id']}.json", long)
+    diff = runner("diff", RUN_ID, long["id"], cwd=recs.parent)
+    assert "…" not in diff.stdout and long["spec"]["description"] in diff.stdout, diff.stdout
 
 
 def test_list_keeps_the_id_whole_at_80_columns(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
