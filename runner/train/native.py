@@ -214,10 +214,10 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
     return step, blocks_consumed, str(path)
 
 
-def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int, pad_id: int,
-          stats: PackStats) -> tuple[list[list[PackedBlock]], int, int]:
-    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, blocks drawn). A rank that
-    ran out feeds empty blocks, so its collectives still match its peers'."""
+def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int,
+          pad_id: int) -> tuple[list[list[PackedBlock]], int, int]:
+    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, blocks drawn: the first ones
+    of the groups). A rank that ran out feeds empty blocks, so its collectives still match its peers'."""
     micro: list[list[PackedBlock]] = []
     ran_out = drawn = 0
     for _ in range(grad_accum):
@@ -229,10 +229,22 @@ def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_
                 block = empty_block(seq_len, pad_id)
             else:
                 drawn += 1
-                stats.add(block)
             group.append(block)
         micro.append(group)
     return micro, ran_out, drawn
+
+
+def _skipped(real: list[PackedBlock], stats: PackStats, events: EventWriter, step: int, said: bool) -> None:
+    """Blocks drawn for a step that no rank had a target for: counted apart (metrics.packing), written as an event,
+    and said once in the rank's log."""
+    for block in real:
+        stats.skip(block)
+    tokens = sum(b.real_tokens for b in real)
+    events.event("skipped", after_step=step, blocks=len(real), tokens=tokens, reason="no target token on any rank")
+    if not said:
+        print(f"[native] skipped {len(real)} block(s) ({tokens} tokens) after step {step}: no rank's blocks held a "
+              "target token (the middle of a long prompt, or empty replies); such blocks are counted in "
+              "metrics.packing.skipped_no_target_blocks", flush=True)
 
 
 def _batches(micro: list[list[PackedBlock]], pass_boundaries: bool, device: str,
@@ -322,7 +334,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     while total_steps is None or step < total_steps:
         step_start = time.perf_counter()
         consumed_before = blocks_consumed
-        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id, counted)
+        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id)
+        real = [b for g in micro for b in g][:drawn]
         blocks_consumed += drawn
         batches = _batches(micro, parts["pass_boundaries"], rt.device, sp)
         data_s = time.perf_counter() - step_start
@@ -335,12 +348,15 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
             break
         if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
+            _skipped(real, counted, events, step, said=counted.skipped_no_target_blocks > 0 or rt.rank != 0)
             continue
 
         lr = _set_lr(opt, lr_at(spec, step + 1, total_steps))
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm, sp)
         step += 1
+        for block in real:  # the record's packing statistics count what trained
+            counted.add(block)
         _freeze_gc_after_compiling(step - first_step)
         step_tokens = sum(sp.real_tokens([b.real_tokens for b in g], t.seq_len) for g in micro)
         tokens_total += step_tokens

@@ -38,6 +38,7 @@ def test_run_writes_events_and_record_and_loss_falls(tiny_run):
     # bfd leaves the room no whole conversation fits as padding: tokens are the blocks' real tokens (a buffer's
     # last, partly filled blocks may come among the first steps: blocks leave a buffer in a seeded order).
     assert m["tokens"] == sum(r["data"]["real_tokens"] for r in m["per_rank"].values()) > 0.9 * 2 * 12 * 512
+    assert m["packing"]["real_tokens"] == m["tokens"] and m["packing"]["blocks"] == 2 * 12  # what trained
     assert m["tokens_per_s"] > 0
     pins = rec["pins"]
     assert pins["packages"]["torch"].startswith("2.") and pins["model"]["content_sha256"]
@@ -172,6 +173,9 @@ def test_resume_from_the_cli_continues_bit_for_bit(dirs, capsys):
     assert last_json(out)["id"] == first["id"] and len(resumed["resumes"]) == 1
     assert resumed["metrics"]["loss_curve"] == straight
     assert records.verify(Path(last_json(out)["record"]))[0]
+    # Both launches' time: the training time of the two never exceeds their wall time.
+    m = resumed["metrics"]
+    assert resumed["resumes"][0]["wall_s_before"] > 0 and 0 < m["train_s"] <= m["wall_s"], m
 
 
 def test_resume_without_checkpoint_is_bad_input(tiny_run, capsys):

@@ -107,6 +107,10 @@ def test_trl_run_trains_with_fsdp2_and_lora_on_experts(trl_run):
             assert [e["global_loss"] for e in steps] == global0
     curve = rec["metrics"]["loss_curve"]["0"]
     assert curve[-1][1] < curve[0][1] - 0.1, curve
+    # The packing statistics count the rows the steps trained on (grad_accum 2 × 1 block × 2 ranks a step), not
+    # the whole file.
+    m = rec["metrics"]
+    assert m["packing"]["real_tokens"] == m["tokens"] and m["packing"]["blocks"] == 2 * 2 * STEPS
     # The native engine's schedule, step for step (tests/dist/test_run.py checks the native side on its run).
     from runner.spec import RunSpec
     from runner.train.schedule import lr_at
