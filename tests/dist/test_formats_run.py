@@ -76,11 +76,12 @@ def test_a_rank_without_targets_logs_null_and_the_record_keeps_the_global_loss(e
 
 
 def test_blocks_no_rank_can_train_on_are_skipped_counted_and_said(tmp_path, dirs, capsys):
-    """Every row's prompt is longer than a block: the blocks holding only prompt have no target on any rank, so
-    the native engine takes no step on them; the record counts them apart and trained tokens only."""
+    """The first rows' prompts are longer than a block, on both ranks (rows alternate between them): their first
+    blocks hold only prompt, so the native engine takes no step on them; the record counts them apart and counts
+    trained tokens only. (The later rows are short: preflight refuses blocks that no sampled row fits.)"""
     long_prompt = " ".join(f"word{i}" for i in range(120))
-    rows = [{"messages": [{"role": "user", "content": f"{i} {long_prompt}"}, {"role": "assistant", "content": f"{i}."}]}
-            for i in range(16)]
+    rows = [{"messages": [{"role": "user", "content": f"{i} {long_prompt}" if i < 4 else f"Say {i}."},
+                          {"role": "assistant", "content": f"{i}."}]} for i in range(16)]
     data = tmp_path / "long_prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     rec = _run(dirs, capsys, f"dataset.path={data}", "train.max_steps=2", "train.packing_strategy=wrapped")
@@ -91,6 +92,7 @@ def test_blocks_no_rank_can_train_on_are_skipped_counted_and_said(tmp_path, dirs
     assert packing["skipped_no_target_tokens"] == sum(e["tokens"] for e in skipped) > 0
     assert "not trained: no rank's blocks of that step held a target token" in packing["skipped"]
     # What trained: the steps' blocks, their tokens the record's tokens.
-    assert packing["real_tokens"] == m["tokens"] and packing["blocks"] == 2 * 2 * m["steps"]
+    t = rec["spec"]["train"]
+    assert packing["real_tokens"] == m["tokens"] and packing["blocks"] == 2 * t["grad_accum"] * t["micro_batch"] * 2
     log = (Path(rec["run_dir"]) / "logs" / "rank0.log").read_text()
     assert "skipped" in log and "no rank's blocks held a target token" in log

@@ -309,3 +309,22 @@ def test_the_run_report_says_where_the_export_went() -> None:
         _report(console, SimpleNamespace(record={**rec, "metrics": {"steps": 3}}, record_path=Path("r.json"),
                                          run_id="x"))
     assert "export" not in cap.get()
+
+
+def test_bad_run_id_and_records_folder_are_refused_first(tmp_path: Path) -> None:
+    """Refused before anything else is read: the recipe named here does not even exist."""
+    (tmp_path / "recfile").write_text("")
+    for args, needle in ((["--run-id", "../x"], "--run-id '../x': a run id is one folder name"),
+                         (["--records-dir", "recfile"], "--records-dir recfile: recfile is a file, not a folder")):
+        out = runner("run", "no-such-recipe", *args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.splitlines() == [f"error: {out.stderr[7:].strip()}"], out.stderr
+        assert needle in out.stderr and "unknown recipe" not in out.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "records").exists()
+
+
+def test_help_lists_every_exit_code(tmp_path: Path) -> None:
+    out = runner("--help", cwd=tmp_path)
+    text = " ".join(out.stdout.split())
+    for code in ("0 ok", "1 run failed", "2 bad input", "3 replay did not reproduce", "4 record does not verify",
+                 "129 the view lost its terminal", "130 cancelled", "143 stopped gracefully by SIGTERM"):
+        assert code in text, code
