@@ -217,6 +217,10 @@ class PackStats:
     skipped_no_target_blocks: int = 0
     skipped_no_target_tokens: int = 0
 
+    def add_all(self, blocks: Iterable[PackedBlock]) -> None:
+        for block in blocks:
+            self.add(block)
+
     def skip(self, block: PackedBlock) -> None:
         """Count a block drawn but not trained on (its step had no target token on any rank)."""
         self.skipped_no_target_blocks += 1

@@ -215,11 +215,11 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
 
 
 def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int,
-          pad_id: int) -> tuple[list[list[PackedBlock]], int, int]:
-    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, blocks drawn: the first ones
-    of the groups). A rank that ran out feeds empty blocks, so its collectives still match its peers'."""
+          pad_id: int) -> tuple[list[list[PackedBlock]], int, list[PackedBlock]]:
+    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, the blocks drawn). A rank
+    that ran out feeds empty blocks, so its collectives still match its peers'."""
     micro: list[list[PackedBlock]] = []
-    ran_out = drawn = 0
+    ran_out, drawn = 0, []
     for _ in range(grad_accum):
         group = []
         for _ in range(micro_batch):
@@ -228,15 +228,16 @@ def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_
                 ran_out = 1
                 block = empty_block(seq_len, pad_id)
             else:
-                drawn += 1
+                drawn.append(block)
             group.append(block)
         micro.append(group)
     return micro, ran_out, drawn
 
 
-def _skipped(real: list[PackedBlock], stats: PackStats, events: EventWriter, step: int, said: bool) -> None:
+def _skipped(real: list[PackedBlock], stats: PackStats, events: EventWriter, step: int, rank: int) -> None:
     """Blocks drawn for a step that no rank had a target for: counted apart (metrics.packing), written as an event,
-    and said once in the rank's log."""
+    and said once in rank 0's log."""
+    said = stats.skipped_no_target_blocks > 0 or rank != 0
     for block in real:
         stats.skip(block)
     tokens = sum(b.real_tokens for b in real)
@@ -309,8 +310,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     from runner.train.export import export
     from runner.train.summary import end_summary
 
-    t = spec.train
-    run_dir = run_dir or Path(".")
+    t, run_dir = spec.train, run_dir or Path(".")
     parts = build(spec, rt)
     model, opt, tokenizer, sp = parts["model"], parts["optimizer"], parts["tokenizer"], parts["sp"]
     # Host-side agreement goes over gloo even on GPU, so deciding to stop never waits for the device.
@@ -326,7 +326,6 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         _resume(run_dir, model, opt, rt, blocks, counted, evaluator, events) if resume else (0, 0, None)
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                        resumed_from=resumed_from)
-
     tokens_total, last_loss, cancelled, emergency_checkpoint = 0, None, False, False
     last_saved = step if resumed_from else None
     first_step = step  # where this process started (a resumed run starts past 0)
@@ -335,8 +334,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
         step_start = time.perf_counter()
         consumed_before = blocks_consumed
         micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id)
-        real = [b for g in micro for b in g][:drawn]
-        blocks_consumed += drawn
+        blocks_consumed += len(drawn)
         batches = _batches(micro, parts["pass_boundaries"], rt.device, sp)
         data_s = time.perf_counter() - step_start
         rank_targets = sum(sp.targets(b) for b in batches)
@@ -348,15 +346,14 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
             break
         if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
-            _skipped(real, counted, events, step, said=counted.skipped_no_target_blocks > 0 or rt.rank != 0)
+            _skipped(drawn, counted, events, step, rt.rank)
             continue
 
         lr = _set_lr(opt, lr_at(spec, step + 1, total_steps))
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm, sp)
         step += 1
-        for block in real:  # the record's packing statistics count what trained
-            counted.add(block)
+        counted.add_all(drawn)  # the record's packing statistics count what trained
         _freeze_gc_after_compiling(step - first_step)
         step_tokens = sum(sp.real_tokens([b.real_tokens for b in g], t.seq_len) for g in micro)
         tokens_total += step_tokens

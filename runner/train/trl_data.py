@@ -122,6 +122,7 @@ class RankLoader(torch.utils.data.DataLoader):
     data_s, as the native engine reports it."""
 
     wait_s = 0.0
+    trained: TrainedRows | None = None  # counts the rows the trainer's loss saw (rank_dataset sets it)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -167,10 +168,10 @@ def collator_passes_boundaries() -> bool:
     return "cu_seq_lens_q" in batch and "seq_idx" in batch
 
 
-def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime,
-                 stats: PackStats) -> tuple[Any, RankLoader, int, int, TrainedRows]:
+def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> tuple[Any, RankLoader, int, int]:
     """This rank's rows as a datasets.Dataset and the loader the trainer uses as is: (dataset, loader, this rank's
-    own rows, rows after every rank was padded to the same count, the rows' statistics to count as they train)."""
+    own rows, rows after every rank was padded to the same count). The loader's `trained` counts the rows into
+    `stats` as the trainer trains on them."""
     from datasets import Dataset
 
     from runner.errors import UserError
@@ -187,4 +188,5 @@ def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime,
     loader = RankLoader(dataset, batch_size=t.micro_batch, sampler=EpochOrder(n_rows, t.seed),
                         collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
                         pin_memory=rt.device == "cuda")
-    return dataset, loader, own_rows, n_rows, TrainedRows(stats, documents)
+    loader.trained = TrainedRows(stats, documents)
+    return dataset, loader, own_rows, n_rows

@@ -289,11 +289,9 @@ def _trainer_class() -> type:
     class RunnerSFTTrainer(SFTTrainer):
         """SFTTrainer over this rank's own loader, FSDP2 on CPU ranks too, with exact per-rank loss sums."""
 
-        def __init__(self, *args: Any, rank_loader: Any, spec: RunSpec, cpu_fsdp_plugin: Any = None,
-                     trained_rows: Any = None, **kwargs: Any):
+        def __init__(self, *args: Any, rank_loader: Any, spec: RunSpec, cpu_fsdp_plugin: Any = None, **kwargs: Any):
             self._rank_loader = rank_loader
             self._spec = spec
-            self._trained_rows = trained_rows
             self._cpu_fsdp_plugin = cpu_fsdp_plugin
             self.ce_sum = 0.0
             self.targets = 0
@@ -347,9 +345,9 @@ def _trainer_class() -> type:
                          num_items_in_batch: Any = None) -> Any:
             self.real_tokens += int(inputs.pop("real_tokens", 0))
             self.doc_len_sq += int(inputs.pop("doc_len_sq", 0))
-            rows = inputs.pop("rows", None)
-            if rows is not None and self._trained_rows is not None and torch.is_grad_enabled():
-                self._trained_rows.trained(rows)  # the record's packing statistics count what trained
+            rows, trained = inputs.pop("rows", None), getattr(self._rank_loader, "trained", None)
+            if rows is not None and trained is not None and torch.is_grad_enabled():
+                trained.trained(rows)  # the record's packing statistics count what trained
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -514,7 +512,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                                              torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
 
     stats = PackStats()
-    dataset, loader, own_rows, n_rows, trained_rows = rank_dataset(spec, tokenizer, rt, stats)
+    dataset, loader, own_rows, n_rows = rank_dataset(spec, tokenizer, rt, stats)
 
     fsdp = fsdp_settings(model, spec) if wrapped else None
     if fsdp is None and bf16:
@@ -530,8 +528,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
     callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               callbacks=[callback], rank_loader=loader, spec=spec, cpu_fsdp_plugin=cpu_plugin,
-                               trained_rows=trained_rows)
+                               callbacks=[callback], rank_loader=loader, spec=spec, cpu_fsdp_plugin=cpu_plugin)
     trainer_ref.append(trainer)
 
     n_trainable = trainable_params(model)
