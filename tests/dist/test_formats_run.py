@@ -76,11 +76,12 @@ def test_a_rank_without_targets_logs_null_and_the_record_keeps_the_global_loss(e
 
 
 def test_blocks_no_rank_can_train_on_are_skipped_counted_and_said(tmp_path, dirs, capsys):
-    """The first rows' prompts are longer than a block, on both ranks (rows alternate between them): their first
-    blocks hold only prompt, so the native engine takes no step on them; the record counts them apart and counts
-    trained tokens only. (The later rows are short: preflight refuses blocks that no sampled row fits.)"""
+    """The first rows' prompts are longer than a block, on both ranks (each takes its share of the rows): their
+    first blocks hold only prompt, so the native engine takes no step on them; the record counts them apart and
+    counts trained tokens only. (Each share ends on a short row: preflight refuses blocks that none of the rows it
+    samples fits.)"""
     long_prompt = " ".join(f"word{i}" for i in range(120))
-    rows = [{"messages": [{"role": "user", "content": f"{i} {long_prompt}" if i < 4 else f"Say {i}."},
+    rows = [{"messages": [{"role": "user", "content": f"{i} {long_prompt}" if i % 8 != 7 else f"Say {i}."},
                           {"role": "assistant", "content": f"{i}."}]} for i in range(16)]
     data = tmp_path / "long_prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
