@@ -139,6 +139,10 @@ class RankLoader(torch.utils.data.DataLoader):
             yield batch
 
 
+COUNTING_KEYS = ("real_tokens", "doc_len_sq", "rows")
+"""What CountingCollator adds to TRL's batch for the step's statistics: popped before the model sees the batch."""
+
+
 class CountingCollator:
     """TRL's padding-free collator plus the batch's real-token count (popped again before the forward)."""
 
