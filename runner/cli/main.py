@@ -28,7 +28,9 @@ WIDE_WHEN_PIPED = {"estimate", "verify", "diff", "list", "show", "calibrate", "f
 EPILOG = """\
 SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
 field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 replay did not reproduce,
-4 record does not verify (its lock does not match its content), 130 cancelled.
+4 record does not verify (its lock does not match its content), 129 the view lost its terminal (SIGHUP) and
+detached (the run goes on), 130 cancelled, 143 stopped gracefully by SIGTERM or preempted (a checkpoint was written
+once a step was taken: `runner run --resume` continues).
 
 examples:
   runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
@@ -223,6 +225,11 @@ def load_spec_noting(spec: Any, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from runner.launch.command import check_run_target
+
+    if args.resume is None:
+        # Bad folders and ids are refused before the spec, the estimate and preflight are paid for.
+        check_run_target(args.runs_dir, args.records_dir, args.run_id)
     from runner.cli.session import resume_headless, run_headless
     from runner.spec import resolve, spec_warnings
 

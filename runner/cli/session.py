@@ -40,13 +40,13 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
         raise SpecError("preflight found problems", unreachable)
     # The estimate first: it takes a second, and a plan that does not fit is refused before preflight's slower
     # checks (the rank's own packer and model) are paid for.
+    missed: UserError | None = None
     try:
         result: dict[str, Any] | None = estimate(spec).to_dict()
     except UserError as e:
-        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
-        if console is not None:
-            console.print(f"[yellow]no estimate: {e}[/yellow]")
-        result = None
+        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction. Said once
+        # preflight has passed: what stops the estimate (no config.json) often stops preflight too, in one line.
+        missed, result = e, None
     if result is not None and result.get("fits") is False and not force:
         unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
         raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
@@ -55,6 +55,8 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     if runs_dir is not None:
         check_disk(spec, runs_dir, (result or {}).get("steps"), force, from_step)
     preflight(spec)
+    if missed is not None and console is not None:
+        console.print(f"[yellow]no estimate: {missed}[/yellow]")
     check = packing_check(spec)
     if check is not None and console is not None:
         console.print(escape(check.describe()), highlight=False)

@@ -85,7 +85,9 @@ class ActiveRun:
         h = self.spec.hardware
         rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
                                                      _run_flops(self.spec))
-        rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        # A resumed run's wall time covers every launch, as its train_s does (each launch's end event adds its own).
+        before = ((rec.get("resumes") or [{}])[-1]).get("wall_s_before") or 0.0
+        rec["metrics"]["wall_s"] = round(time.time() - self.started + before, 3)
         rec["decisions"] = records.decisions_from_events(self.paths.events)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
@@ -163,6 +165,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                                                     "from_step": hint["checkpoint_step"],
                                                     "checkpoint": hint["checkpoint"],
                                                     "previous_status": rec.get("status"),
+                                                    "wall_s_before": _wall_before(rec.get("metrics") or {}),
                                                     "scheduler": scheduler_facts()}]
         rec.pop("cancel", None)
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
@@ -226,3 +229,9 @@ def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s:
     if on_tick:
         on_tick()
     return code
+
+
+def _wall_before(metrics: dict[str, Any]) -> float:
+    """The wall time of a run's launches so far: its record's wall_s, at least their train_s (a record finished
+    without a wall time, e.g. by a lost supervisor's reaper, still trained that long)."""
+    return max(float(metrics.get("wall_s") or 0.0), float(metrics.get("train_s") or 0.0))

@@ -39,6 +39,7 @@ class SupervisedRun:
         self.requested: str | None = None
         self.state: dict[str, Any] = read_state(paths, node) or {}
         self.record: dict[str, Any] | None = None
+        self.lost = False  # the supervisor died before finishing (poll finished its record as failed)
 
     @property
     def record_path(self) -> Path | None:
@@ -73,6 +74,7 @@ class SupervisedRun:
             if state.get("state") == "finished":
                 return int(state.get("exit_code", EXIT_FAILED))
             finish_lost(self.paths, state)
+            self.lost = True
             return EXIT_FAILED
         return None
 
