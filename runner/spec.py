@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from runner.engines import lever_problems
+from runner.engines import lever_problems, save_problems, saved_as
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
 from runner.naming import follow_paths, overridden_sections, revision_problems
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
@@ -236,8 +236,10 @@ class ReportSpec(_Section):
 
 
 class OutputSpec(_Section):
-    save: Literal["none", "adapter", "full"] = "none"
-    """What to export at the end: nothing, the LoRA adapter, or the full model (HF safetensors)."""
+    save: Literal["auto", "none", "adapter", "full", "merged"] = "auto"
+    """What to export at the end into runs/<id>/export (HF safetensors): auto = the adapter for a LoRA run, the
+    full model otherwise; none = nothing (benchmarks); adapter = the LoRA adapter (peft's files); full = the whole
+    model; merged = a LoRA run's adapter folded into the base weights, a standalone model that loads without peft."""
 
 
 class RunSpec(_Section):
@@ -409,9 +411,7 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.dataset.path is None and not spec.dataset.id:
         out.append(Problem("dataset.id", "neither dataset.id nor dataset.path is set", "set one of them"))
     out += hardware_problems(spec)
-    if spec.output.save == "adapter" and spec.method.kind != "lora":
-        out.append(Problem("output.save", "'adapter' needs method.kind=lora",
-                           "use output.save=full or method.kind=lora"))
+    out += save_problems(spec)
     out += lever_problems(spec)
     out += eval_problems(spec)
     out += precision_problems(spec)
@@ -574,6 +574,7 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
     data = spec.to_dict()
     data["hardware"].update(device=device, nproc_per_node=nproc)
     data["model"]["dtype"] = dtype
+    data["output"]["save"] = saved_as(spec)
     data["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision, dtype)
     return RunSpec.model_validate(data)
 

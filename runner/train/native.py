@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_device
 from runner.train.loss import loss_sum
+from runner.engines import saved_as
 
 if TYPE_CHECKING:
     from runner.events.lines import EventWriter
@@ -391,8 +392,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)
     if evaluator is not None and not cancelled and step > 0 and evaluated_at != step:
         evaluator.run(model, step, events)
-    exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank) \
-        if not cancelled and spec.output.save != "none" else None
+    saved = saved_as(spec)
+    exported = export(saved, model, tokenizer, run_dir, rt.rank, spec) if not cancelled and saved != "none" else None
     return end_summary(rt, model, stats, steps=step, tokens=tokens_total, train_s=elapsed, final_loss=last_loss,
                        cancelled=cancelled, stopped_early=stopped_early, params=parts["info"]["params"],
                        trainable_params=parts["info"]["trainable_params"], exported=exported)
