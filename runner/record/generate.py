@@ -7,15 +7,19 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from runner.errors import UserError
 from runner.record.weights import base_model, load_model_dir, plain_state, record_spec, run_weights
 from runner.spec import RunSpec
 
+if TYPE_CHECKING:  # torch loads in the caller's worker (the Try screen imports this module on its UI thread)
+    import torch
+
 DEFAULT_MAX_NEW_TOKENS = 128
+_LOADING = threading.Lock()
+"""transformers builds a model under process-wide init contexts (meta device, skipped init): two loads at once in
+two threads (the Try screen's tuned and base columns) leave one of them with meta tensors, so loads take turns."""
 FIT_MARGIN = 1.2
 """Weights times this must fit the free memory: activations and the KV cache of one short conversation on top."""
 
@@ -47,6 +51,8 @@ class TryModel:
     def answer(self, messages: list[dict[str, str]], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                temperature: float = 0.0, seed: int = 0, on_text: Callable[[str], None] | None = None) -> Answer:
         """The assistant's next turn. on_text gets each new piece of text as it is generated."""
+        import torch
+
         ids = self.prompt_ids(messages)
         streamer = _TextPieces(self.tokenizer, len(ids), on_text)
         self.cancel.clear()
@@ -102,10 +108,14 @@ class _Cancelled:
         self.flag = flag
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
+        import torch
+
         return torch.full((input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 def try_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -113,6 +123,7 @@ def fit_problem(record: dict[str, Any], spec: RunSpec, device: str) -> str | Non
     """Why the model cannot be loaded on this device (the run's estimate of its parameters, at its weight dtype,
     against the memory free now), or None."""
     import psutil
+    import torch
 
     params = ((record.get("estimate") or {}).get("arch") or {}).get("params_total")
     if not params:
@@ -137,18 +148,19 @@ def load_for_try(record: dict[str, Any], base: bool = False, device: str | None 
     reason = fit_problem(record, spec, device)
     if reason:
         raise UserError(reason)
-    if base:
-        model, source = base_model(spec), f"base model {spec.model.id}"
-    else:
-        weights = run_weights(record)
-        source = weights.source
-        if weights.model_dir is not None:
-            model = load_model_dir(weights.model_dir, spec)
+    with _LOADING:
+        if base:
+            model, source = base_model(spec), f"base model {spec.model.id}"
         else:
-            model = base_model(spec)
-            model.load_state_dict(plain_state(weights))
-    model.config.use_cache = True
-    return TryModel(model.to(device), load_tokenizer(spec), source, device)
+            weights = run_weights(record)
+            source = weights.source
+            if weights.model_dir is not None:
+                model = load_model_dir(weights.model_dir, spec)
+            else:
+                model = base_model(spec)
+                model.load_state_dict(plain_state(weights))
+        model.config.use_cache = True
+        return TryModel(model.to(device), load_tokenizer(spec), source, device)
 
 
 def load_record(ref: str, records_dir: Path) -> dict[str, Any]:

@@ -8,14 +8,15 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
 from runner.events.paths import RunPaths
 from runner.engines import ADAPTER_METHODS
 from runner.spec import RunSpec
+
+if TYPE_CHECKING:  # torch loads in the caller's worker, not when a screen imports this module
+    import torch
 
 EXPORT_KINDS = ("merged", "adapter", "full")
 TRY_ATTENTION = "sdpa"
@@ -137,6 +138,8 @@ def plain_state(weights: RunWeights) -> dict[str, torch.Tensor]:
 
 
 def load_model_dir(folder: Path, spec: RunSpec) -> torch.nn.Module:
+    import torch
+
     from runner.train.model import DTYPES, load_config, model_class
 
     quiet_loading()
