@@ -207,6 +207,9 @@ class TrainSpec(_Section):
     eval_every: int = Field(0, ge=0)
     """Evaluate on the eval set (dataset.eval_split or dataset.eval_fraction) every N steps; it is also
     evaluated at the end. 0 = only at the end."""
+    eval_prompts: list[str] | str = Field(default_factory=list)
+    """User prompts (a short list, or a text file with one per line) the model answers greedily on rank 0 every
+    eval_every steps and at the end: `sample` events, shown live, kept in the record, compared by replay."""
     early_stop_patience: int = Field(0, ge=0)
     """Stop when this many evaluations in a row did not improve the best eval loss (0 = never; needs
     train.eval_every)."""
@@ -437,7 +440,7 @@ def eval_problems(spec: RunSpec) -> list[Problem]:
         out.append(Problem("dataset.eval_split", "a single data file has no named splits",
                            "use dataset.eval_fraction, or a directory or hub dataset with that split"))
     has_eval = bool(d.eval_split) or d.eval_fraction > 0
-    if t.eval_every and not has_eval:
+    if t.eval_every and not has_eval and not t.eval_prompts:
         out.append(Problem("train.eval_every", "there is no eval set to evaluate",
                            "set dataset.eval_fraction (e.g. 0.05) or dataset.eval_split"))
     if t.early_stop_patience and not (t.eval_every and has_eval):

@@ -67,16 +67,12 @@ class TryModel:
                                       max_new_tokens=max_new_tokens, streamer=streamer, stopping_criteria=[stop],
                                       pad_token_id=self.tokenizer.pad_token_id, use_cache=True, **sampling)
         new = out[0, len(ids):].tolist()
-        eos = _eos_ids(self.model, self.tokenizer)
+        from runner.train.samples import eos_ids
+
+        eos = eos_ids(self.model.generation_config, self.tokenizer)
         stopped = "cancelled" if self.cancel.is_set() else ("eos" if new and new[-1] in eos else "length")
         text = self.tokenizer.decode([t for t in new if t not in eos], skip_special_tokens=True)
         return Answer(text=text, token_ids=new, prompt_tokens=len(ids), stopped=stopped)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
 class _TextPieces:

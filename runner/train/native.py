@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_device
 from runner.train.loss import loss_sum
+from runner.train.samples import with_samples
 from runner.engines import saved_as
 
 if TYPE_CHECKING:
@@ -334,8 +335,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     stats = PackStats()
     counted = stats if sp.index == 0 else PackStats()  # a group's blocks counted once, by its first rank
     blocks = block_iterator(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device)
-    evaluator = Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
-                                parts["pass_boundaries"], sp)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
+                                             parts["pass_boundaries"], sp), spec, tokenizer, rt)
     evaluated_at, stopped_early, pad_id, total_steps = None, None, tokenizer.pad_token_id, t.max_steps
     step, blocks_consumed, resumed_from = \
         _resume(run_dir, model, opt, rt, blocks, counted, evaluator, events) if resume else (0, 0, None)

@@ -48,6 +48,7 @@ from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
+from runner.train.samples import with_samples
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 from runner.train.checkpoint import latest_checkpoint
@@ -502,10 +503,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":
         from accelerate.utils import FullyShardedDataParallelPlugin
-
         cpu_plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     trainer_ref: list = []
-    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device,
+                                             pass_boundaries=False), spec, tokenizer, rt)
     callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                                callbacks=[callback], rank_loader=loader, cpu_fsdp_plugin=cpu_plugin)
