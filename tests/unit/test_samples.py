@@ -60,3 +60,13 @@ def test_eval_prompts_from_a_file_and_their_cadence(tmp_path):
     assert eval_prompts(load_spec("tiny-cpu", [f"train.eval_prompts={f}"])) == ["Name a fruit.", "Count to three."]
     # prompts make eval_every meaningful without an eval set
     load_spec("tiny-cpu", ["train.eval_every=5", "train.eval_prompts=[Hi]"])
+
+
+def test_a_missing_prompts_file_is_refused_before_launch(tmp_path, capsys):
+    from runner.cli.main import main as runner_main
+
+    code = runner_main(["run", "tiny-cpu", "--set", f"train.eval_prompts={tmp_path / 'nope.txt'}",
+                        "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.eval_prompts" in err and "no such file" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
