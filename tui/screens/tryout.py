@@ -149,6 +149,8 @@ class TryScreen(Screen):
     # -- drawing
 
     def _show(self, name: str) -> None:
+        if not self.is_mounted:  # a worker finishing after the screen was left
+            return
         side = self.sides[name]
         title = f"{name}: {side.model.source}" if side.model is not None else name
         self.query_one(f"#try-{name}-title", Static).update(title)
