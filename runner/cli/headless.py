@@ -51,6 +51,7 @@ class HeadlessDisplay:
         self.plain = (not self.console.is_terminal) if plain is None else plain
         self._printed_step = 0
         self._printed_evals = 0
+        self._printed_samples: set[tuple[int, int | None]] = set()
         self._reported_failures: set[int] = set()
         self._reported_end = False
         self.lost = False
@@ -94,6 +95,7 @@ class HeadlessDisplay:
         for step in sorted(view.evals)[self._printed_evals:]:
             self._printed_evals += 1
             self._out(eval_line(step, *view.evals[step]))
+        self._print_samples()
         for rs in sorted(view.ranks.values(), key=lambda r: (r.error_t or 0.0, r.rank)):
             if rs.status == "failed" and rs.rank not in self._reported_failures:
                 self._reported_failures.add(rs.rank)
@@ -102,6 +104,12 @@ class HeadlessDisplay:
         if view.finished and not self._reported_end:
             self._reported_end = True
             self._out(self._end_line())
+
+    def _print_samples(self) -> None:
+        for index, e in sorted(self.view.samples.items()):
+            if (index, e.step) not in self._printed_samples:
+                self._printed_samples.add((index, e.step))
+                self._out(f"sample at step {e.step}: {e.prompt!r} -> {e.text!r}")
 
     def _step_line(self, lead: RankState) -> str:
         view = self.view

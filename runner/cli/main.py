@@ -1,4 +1,4 @@
-"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes."""
+"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes, export, generate, chat."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.cli import after
 from runner.cli.job import add_job_args, record_spec, write_job
 from runner.errors import (EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_VERIFIED,
                            EXIT_OK, UserError)
@@ -43,6 +44,8 @@ examples:
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
   runner attach <id>                        # follow a running run (started anywhere on this machine)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
+  runner generate <id> --prompt "Hello"     # the tuned model's answer (--base: the base model's)
+  runner export <id> --as merged            # LoRA folded into the base: a model that loads without peft
 """
 
 
@@ -169,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
                    help="only the fields whose name starts with it, e.g. `runner fields train.`")
     sub.add_parser("recipes", help="the recipes shipped with the package")
+    after.add_parsers(sub, _add_records_dir)
     return parser
 
 
@@ -557,6 +561,7 @@ COMMANDS = {
     "calibrate": cmd_calibrate,
     "fields": cmd_fields,
     "recipes": cmd_recipes,
+    **after.COMMANDS,
 }
 
 if __name__ == "__main__":

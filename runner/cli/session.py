@@ -313,6 +313,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
                           "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "samples_match": result.get("samples_match"),
                           "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:

@@ -76,7 +76,11 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += tracker_problems(list(spec.report.to))
     if spec.method.kind == "lora" and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
         out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",
-                           "use output.save=adapter (load it on the base model with peft)"))
+                           "use output.save=merged (the LoRA folded into the base, a standalone model) or adapter"))
+    prompts = spec.train.eval_prompts
+    if isinstance(prompts, str) and not resolve_embedded(prompts).is_file():
+        out.append(Problem("train.eval_prompts", f"no such file: {prompts}",
+                           "give a text file with one prompt a line, or a list such as [\"Name a fruit.\"]"))
     return out
 
 

@@ -16,7 +16,7 @@ from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
@@ -344,6 +344,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
         out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
         out["first_loss"] = global_losses[0][1]
     out.update(eval_metrics(rank0_events, per_rank))
+    out.update(sample_metrics(rank0_events))
     packing = packing_metrics(per_rank, doc_hists)
     if packing:
         out["packing"] = packing
@@ -386,6 +387,15 @@ def eval_metrics(rank0_events: list[Event], per_rank: dict[str, Any]) -> dict[st
     stopped = ends[-1].stopped_early if ends else None
     out["stopped_early"] = stopped  # the step where early stopping ended the run, or None
     return out
+
+
+def sample_metrics(rank0_events: list[Event]) -> dict[str, Any]:
+    """samples: the model's answers to train.eval_prompts (step, index, prompt, text; the last line of a step
+    counts), which replay compares; empty when the run has no prompts."""
+    samples = latest_samples(rank0_events)
+    if not samples:
+        return {}
+    return {"samples": [{"step": e.step, "index": e.index, "prompt": e.prompt, "text": e.text} for e in samples]}
 
 
 def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:

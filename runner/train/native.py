@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_device
 from runner.train.loss import loss_sum
+from runner.train.samples import with_samples
+from runner.engines import saved_as
 
 if TYPE_CHECKING:
     from runner.events.lines import EventWriter
@@ -319,8 +321,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     stats = PackStats()
     counted = stats if sp.index == 0 else PackStats()  # a group's blocks counted once, by its first rank
     blocks = block_iterator(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device)
-    evaluator = Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
-                                parts["pass_boundaries"], sp)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
+                                             parts["pass_boundaries"], sp), spec, tokenizer, rt)
     evaluated_at, stopped_early, pad_id, total_steps = None, None, tokenizer.pad_token_id, t.max_steps
     step, blocks_consumed, resumed_from = \
         _resume(run_dir, model, opt, rt, blocks, counted, evaluator, events) if resume else (0, 0, None)
@@ -378,8 +380,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)
     if evaluator is not None and not cancelled and step > 0 and evaluated_at != step:
         evaluator.run(model, step, events)
-    exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank) \
-        if not cancelled and spec.output.save != "none" else None
+    saved = saved_as(spec)
+    exported = export(saved, model, tokenizer, run_dir, rt.rank, spec) if not cancelled and saved != "none" else None
     return end_summary(rt, model, stats, steps=step, tokens=tokens_total, train_s=elapsed, final_loss=last_loss,
                        cancelled=cancelled, stopped_early=stopped_early, params=parts["info"]["params"],
                        trainable_params=parts["info"]["trainable_params"], exported=exported)

@@ -43,10 +43,12 @@ from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
 from runner.engines import lever_values
+from runner.engines import saved_as
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
+from runner.train.samples import with_samples
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 from runner.train.schedule import lr_at
@@ -436,17 +438,19 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
 
 
 def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: Any) -> dict[str, Any] | None:
-    """output.save through the trainer: the adapter (peft files) or the full model (LoRA merged) as safetensors.
+    """output.save through the trainer: the adapter (peft files), the full model, or a LoRA run merged into its
+    base (output.save=merged, or full for a LoRA run) as safetensors.
 
     Collective (FSDP gathers the weights); rank 0 writes and returns {dir, kind, files: {name: sha256}}.
     """
     from runner.train.export import file_hashes
 
-    if spec.output.save == "none":
+    saved = saved_as(spec)
+    if saved == "none":
         return None
     out = RunPaths(run_dir).export
-    if spec.output.save == "full" and spec.method.kind == "lora":
-        _export_merged(trainer, spec, rt, out)
+    if saved == "merged" or (saved == "full" and spec.method.kind == "lora"):
+        _export_merged(trainer, spec, rt, out, tokenizer)
     else:
         trainer.save_model(str(out))  # a peft model saves its adapter; a full fine-tune, the model
     if rt.rank == 0:
@@ -456,24 +460,16 @@ def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: A
     dist.barrier()
     if rt.rank != 0:
         return None
-    return {"dir": str(out), "kind": spec.output.save, "files": file_hashes(out)}
+    return {"dir": str(out), "kind": saved, "files": file_hashes(out)}
 
 
-def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path) -> None:
-    # The sharded LoRA model is gathered once; rank 0 rebuilds it unsharded on the host, merges and saves.
-    from runner.train.model import load_config
+def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path, tokenizer: Any) -> None:
+    # The sharded LoRA model is gathered once; rank 0 folds the adapter into the base weights (runner.train.merge).
+    from runner.train.export import adapter_config, write_merged
 
     state = trainer.accelerator.get_state_dict(trainer.model)
-    if rt.rank != 0:
-        return
-    config = load_config(spec)
-    peft_model = apply_lora(load_model(spec, "cpu", config, pick_attention(spec, "cpu", config).impl), spec)
-    _, unexpected = peft_model.load_state_dict(state, strict=False)
-    if unexpected:
-        raise RuntimeError(f"merged export: {len(unexpected)} gathered tensors have no place in the model, "
-                           f"e.g. {unexpected[:3]}")
-    out.mkdir(parents=True, exist_ok=True)
-    peft_model.merge_and_unload().save_pretrained(str(out), safe_serialization=True)
+    if rt.rank == 0:
+        write_merged(state, adapter_config(trainer.model), spec, tokenizer, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,10 +518,10 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":
         from accelerate.utils import FullyShardedDataParallelPlugin
-
         cpu_plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     trainer_ref: list = []
-    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device,
+                                             pass_boundaries=False), spec, tokenizer, rt)
     callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                                callbacks=[callback], rank_loader=loader, spec=spec, cpu_fsdp_plugin=cpu_plugin)
