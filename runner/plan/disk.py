@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from runner.engines import saved_as
 from runner.errors import PredictedNotToFit, UserError
 from runner.plan.constants import ADAM_STATES_PER_PARAM, DTYPE_BYTES
 from runner.spec import RunSpec
@@ -62,11 +63,8 @@ def human(n: float) -> str:
 
 
 def export_kind(spec: RunSpec) -> str:
-    """What output.save writes: `auto` is the adapter for LoRA/QLoRA and the full model otherwise."""
-    save = str(spec.output.save)
-    if save == "auto":
-        return "adapter" if spec.method.kind in ("lora", "qlora") else "full"
-    return save
+    """What output.save writes, `auto` decided (runner.engines.saved_as: the one rule)."""
+    return saved_as(spec)
 
 
 def _base_bytes(spec: RunSpec, weight_b: float) -> float:
