@@ -25,6 +25,7 @@ class Launcher:
         self.env = env if env is not None else run_env()
         self.proc: subprocess.Popen[bytes] | None = None
         self.cancelled = False
+        self.graceful = False  # stopped with a checkpoint (SIGTERM first), not cancelled
         self._log = None
 
     def start(self) -> None:
@@ -32,7 +33,7 @@ class Launcher:
         self._log = open(self.paths.launcher_log, "ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, start_new_session=True,
-                                     preexec_fn=_stop_with_parent(os.getpid()) if self.stop_with_parent else None)
+                                     preexec_fn=_launcher_preexec(os.getpid() if self.stop_with_parent else None))
 
     @property
     def pid(self) -> int:
@@ -57,6 +58,7 @@ class Launcher:
     def stop(self, grace_s: float = 25.0) -> int:
         """Stop the whole run gracefully: torchrun forwards SIGTERM, the ranks checkpoint and stop at a step
         boundary; whatever is left after the grace gets SIGKILL (everything gone within 30 s)."""
+        self.graceful = self.graceful or not self.cancelled
         self.cancelled = True
         return self.terminate(grace_s, first=signal.SIGTERM)
 
@@ -100,11 +102,21 @@ class Launcher:
             self._log.close()
 
 
-def _stop_with_parent(parent: int):
-    """A preexec function: SIGTERM (torchrun's graceful stop) when the parent dies."""
+def ignore_preemption_warning() -> None:
+    """SIGUSR1 ignored in this process and, through exec, in what it starts until that sets its own handler.
+    SLURM signals every process of a job step (`scancel --signal=USR1`, srun passing on the batch shell's warning),
+    and a process without a handler dies of it: only the supervisor and the ranks act on the warning."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _launcher_preexec(parent: int | None):
+    """A preexec function for torchrun: the preemption warning ignored (torchrun has no handler for it; the ranks
+    set theirs), and with `parent`, SIGTERM (torchrun's graceful stop) when the parent dies."""
 
     def preexec() -> None:
-        signal_on_parent_death(signal.SIGTERM, parent)
+        ignore_preemption_warning()
+        if parent is not None:
+            signal_on_parent_death(signal.SIGTERM, parent)
 
     return preexec
 

@@ -87,7 +87,9 @@ class ActiveRun:
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
             rec["cancel"] = {**(self.stop_reason or {"signal": None, "cause": "cancelled"}),
-                             **resume_hint(self.paths.run_dir)}
+                             **resume_hint(self.paths.run_dir), "launcher_exit": exit_code}
+            # The run's exit as its supervisor and view end (torchrun's own, whatever a signal made it, kept above).
+            exit_code = EXIT_STOPPED if self.launcher.graceful else EXIT_CANCELLED
         elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
             rec["status"] = "succeeded"
         else:

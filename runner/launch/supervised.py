@@ -157,6 +157,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     """Start the run's supervisor apart from this process (own session, no terminal, SIGHUP ignored) and return
     once it has launched torchrun; raise SupervisorFailed when it could not."""
     from runner.launch.command import check_run_target, new_run_id, write_spec
+    from runner.launch.process import ignore_preemption_warning
 
     check_run_target(runs_dir, records_dir, run_id)
     if run_id is None:
@@ -175,7 +176,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
         # The request goes through a pipe, not a file: the spec as given may hold credentials (redacted on disk).
         proc = subprocess.Popen([sys.executable, "-m", "runner.launch.supervisor", str(paths.run_dir)],
                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=ignore_preemption_warning)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(request).encode())
     proc.stdin.close()
