@@ -75,8 +75,9 @@ class Cluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def node_names(self) -> list[str]:
-        # The first node is the rendezvous host every node connects to: this machine's name, which resolves.
-        return [self.host, *(f"n{i}" for i in range(1, self.nodes))]
+        # The job's first node (SLURM sorts them by name) is the rendezvous host every node connects to: this
+        # machine's name, which resolves; the others' names sort after it.
+        return [self.host, *(f"{self.host}x{i}" for i in range(1, self.nodes))]
 
     def write_config(self) -> None:
         r = self.root

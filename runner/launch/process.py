@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -139,5 +140,26 @@ def _alive(pids: list[int]) -> bool:
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 return True
         except psutil.Error:
+            continue
+    return False
+
+
+def ranks_alive(paths: RunPaths) -> bool:
+    """Whether a rank of this run still runs on this host (from the pids its start events name): after the
+    supervisor died, ranks stop on their own at the next step boundary; the record waits for that."""
+    import psutil
+
+    from runner.events.lines import read_events
+
+    host = socket.gethostname()
+    for path in sorted(paths.events.glob("rank*.jsonl")):
+        starts = [e for e in read_events(path) if e.get("event") == "start"]
+        if not starts or starts[-1].get("host") not in (None, host) or not starts[-1].get("pid"):
+            continue
+        try:
+            p = psutil.Process(int(starts[-1]["pid"]))
+            if p.status() != psutil.STATUS_ZOMBIE and "runner.train" in " ".join(p.cmdline()):
+                return True
+        except (psutil.Error, ValueError, TypeError):
             continue
     return False

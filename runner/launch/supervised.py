@@ -14,6 +14,7 @@ from typing import Any
 
 from runner.errors import EXIT_FAILED, UserError
 from runner.events.paths import RunPaths
+from runner.launch.process import ranks_alive
 from runner.launch.supervisor import (EXIT_CANCELLED, finish_unfinished, log_path, read_state, send_request,
                                       state_path)
 from runner.record import records
@@ -128,27 +129,6 @@ def supervisor_alive(state: dict[str, Any], proc: subprocess.Popen[bytes] | None
         return created is None or abs(p.create_time() - float(created)) < 1.0  # not a reused pid
     except (psutil.Error, KeyError, ValueError, TypeError):
         return False
-
-
-def ranks_alive(paths: RunPaths) -> bool:
-    """Whether a rank of this run still runs on this host (from the pids its start events name): after the
-    supervisor died, ranks stop on their own at the next step boundary; the record waits for that."""
-    import psutil
-
-    from runner.events.lines import read_events
-
-    host = socket.gethostname()
-    for path in sorted(paths.events.glob("rank*.jsonl")):
-        starts = [e for e in read_events(path) if e.get("event") == "start"]
-        if not starts or starts[-1].get("host") not in (None, host) or not starts[-1].get("pid"):
-            continue
-        try:
-            p = psutil.Process(int(starts[-1]["pid"]))
-            if p.status() != psutil.STATUS_ZOMBIE and "runner.train" in " ".join(p.cmdline()):
-                return True
-        except (psutil.Error, ValueError, TypeError):
-            continue
-    return False
 
 
 def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,

@@ -152,7 +152,9 @@ class Supervisor:
                          torchrun_pid=active.launcher.pid)
         code = self._watch(active)
         rec = active.finish(code)
-        status = (rec or {}).get("status") or ("succeeded" if code == 0 else "failed")
+        # A node other than 0 keeps no record: its own status says how its part ended.
+        status = (rec or {}).get("status") or ("cancelled" if active.cancelled else "succeeded" if code == 0
+                                               else "failed")
         if active.stop_reason is not None:
             code = REQUESTS[active.stop_reason["request"]][2]
         elif status != "succeeded" and code == 0:

@@ -62,7 +62,13 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
     """Hold the attempt's ranks (SIGSTOP) once they trained past `past_step`, so that the preemption lands mid-run
     however slow this machine is, preempt the job `how`, and let the ranks go once every node's supervisor has
     taken the request."""
-    pids = _wait(lambda: _attempt_ranks(run_dir, world, past_step), f"attempt past step {past_step}", cluster)
+    def ranks() -> list[int] | None:
+        state = cluster.job_state(job)["JobState"]
+        assert state in ("PENDING", "RUNNING"), f"job {job} {state} before its preemption:\n" + "\n".join(
+            p.read_text()[-3000:] for p in sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("logs/*.out")))
+        return _attempt_ranks(run_dir, world, past_step)
+
+    pids = _wait(ranks, f"attempt past step {past_step}", cluster)
     for pid in pids:
         subprocess.run(["kill", "-STOP", str(pid)], check=True)
     try:
@@ -87,7 +93,8 @@ def _seconds(hms: str) -> int:
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_run, tmp_path, nodes):
+def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_run, tmp_path, capsys,
+                                                                             nodes):
     runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
     code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", f"hardware.nodes={nodes}", "--set",
                     f"hardware.nproc_per_node={2 // nodes}", "--set", f"train.max_steps={STEPS}",
@@ -97,7 +104,7 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
     [run_dir] = runs.iterdir()
     path = recs / f"{run_dir.name}.json"
     job = slurm.sbatch(script, cwd=tmp_path)
-    checkpoint = 0
+    checkpoint, steps = 0, []
     for attempt, how in enumerate(("batch", "warning", "step")):
         _preempt(slurm, job, run_dir, nodes, 2, checkpoint, how)
         _wait(lambda: all(s.get("state") == "finished" for s in _states(run_dir, nodes)), "the attempt's end", slurm)
@@ -110,10 +117,10 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
         assert (run_dir / "checkpoints" / f"step{cancel['checkpoint_step']}" / "meta.json").is_file()
         assert records.verify(path)[0]
         checkpoint = cancel["checkpoint_step"]
+        steps.append(checkpoint)
         state = _wait(lambda: (s := slurm.job_state(job)) and int(s["Restarts"]) == attempt + 1 and s,
                       "the job requeued by its script", slurm) if how != "step" else None
         if how == "warning":  # the requeued job keeps the shortened limit: give the next attempt its time back
-            assert state["JobState"] == "PENDING", state
             slurm.scontrol("update", f"JobId={job}", "TimeLimit=30")
         if how == "step":
             # Only the step was signalled: the batch shell ends with the run's 143 and, as SLURM's own
@@ -126,8 +133,15 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
                   slurm)
     rec = records.load(path)
     assert rec["status"] == "succeeded" and records.verify(path)[0], rec.get("failure")
-    assert [(r["previous_status"], r["from_step"]) for r in rec["resumes"]][0][0] == "cancelled"
-    assert all(r["previous_status"] == "cancelled" for r in rec["resumes"]) and len(rec["resumes"]) == 3
-    assert rec["launch"]["scheduler"]["job_id"] == job and rec["launch"]["nodes"] == nodes
+    # Each attempt resumed the same run id from the checkpoint the one before wrote, as SLURM's restarts 1, 2, 3.
+    assert [r["previous_status"] for r in rec["resumes"]] == ["cancelled"] * 3
+    assert [r["from_step"] for r in rec["resumes"]] == steps
+    assert [r["scheduler"]["restart_count"] for r in rec["resumes"]] == [1, 2, 3]
+    assert rec["launch"]["scheduler"] == {"name": "slurm", "job_id": job, "nodes": state["NodeList"],
+                                          "node_count": nodes, "restart_count": 0, "cluster": "sfttest"}
+    assert rec["launch"]["job"]["target"] == "slurm" and rec["launch"]["nodes"] == nodes
     whole = records.load(tiny_run["record"])
     assert rec["metrics"]["loss_curve"] == whole["metrics"]["loss_curve"]
+    capsys.readouterr()
+    code, out, _ = run_cli(["replay", str(path)], capsys)
+    assert code == 0 and f"runner job {path} --to slurm --port " in out and f"sbatch {run_dir.name}-rerun.sh" in out
