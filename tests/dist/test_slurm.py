@@ -1,7 +1,7 @@
 """`runner job --to slurm` under a real SLURM (tests/slurm_cluster.py), one node and two: submitted with sbatch,
-preempted by USR1 three ways (`scancel --signal=USR1 --batch`, SLURM's own warning before a time limit, and USR1 to
-every process of the step), requeued, and resumed into the same record with the loss curve of the uninterrupted
-run, every rank and step."""
+preempted by USR1 (`scancel --signal=USR1 --batch`, SLURM's own warning before a time limit, and on one node USR1
+to every process of the step but not the batch shell), requeued, and resumed into the same record with the loss
+curve of the uninterrupted run, every rank and step."""
 
 from __future__ import annotations
 
@@ -92,9 +92,10 @@ def _seconds(hms: str) -> int:
     return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_run, tmp_path, capsys,
-                                                                             nodes):
+# Two nodes skip the USR1 to the step alone: with --batch too, srun passes the USR1 to every process of the step on
+# every node, which is what the step-wide signal tests (one launch fewer).
+@pytest.mark.parametrize(("nodes", "ways"), [(1, ("batch", "warning", "step")), (2, ("batch", "warning"))])
+def test_preempted_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_run, tmp_path, capsys, nodes, ways):
     runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
     code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", f"hardware.nodes={nodes}", "--set",
                     f"hardware.nproc_per_node={2 // nodes}", "--set", f"train.max_steps={STEPS}",
@@ -105,7 +106,7 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
     path = recs / f"{run_dir.name}.json"
     job = slurm.sbatch(script, cwd=tmp_path)
     checkpoint, steps = 0, []
-    for attempt, how in enumerate(("batch", "warning", "step")):
+    for attempt, how in enumerate(ways):
         _preempt(slurm, job, run_dir, nodes, 2, checkpoint, how)
         _wait(lambda: all(s.get("state") == "finished" for s in _states(run_dir, nodes)), "the attempt's end", slurm)
         rec = records.load(path)
@@ -133,10 +134,10 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
                   slurm)
     rec = records.load(path)
     assert rec["status"] == "succeeded" and records.verify(path)[0], rec.get("failure")
-    # Each attempt resumed the same run id from the checkpoint the one before wrote, as SLURM's restarts 1, 2, 3.
-    assert [r["previous_status"] for r in rec["resumes"]] == ["cancelled"] * 3
+    # Each attempt resumed the same run id from the checkpoint the one before wrote, as SLURM's restarts 1, 2, ...
+    assert [r["previous_status"] for r in rec["resumes"]] == ["cancelled"] * len(ways)
     assert [r["from_step"] for r in rec["resumes"]] == steps
-    assert [r["scheduler"]["restart_count"] for r in rec["resumes"]] == [1, 2, 3]
+    assert [r["scheduler"]["restart_count"] for r in rec["resumes"]] == list(range(1, len(ways) + 1))
     assert rec["launch"]["scheduler"] == {"name": "slurm", "job_id": job, "nodes": state["NodeList"],
                                           "node_count": nodes, "restart_count": 0, "cluster": "sfttest"}
     assert rec["launch"]["job"]["target"] == "slurm" and rec["launch"]["nodes"] == nodes
@@ -144,4 +145,4 @@ def test_preempted_three_ways_requeued_and_resumed_to_the_uninterrupted_curve(sl
     assert rec["metrics"]["loss_curve"] == whole["metrics"]["loss_curve"]
     capsys.readouterr()
     code, out, _ = run_cli(["replay", str(path)], capsys)
-    assert code == 0 and f"runner job {path} --to slurm --port " in out and f"sbatch {run_dir.name}-rerun.sh" in out
+    assert code == 0 and f"runner job {path} --to slurm " in out and f"sbatch {run_dir.name}-rerun.sh" in out
