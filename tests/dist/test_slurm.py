@@ -24,6 +24,8 @@ pytestmark = pytest.mark.dist
 STEPS = 12  # the shared uninterrupted run's (tests/conftest.py tiny_run)
 WARN_S = 600
 TIMEOUT_S = 300
+# Job states that end a job (a requeued job passes through COMPLETING and REQUEUED on its way to PENDING).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 def _wait(cond, what: str, cluster: Cluster, timeout_s: float = TIMEOUT_S):
@@ -64,7 +66,7 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
     taken the request."""
     def ranks() -> list[int] | None:
         state = cluster.job_state(job)["JobState"]
-        assert state in ("PENDING", "RUNNING"), f"job {job} {state} before its preemption:\n" + "\n".join(
+        assert state not in ENDED, f"job {job} {state} before its preemption:\n" + "\n".join(
             p.read_text()[-3000:] for p in sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("logs/*.out")))
         return _attempt_ranks(run_dir, world, past_step)
 
