@@ -51,8 +51,8 @@ class SpecError(UserError):
 
 
 class PredictedNotToFit(UserError):
-    """The estimate says the run does not fit: the one refusal that `--force` (or the wizard's confirmation)
-    overrides."""
+    """The estimate says the run does not fit (in GPU memory, or its checkpoints and export on disk): the one
+    refusal that `--force` (or the wizard's confirmation) overrides."""
 
 
 class RunFailed(Exception):

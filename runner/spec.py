@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from runner.engines import lever_problems
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
-from runner.naming import follow_paths, overridden_sections, revision_problems
+from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections, revision_problems
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -310,8 +310,11 @@ def read_spec_file(path: Path) -> dict[str, Any]:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         elif isinstance(e, json.JSONDecodeError):
             where = f" at line {e.lineno}, column {e.colno}"
+        problem = str(getattr(e, 'problem', None) or e.msg)
+        # YAML refuses a tab where it expects indentation; "fix the syntax" would not say so.
+        fix = "indent with spaces, not tabs" if "'\\t'" in problem else "fix the syntax"
         raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
-                        [Problem("SPEC", str(getattr(e, 'problem', None) or e.msg), "fix the syntax")]) from None
+                        [Problem("SPEC", problem, fix)]) from None
     if data is None or data == {}:
         # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
         raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
@@ -529,15 +532,18 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
               notes: list[str] | None = None) -> RunSpec:
     """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first. An override of
     model.path or dataset.path without one of its id renames the run's model or data after the path
-    (follow_paths); `notes`, when given, receives a line saying so."""
+    (follow_paths), and overrides that make it another run than the recipe's rename and redescribe it
+    (follow_run); `notes`, when given, receives a line saying so."""
     if isinstance(spec, dict):
         data = json.loads(json.dumps(spec))
     else:
         data = read_spec_file(find_spec_file(str(spec)))
+    origin = json.loads(json.dumps(data))
     for assignment in overrides:
         apply_override(data, assignment)
     said = follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX,
                         {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
+    said += follow_run(data, origin, RunSpec().to_dict(), overridden_fields(overrides))
     if notes is not None:
         notes += said
     return validate(data)

@@ -92,6 +92,7 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
                     console.print(f"{what} run {run.run_id} at the next step boundary…", highlight=False)
                 time.sleep(POLL_S)
             view.poll()
+            display.lost = run.lost
             return Followed(code)
     finally:
         try:
@@ -118,15 +119,24 @@ def say_detached(console: Console, run: SupervisedRun) -> None:
 
 
 def say_resumable(console: Console, rec: dict[str, Any] | None) -> None:
-    """After a cancel: whether the run can be resumed, and how."""
-    cancel = (rec or {}).get("cancel")
+    """After a cancel or a lost supervisor: whether the run can be resumed, and how."""
+    rec = rec or {}
+    cancel = rec.get("cancel") or rec.get("lost")
     if not cancel:
         return
-    why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
-                                      f" from {cancel['by']}" if cancel.get("by") else "")
+    if "cancel" in rec:
+        why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
+                                          f" from {cancel['by']}" if cancel.get("by") else "")
+    else:
+        why = "supervisor lost"
     if cancel.get("resumable"):
         console.print(f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with "
                       f"`{cancel['resume']}`", highlight=False)
+    elif cancel.get("signal") in ("SIGTERM", "SIGUSR1") or not (rec.get("metrics") or {}).get("steps"):
+        # A graceful stop writes a checkpoint only once a step was taken: before step 1 there is nothing to keep.
+        console.print(f"{why}; no checkpoint, so it cannot be resumed: it stopped before its first step; "
+                      "start it again", highlight=False)
     else:
-        console.print(f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is 0; a stop by "
-                      "SIGTERM writes one)", highlight=False)
+        every = ((rec.get("spec") or {}).get("train") or {}).get("checkpoint_every")
+        console.print(f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is {every or 0}; "
+                      "a stop by SIGTERM, `runner attach <id> --stop`, writes one)", highlight=False)

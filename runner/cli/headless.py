@@ -40,9 +40,9 @@ class HeadlessDisplay:
     """Shows a RunView: call `update()` after each `view.poll()`, `close()` at the end.
 
     TTY (or `plain=False`): a rich Live view, progress line, per-rank table, GPU table once GPU samples exist.
-    Otherwise (or `plain=True`): plain lines for a log file, without ANSI: one per `update()` in which the lead
-    rank (the lowest) reached a new step (steps logged between two updates are summed up by the latest), one
-    when a rank fails, one when the run ends.
+    Otherwise (or `plain=True`): plain lines for a log file, without ANSI: one per step the lead rank (the lowest)
+    logged, also when several arrive between two updates (the rates and ETA are those of the latest), one when a
+    rank fails, one when the run ends. `lost`, set when the supervisor died, makes the end line say so.
     """
 
     def __init__(self, view: RunView, console: Console | None = None, plain: bool | None = None):
@@ -53,6 +53,7 @@ class HeadlessDisplay:
         self._printed_evals = 0
         self._reported_failures: set[int] = set()
         self._reported_end = False
+        self.lost = False
         self._live: Live | None = None
         if not self.plain:
             self._live = Live(self._render(), console=self.console, auto_refresh=False, transient=False)
@@ -82,6 +83,11 @@ class HeadlessDisplay:
         view = self.view
         if view.ranks:
             lead = view.ranks[min(view.ranks)]
+            for step in range(self._printed_step + 1, lead.step):  # logged since the last update: none left out
+                past = lead.steps.get(step)
+                if past is not None:
+                    self._out(f"step {_step_text(step, view.max_steps)}  loss {_f(past.loss, '.3f')}  "
+                              f"lr {_f(past.lr, '.1e')}  mem {_f(past.mem_gib, '.1f')} GiB")
             if lead.step > self._printed_step:
                 self._printed_step = lead.step
                 self._out(self._step_line(lead))
@@ -112,6 +118,8 @@ class HeadlessDisplay:
 
     def _end_line(self) -> str:
         view = self.view
+        if self.lost:  # the ranks stopped as if cancelled (SIGTERM from the kernel), but nobody cancelled
+            return f"run failed at step {view.global_step}: supervisor lost"
         failed = view.failed_rank()
         if failed is not None:
             return f"run failed (first: rank {failed}) at step {view.global_step}"

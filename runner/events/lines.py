@@ -412,6 +412,10 @@ class StepIndex(Generic[E]):
         self._by_step[step] = line
         return old is None or old != line, old
 
+    def get(self, step: int) -> E | None:
+        """The kept line of `step`, if one was logged."""
+        return self._by_step.get(step)
+
     def lines(self) -> list[E]:
         """The kept lines, by step."""
         return [self._by_step[s] for s in sorted(self._by_step)]

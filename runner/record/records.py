@@ -399,8 +399,9 @@ def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
 
 
 def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
-    lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
+    """Blocks, split conversations and packing efficiency of the blocks the steps trained on, summed over ranks (each
+    rank's end event's data; real_tokens is metrics.tokens), the blocks drawn but skipped for having no target token
+    and why, and the lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
     document counts as the pieces that trained)."""
     data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
     if not data:
@@ -412,6 +413,11 @@ def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None =
     real = sum(d.get("real_tokens") or 0 for d in data)
     out = {"blocks": blocks, "examples": sum(d.get("examples") or 0 for d in data),
            "split_documents": sum(d.get("split_documents") or 0 for d in data), "real_tokens": real}
+    skipped = {k: sum(d.get(k) or 0 for d in data) for k in ("skipped_no_target_blocks", "skipped_no_target_tokens")}
+    if skipped["skipped_no_target_blocks"]:
+        out.update(skipped)
+        out["skipped"] = (f"{skipped['skipped_no_target_blocks']} block(s), {skipped['skipped_no_target_tokens']} "
+                          "tokens, not trained: no rank's blocks of that step held a target token")
     effs = [(d.get("packing_efficiency"), d.get("blocks") or 0) for d in data if d.get("packing_efficiency")]
     if effs and blocks:
         out["packing_efficiency"] = round(sum(e * b for e, b in effs) / blocks, 4)

@@ -23,8 +23,8 @@ Choices, recorded in the `train_begin` event:
   trainer's gradient checkpointing. `train.fsdp_one_rank` wraps one GPU process in FSDP2 anyway.
 - Loss. TRL's chunked LM head, normalised by the target count of the whole step over every rank (the native
   engine's normalisation). The MoE router's auxiliary loss is off (`router_aux_loss_coef=0`), as in the notebook
-  and the native engine. Learning-rate schedules are transformers' (warmup starts at 0, one step earlier than the
-  native engine's).
+  and the native engine. The learning-rate schedule is the native engine's (runner.train.schedule), given to the
+  trainer as its scheduler.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
+from runner.train.schedule import lr_at
 from runner.train.checkpoint import latest_checkpoint
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
@@ -288,8 +289,9 @@ def _trainer_class() -> type:
     class RunnerSFTTrainer(SFTTrainer):
         """SFTTrainer over this rank's own loader, FSDP2 on CPU ranks too, with exact per-rank loss sums."""
 
-        def __init__(self, *args: Any, rank_loader: Any, cpu_fsdp_plugin: Any = None, **kwargs: Any):
+        def __init__(self, *args: Any, rank_loader: Any, spec: RunSpec, cpu_fsdp_plugin: Any = None, **kwargs: Any):
             self._rank_loader = rank_loader
+            self._spec = spec
             self._cpu_fsdp_plugin = cpu_fsdp_plugin
             self.ce_sum = 0.0
             self.targets = 0
@@ -326,6 +328,16 @@ def _trainer_class() -> type:
                 self.accelerator.state.fsdp_plugin = plugin
                 self.is_fsdp_enabled = True
 
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            # The engines' one schedule (runner.train.schedule), over train.max_steps as the native engine counts:
+            # transformers' own would run the first warmup step at lr 0.
+            if self.lr_scheduler is None:
+                spec = self._spec
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda i: lr_at(spec, i + 1, spec.train.max_steps) / spec.train.lr)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
         def get_train_dataloader(self) -> Any:
             return self._rank_loader
 
@@ -333,6 +345,9 @@ def _trainer_class() -> type:
                          num_items_in_batch: Any = None) -> Any:
             self.real_tokens += int(inputs.pop("real_tokens", 0))
             self.doc_len_sq += int(inputs.pop("doc_len_sq", 0))
+            rows, trained = inputs.pop("rows", None), getattr(self._rank_loader, "trained", None)
+            if rows is not None and trained is not None and torch.is_grad_enabled():
+                trained.trained(rows)  # the record's packing statistics count what trained
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -513,7 +528,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
     callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               callbacks=[callback], rank_loader=loader, cpu_fsdp_plugin=cpu_plugin)
+                               callbacks=[callback], rank_loader=loader, spec=spec, cpu_fsdp_plugin=cpu_plugin)
     trainer_ref.append(trainer)
 
     n_trainable = trainable_params(model)
