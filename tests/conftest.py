@@ -55,3 +55,20 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert code == 0, buf.getvalue()
     result = last_json(buf.getvalue())
     return {"code": code, "result": result, "record": Path(result["record"]), **d}
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A real SLURM cluster on localhost with two nodes (`slurmd -N`; one-node jobs take one of them): Debian's
+    slurm-wlm and munge, installed when missing where that is allowed, else the tests skip and say why."""
+    from tests.slurm_cluster import Cluster, install_or_reason
+
+    reason = install_or_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = Cluster(tmp_path_factory.mktemp("slurm"), nodes=2)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class Failure(TypedDict, total=False):
     """Why a failed run failed (runner.events.failure.diagnose)."""
 
-    rank: int
+    rank: int | None
+    """The first failing rank; None when torchrun itself died and no rank failed."""
     cause: str
     message: str
     last_step: int
@@ -63,7 +64,7 @@ def classify_text(text: str) -> tuple[str, str]:
     if _PEER_LOST.search(text):
         return "peer_lost", _last_line_matching(text, _PEER_LOST) or "a peer rank's connection was lost"
     last = _last_exception_line(text)
-    return "exception", last or "unknown error"
+    return ("exception", last) if last else ("unknown", "no exception or known error in the log")
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
@@ -71,7 +72,8 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
         return "cancelled", "interrupted"
     text = f"{type(e).__name__}: {e}"
     cause, message = classify_text(text)
-    if cause == "exception":
+    if cause in ("exception", "unknown"):  # an exception whose name does not say so is one all the same
+        cause = "exception"
         message = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return cause, message[:500]
 
@@ -104,12 +106,28 @@ def log_tail(path: Path, max_bytes: int = 20_000) -> str:
         return ""
 
 
+# A rank's lines as torchrun may prefix them ("[rank0]: ", "[default0]:").
+_LINE_PREFIX = re.compile(r"^\[(?:rank|default)?\d+\]:\s?")
+# An exception as Python prints it: a dotted name, then ": message" or nothing.
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::\s.*)?$")
+_NAMED_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b")
+
+
 def _last_exception_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", ln):
-            return ln[:500]
-    return lines[-1][:500] if lines else ""
+    """The last traceback's exception line (its first line after the frames), else the last line that names an
+    exception (`...Error: message`), else "": any other line (a progress bar, a warning) is not the error."""
+    lines = [_LINE_PREFIX.sub("", ln).rstrip() for ln in text.splitlines()]  # a progress bar's \r ends a line too
+    found, in_traceback = "", False
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and ln and not ln[0].isspace():
+            in_traceback = False
+            if _EXCEPTION.match(ln):
+                found = ln
+    if found:
+        return found[:500]
+    return next((ln.strip()[:500] for ln in reversed(lines) if _NAMED_EXCEPTION.match(ln.strip())), "")
 
 
 def _last_line_matching(text: str, pattern: re.Pattern[str]) -> str:
@@ -143,6 +161,11 @@ def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
     if killed and (root in killed or root is None or not own_errors):
         rank = root if root is not None and root in killed else killed[0]
         cause, message = signal_cause(codes[rank])  # type: ignore[misc]
+    elif exit_code < 0 and not own_errors:
+        # torchrun itself was killed: no rank reported why, and a rank's log says nothing about it.
+        rank = None
+        cause, message = signal_cause(exit_code)  # type: ignore[misc]
+        message = f"torchrun (the launcher) {message}; no rank reported an error"
     elif errors:
         errors.sort(key=lambda x: (x[0], x[1]))
         _, rank, ev = errors[0]
@@ -151,12 +174,16 @@ def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:
         cause, message = ev.cause or "exception", ev.message or ""
     else:
         rank = root if root is not None else 0
-        cause, message = classify_text(log_tail(paths.rank_log(rank)) or launcher_log)
+        cause, message = classify_text(log_tail(paths.rank_log(rank)))
+        if cause == "unknown":
+            cause, message = classify_text(launcher_log)
         if rank in codes and signal_cause(codes[rank]):
             cause, message = signal_cause(codes[rank])  # type: ignore[misc]
-    return {"rank": rank, "cause": cause, "message": message, "last_step": last_steps.get(str(rank), 0),
+    log = paths.rank_log(rank) if rank is not None else paths.launcher_log
+    last_step = last_steps.get(str(rank), 0) if rank is not None else max(last_steps.values(), default=0)
+    return {"rank": rank, "cause": cause, "message": message, "last_step": last_step,
             "last_steps": last_steps, "exit_codes": {str(k): v for k, v in codes.items()}, "launcher_exit": exit_code,
-            "log": str(paths.rank_log(rank))}
+            "log": str(log)}
 
 
 def _root_cause_rank(launcher_log: str) -> int | None:

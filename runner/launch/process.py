@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -25,6 +26,7 @@ class Launcher:
         self.env = env if env is not None else run_env()
         self.proc: subprocess.Popen[bytes] | None = None
         self.cancelled = False
+        self.graceful = False  # stopped with a checkpoint (SIGTERM first), not cancelled
         self._log = None
 
     def start(self) -> None:
@@ -32,7 +34,7 @@ class Launcher:
         self._log = open(self.paths.launcher_log, "ab")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, start_new_session=True,
-                                     preexec_fn=_stop_with_parent(os.getpid()) if self.stop_with_parent else None)
+                                     preexec_fn=_launcher_preexec(os.getpid() if self.stop_with_parent else None))
 
     @property
     def pid(self) -> int:
@@ -57,6 +59,7 @@ class Launcher:
     def stop(self, grace_s: float = 25.0) -> int:
         """Stop the whole run gracefully: torchrun forwards SIGTERM, the ranks checkpoint and stop at a step
         boundary; whatever is left after the grace gets SIGKILL (everything gone within 30 s)."""
+        self.graceful = self.graceful or not self.cancelled
         self.cancelled = True
         return self.terminate(grace_s, first=signal.SIGTERM)
 
@@ -100,11 +103,21 @@ class Launcher:
             self._log.close()
 
 
-def _stop_with_parent(parent: int):
-    """A preexec function: SIGTERM (torchrun's graceful stop) when the parent dies."""
+def ignore_preemption_warning() -> None:
+    """SIGUSR1 ignored in this process and, through exec, in what it starts until that sets its own handler.
+    SLURM signals every process of a job step (`scancel --signal=USR1`, srun passing on the batch shell's warning),
+    and a process without a handler dies of it: only the supervisor and the ranks act on the warning."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _launcher_preexec(parent: int | None):
+    """A preexec function for torchrun: the preemption warning ignored (torchrun has no handler for it; the ranks
+    set theirs), and with `parent`, SIGTERM (torchrun's graceful stop) when the parent dies."""
 
     def preexec() -> None:
-        signal_on_parent_death(signal.SIGTERM, parent)
+        ignore_preemption_warning()
+        if parent is not None:
+            signal_on_parent_death(signal.SIGTERM, parent)
 
     return preexec
 
@@ -127,5 +140,26 @@ def _alive(pids: list[int]) -> bool:
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 return True
         except psutil.Error:
+            continue
+    return False
+
+
+def ranks_alive(paths: RunPaths) -> bool:
+    """Whether a rank of this run still runs on this host (from the pids its start events name): after the
+    supervisor died, ranks stop on their own at the next step boundary; the record waits for that."""
+    import psutil
+
+    from runner.events.lines import read_events
+
+    host = socket.gethostname()
+    for path in sorted(paths.events.glob("rank*.jsonl")):
+        starts = [e for e in read_events(path) if e.get("event") == "start"]
+        if not starts or starts[-1].get("host") not in (None, host) or not starts[-1].get("pid"):
+            continue
+        try:
+            p = psutil.Process(int(starts[-1]["pid"]))
+            if p.status() != psutil.STATUS_ZOMBIE and "runner.train" in " ".join(p.cmdline()):
+                return True
+        except (psutil.Error, ValueError, TypeError):
             continue
     return False

@@ -15,7 +15,7 @@ from runner.facts.catalog import load_arch
 from runner.events.failure import any_error_event, diagnose  # noqa: F401 (diagnose: runner.launch.run.diagnose for callers)
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
 from runner.facts.gpus import ceiling_tflops_here
-from runner.launch.process import Launcher
+from runner.launch.process import Launcher, ranks_alive
 from runner.launch.reserve import disk_full_failure
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
@@ -26,6 +26,8 @@ from runner.spec import RunSpec
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
+# How long a record waits for the ranks of a killed torchrun: they stop within runner.train.runtime's grace (20 s).
+RANKS_GONE_S = 30.0
 
 
 @dataclass
@@ -68,6 +70,10 @@ class ActiveRun:
 
     def wait(self) -> int:
         code = self.launcher.wait()
+        if code < 0:
+            # torchrun was killed: its ranks got SIGTERM (PR_SET_PDEATHSIG) and may still be writing their last
+            # step and checkpoint, which the record must count.
+            _wait_ranks_gone(self.paths, RANKS_GONE_S)
         self.stop_sampler()
         return code
 
@@ -93,7 +99,9 @@ class ActiveRun:
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
             rec["cancel"] = {**(self.stop_reason or {"signal": None, "cause": "cancelled"}),
-                             **resume_hint(self.paths.run_dir)}
+                             **resume_hint(self.paths.run_dir), "launcher_exit": exit_code}
+            # The run's exit as its supervisor and view end (torchrun's own, whatever a signal made it, kept above).
+            exit_code = EXIT_STOPPED if self.launcher.graceful else EXIT_CANCELLED
         elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
             rec["status"] = "succeeded"
         else:
@@ -111,6 +119,12 @@ class ActiveRun:
             trackers, self.trackers = self.trackers, None
             trackers.finish(self.record_path, rec["status"])
         return self.record
+
+
+def _wait_ranks_gone(paths: RunPaths, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while ranks_alive(paths) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def resume_hint(run_dir: Path) -> dict[str, Any]:

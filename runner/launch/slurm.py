@@ -60,5 +60,6 @@ def build_sbatch(spec: RunSpec, spec_file: str, o: JobOptions) -> str:
         # pyxis/enroot: the shared folders are mounted at the same paths inside the container.
         mounts = ",".join(f"{p}:{p}" for p in dict.fromkeys((str(o.runs_dir), str(o.records_dir))))
         container = f" --container-image={shlex.quote(o.image)} --container-mounts={shlex.quote(mounts)}"
-    script = node_script(spec_file, o, '"$SLURM_NODEID"', f'"$RDZV_HOST:{o.port}"')
+    # SLURM signals every process of the step: runner starts with USR1 ignored until it has its handler.
+    script = 'trap "" USR1\n' + node_script(spec_file, o, '"$SLURM_NODEID"', f'"$RDZV_HOST:{o.port}"')
     return "\n".join(header) + "\n" + TAIL.format(container=container, script=shlex.quote(script))

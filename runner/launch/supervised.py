@@ -14,6 +14,7 @@ from typing import Any
 
 from runner.errors import EXIT_FAILED, UserError
 from runner.events.paths import RunPaths
+from runner.launch.process import ranks_alive
 from runner.launch.supervisor import (EXIT_CANCELLED, finish_unfinished, log_path, read_state, send_request,
                                       state_path)
 from runner.record import records
@@ -132,33 +133,13 @@ def supervisor_alive(state: dict[str, Any], proc: subprocess.Popen[bytes] | None
         return False
 
 
-def ranks_alive(paths: RunPaths) -> bool:
-    """Whether a rank of this run still runs on this host (from the pids its start events name): after the
-    supervisor died, ranks stop on their own at the next step boundary; the record waits for that."""
-    import psutil
-
-    from runner.events.lines import read_events
-
-    host = socket.gethostname()
-    for path in sorted(paths.events.glob("rank*.jsonl")):
-        starts = [e for e in read_events(path) if e.get("event") == "start"]
-        if not starts or starts[-1].get("host") not in (None, host) or not starts[-1].get("pid"):
-            continue
-        try:
-            p = psutil.Process(int(starts[-1]["pid"]))
-            if p.status() != psutil.STATUS_ZOMBIE and "runner.train" in " ".join(p.cmdline()):
-                return True
-        except (psutil.Error, ValueError, TypeError):
-            continue
-    return False
-
-
 def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
           replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
           resume: bool = False) -> SupervisedRun:
     """Start the run's supervisor apart from this process (own session, no terminal, SIGHUP ignored) and return
     once it has launched torchrun; raise SupervisorFailed when it could not."""
     from runner.launch.command import check_run_target, new_run_id, write_spec
+    from runner.launch.process import ignore_preemption_warning
 
     check_run_target(runs_dir, records_dir, run_id)
     if run_id is None:
@@ -177,7 +158,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
         # The request goes through a pipe, not a file: the spec as given may hold credentials (redacted on disk).
         proc = subprocess.Popen([sys.executable, "-m", "runner.launch.supervisor", str(paths.run_dir)],
                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=ignore_preemption_warning)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(request).encode())
     proc.stdin.close()

@@ -162,7 +162,9 @@ class Supervisor:
         active.free_at_end = free_bytes(self.paths.run_dir)[1]
         reserve.release()
         rec = active.finish(code)
-        status = (rec or {}).get("status") or ("succeeded" if code == 0 else "failed")
+        # A node other than 0 keeps no record: its own status says how its part ended.
+        status = (rec or {}).get("status") or ("cancelled" if active.cancelled else "succeeded" if code == 0
+                                               else "failed")
         if active.stop_reason is not None:
             code = REQUESTS[active.stop_reason["request"]][2]
         elif status != "succeeded" and code == 0:

@@ -1,5 +1,5 @@
 """Faults: a rank killed or raising, Ctrl-C; nothing committed is lost, no process is left. (Two nodes on one
-machine: tests/dist/test_jobs.py runs them through the sbatch script.)"""
+machine, through the sbatch script under a real SLURM: tests/dist/test_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -45,6 +45,27 @@ def test_killed_rank_fails_the_run_with_rank_cause_and_last_steps(dirs):
     assert f["last_steps"]["1"] >= 3 and f["last_steps"]["0"] >= 3 and f["log"].endswith("rank1.log")
     assert "rank 1 failed" in err or "rank 1 failed" in out
     assert records.verify(Path(last_json(out)["record"]))[0]
+
+
+def test_killed_torchrun_is_named_by_its_signal_and_the_record_counts_the_ranks_last_step(dirs):
+    """torchrun killed: the ranks get SIGTERM (PR_SET_PDEATHSIG), checkpoint and stop; the record waits for them,
+    so its steps are the checkpoint's, and the failure is torchrun's signal, not a line of a rank's log."""
+    proc = start_runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 3)
+    procs = process_tree(proc.pid)
+    os.kill(int(json.loads((run_dir / "supervisor.json").read_text())["torchrun_pid"]), signal.SIGKILL)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err
+    wait_all_gone(procs, 10)
+    path = Path(last_json(out)["record"])
+    rec = records.load(path)
+    f = rec["failure"]
+    assert rec["status"] == "failed" and records.verify(path)[0]
+    assert (f["rank"], f["cause"]) == (None, "signal"), f
+    assert f["message"] == "torchrun (the launcher) killed by signal 9 (SIGKILL); no rank reported an error"
+    [checkpoint] = [p.name for p in (run_dir / "checkpoints").iterdir()]
+    assert checkpoint == f"step{rec['metrics']['steps']}" == f"step{f['last_step']}"
+    assert f"the run failed at step {f['last_step']}: signal: torchrun" in err
 
 
 def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):

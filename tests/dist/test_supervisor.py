@@ -1,7 +1,7 @@
 """The run's supervisor under real signals on real 2-rank CPU runs: SIGTERM stops with a checkpoint that resumes
 the same loss curve; a SIGKILLed supervisor leaves no process and the next `runner list` finishes its record as
-failed; SLURM's warning signal checkpoints, records the run as preempted and requeues the job. (A view that hangs
-up, `runner attach` and the wizard's live view of a run started elsewhere: tests/tui/test_live_runs.py.)"""
+failed. (A view that hangs up, `runner attach` and the wizard's live view of a run started elsewhere:
+tests/tui/test_live_runs.py; SLURM's preemption under a real SLURM: tests/dist/test_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -108,38 +108,6 @@ def test_a_view_that_sees_its_supervisor_killed_says_lost_and_how_to_resume(dirs
     assert lines[end].endswith(": supervisor lost") and not any(ln.startswith("run cancelled") for ln in lines), err
     assert f"supervisor lost; checkpoint at step {rec['lost']['checkpoint_step']}: resume with " \
            f"`runner run --resume {run_dir}`" in err
-
-
-def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_path, capsys):
-    """The sbatch script of `runner job --to slurm` under a stub srun: USR1 to the batch shell (SLURM's warning
-    before the time limit) reaches `runner run`, the run checkpoints and is recorded as preempted, the job requeues."""
-    import socket
-
-    stubs = REPO / "tests" / "fixtures" / "slurm_stub"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
-    code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", "hardware.nproc_per_node=2", *LONG, "--port",
-                    str(port), "-o", str(script), "--runs-dir", str(runs), "--records-dir", str(recs)])[0]
-    assert code == 0
-    log = tmp_path / "scontrol.log"
-    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_NNODES": "1",
-           "SLURM_JOB_NODELIST": "127.0.0.1", "SCONTROL_LOG": str(log),
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    run_dir, _ = wait_for_step(runs, 2)
-    job.send_signal(signal.SIGUSR1)
-    out, err = job.communicate(timeout=90)
-    assert job.returncode == 0 and "requeueing job 77" in err, out[-2000:] + err[-2000:]
-    assert "requeue 77" in log.read_text()
-    path = recs / f"{run_dir.name}.json"
-    rec = records.load(path)
-    cancel = rec["cancel"]
-    assert rec["status"] == "cancelled" and cancel["cause"] == "preempted" and cancel["signal"] == "SIGUSR1"
-    assert cancel["resumable"] and cancel["checkpoint_step"] == rec["metrics"]["steps"] >= 2
-    assert records.verify(path)[0]
 
 
 def test_trl_run_stopped_by_sigterm_resumes_from_the_trainers_checkpoint(dirs, capsys):

@@ -63,3 +63,61 @@ def test_a_cpu_allocation_refused_is_host_memory():
             "you tried to allocate 1310720 bytes. Error code 12 (Cannot allocate memory)")
     cause, message = classify_text(text)
     assert cause == "host_oom" and message.startswith("DefaultCPUAllocator: can't allocate memory")
+
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+# Real logs of a run whose torchrun was killed by SLURM's USR1: the rank's log as it stood then (the model loaded,
+# a progress bar drawn with \r, nothing since) and a torchrun stopped by SIGTERM (its own traceback).
+LOADED = (LOGS / "rank0-loaded.log").read_text(encoding="utf-8")
+LAUNCHER_SIGTERM = (LOGS / "launcher-sigterm.log").read_text(encoding="utf-8")
+
+
+def _traceback_after_progress() -> str:
+    """A real Python traceback between progress bars, as a rank's log holds it."""
+    import traceback
+
+    try:
+        {}["labels"]
+    except KeyError:
+        tb = traceback.format_exc()
+    return LOADED + tb + "\rMap: 100%|██████████| 40/40 [00:00<00:00, 812.55 examples/s]\n"
+
+
+def test_a_progress_bar_is_never_the_error():
+    from runner.events.failure import classify_text
+
+    assert "Loading weights: 100%" in LOADED
+    assert classify_text(LOADED) == ("unknown", "no exception or known error in the log")
+
+
+def test_the_exception_is_the_tracebacks_last_line_not_the_log_s():
+    from runner.events.failure import classify_text
+
+    assert classify_text(_traceback_after_progress()) == ("exception", "KeyError: 'labels'")
+    assert classify_text(LAUNCHER_SIGTERM) == (
+        "exception", "torch.distributed.elastic.multiprocessing.api.SignalException: Process 11354 got signal: 15")
+    # torchrun's prefix on a rank's lines is not part of the exception.
+    prefixed = "".join(f"[rank1]: {ln}\n" for ln in _traceback_after_progress().splitlines())
+    assert classify_text(prefixed) == ("exception", "KeyError: 'labels'")
+
+
+def test_a_killed_launcher_is_named_with_its_signal_not_a_log_line(tmp_path):
+    """torchrun killed by SIGUSR1 (exit -10), no report from it, the ranks stopped without an error: the failure is
+    the launcher's signal, blamed on no rank, with the furthest step any rank logged and torchrun's log."""
+    paths = RunPaths(tmp_path)
+    paths.logs.mkdir(parents=True)
+    paths.launcher_log.write_text("W1207 04:12:52.113000 Received 10 death signal\n")
+    for rank, last in ((0, 5), (1, 6)):
+        (paths.logs / f"rank{rank}.log").write_text(LOADED, encoding="utf-8")
+        events = EventWriter(paths.events / f"rank{rank}.jsonl", rank)
+        for step in range(1, last + 1):
+            events.write(step=step, loss=1.0)
+        events.close()
+    failure = diagnose(paths, world_size=2, exit_code=-10)
+    assert failure["rank"] is None and failure["cause"] == "signal" and failure["last_step"] == 6
+    assert failure["message"] == "torchrun (the launcher) killed by signal 10 (SIGUSR1); no rank reported an error"
+    assert failure["log"] == str(paths.launcher_log)
+    # A rank that stopped without an error and a launcher that exited with an error of its own: its traceback.
+    paths.launcher_log.write_text(LAUNCHER_SIGTERM, encoding="utf-8")
+    failure = diagnose(paths, world_size=2, exit_code=1)
+    assert (failure["rank"], failure["cause"]) == (0, "exception") and "SignalException" in failure["message"]

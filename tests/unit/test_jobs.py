@@ -174,12 +174,19 @@ def test_ranks_per_node_must_be_given(tmp_path, capsys):
     assert code == 2 and "needs hardware.nproc_per_node" in err and not (tmp_path / "runs").exists()
 
 
-FAKE_RUNNER = """#!/bin/bash
-# runner for the script's tests: says which node ran which command, then waits for USR1 when asked to.
-echo "node $SLURM_NODEID: $*" >> "$FAKE_LOG"
-[ -n "${FAKE_WAIT:-}" ] || exit 0
-trap 'echo "node $SLURM_NODEID: usr1" >> "$FAKE_LOG"; exit 143' USR1
-while :; do sleep 0.05; done
+# runner for the script's tests: says which node ran which command, then waits for USR1 when asked to. Python, as
+# runner is: the script starts it with USR1 ignored, which a shell could not trap again.
+FAKE_RUNNER = f"""#!{sys.executable}
+import os, signal, sys, time
+node = os.environ["SLURM_NODEID"]
+def say(what):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(f"node {{node}}: {{what}}\\n")
+say(" ".join(sys.argv[1:]))
+if os.environ.get("FAKE_WAIT"):
+    signal.signal(signal.SIGUSR1, lambda *_: (say("usr1"), os._exit(143)))
+    while True:
+        time.sleep(0.05)
 """
 
 
