@@ -40,12 +40,17 @@ HAND_SET = {
                                 "recompute_attention": False, "loss_impl": "fused", "compile": True},
 }
 TRL_HAND_SET = ("activation_checkpointing", "compile")  # what the bench recipes' TRL rows ran with of those
+# A bench recipe's run is named after its data once `--set dataset.path=...` changes it (runner.naming): its model
+# (one per bench recipe) says which recipe it came from.
+BENCH_RECIPE_OF_MODEL = {"sft-tui/qwen3-1.7b-random": "qwen3-1.7b-bench-h200",
+                         "sft-tui/qwen3-4b-random": "qwen3-4b-bench-h200",
+                         "sft-tui/llama-3.2-3b-random": "llama-3.2-3b-bench-h200"}
 
 
 def as_set(spec):
     """The spec with every lever still auto at its value before auto (HAND_SET's for the bench recipes)."""
     data = spec.to_dict()
-    hand = HAND_SET.get(spec.name, {})
+    hand = HAND_SET.get(spec.name) or HAND_SET.get(BENCH_RECIPE_OF_MODEL.get(spec.model.id, ""), {})
     if spec.engine != "native":
         hand = {k: v for k, v in hand.items() if k in TRL_HAND_SET}
     for field, value in {**BEFORE_AUTO, **hand}.items():
