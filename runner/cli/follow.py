@@ -119,14 +119,20 @@ def say_detached(console: Console, run: SupervisedRun) -> None:
 
 def say_resumable(console: Console, rec: dict[str, Any] | None) -> None:
     """After a cancel: whether the run can be resumed, and how."""
+    sentence = resume_sentence(rec)
+    if sentence:
+        console.print(sentence, highlight=False)
+
+
+def resume_sentence(rec: dict[str, Any] | None) -> str | None:
+    """Whether a cancelled run can be resumed, and how (the CLI and the wizard's summary say the same); None for a
+    record without a cancel."""
     cancel = (rec or {}).get("cancel")
     if not cancel:
-        return
+        return None
     why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
                                       f" from {cancel['by']}" if cancel.get("by") else "")
     if cancel.get("resumable"):
-        console.print(f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with "
-                      f"`{cancel['resume']}`", highlight=False)
-    else:
-        console.print(f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is 0; a stop by "
-                      "SIGTERM writes one)", highlight=False)
+        return f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with `{cancel['resume']}`"
+    return (f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is 0; a stop by SIGTERM "
+            "writes one)")

@@ -54,7 +54,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
         Binding("ctrl+l", "launch", "Launch", priority=True),
         Binding("ctrl+s", "save_recipe", "Save", priority=True),
         Binding("ctrl+o", "load_recipe", "Load", priority=True),
-        Binding("f1", "full_help", "Field help"),
+        Binding("f1", "full_help", "Field help", show=False),  # the help line names it when it cuts
         # Moved as the key arrives, as ^n moves it: a key goes to the widget focused when the app reads it, so keys
         # typed right after a Tab handled later by the field went to the field the Tab was leaving.
         Binding("tab", "app.focus_next", show=False, priority=True),
