@@ -77,7 +77,9 @@ class SftApp(App):
 
     def on_mount(self) -> None:
         self.push_screen(self._first_screen())
-        self._note_live_runs()
+        # After the first frame: the worker's thread (it imports the supervisor's modules) would hold the GIL
+        # while the first screen is drawn.
+        self.call_after_refresh(self._note_live_runs)
 
     @work(thread=True, exit_on_error=False, group="live-runs")
     def _note_live_runs(self) -> None:
