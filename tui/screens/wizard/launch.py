@@ -81,7 +81,8 @@ class WizardLaunch(Screen):
             return
         self.launching = True
         self._update_launch()
-        self.app.start_run(validate(self.data), on_done=self._launch_done)
+        self.app.start_run(validate({**self.data, **dict(zip(("name", "description"), self.proposed_name()))}),
+                           on_done=self._launch_done)
 
     def _launch_done(self) -> None:
         self.launching = False
