@@ -25,7 +25,7 @@ async def main():
     app = make_app(sys.argv[1] + "/runs", sys.argv[1] + "/records")
     async with app.run_test(size=(80, 24)) as pilot:
         while not at_warm:
-            await pilot.pause(0.05)
+            await pilot.pause()
         at_warm["screen"] = type(app.screen).__name__
         at_warm["ready"] = app.screen.ready
 
