@@ -359,3 +359,27 @@ def test_the_load_dialog_shows_its_buttons(tmp_path: Path) -> None:
             assert "Load" in shown and "Cancel (esc)" in shown
 
     run_async(go())
+
+
+def test_the_launch_step_shows_the_description_whole(tmp_path: Path) -> None:
+    """The description field shows only what its row holds (its tail, once typed); the Launch step's summary gives
+    the name and description the run is recorded under, whole, wrapped at 80 columns."""
+    from tests.tui.conftest import ready
+    from tests.tui.helpers import fill
+
+    long = ("a full fine-tune of the embedded model on the chat data, to compare with the LoRA run of yesterday "
+            "at the same learning rate and block length")
+
+    async def go() -> None:
+        app = make_app(tmp_path / "runs", tmp_path / "records", None, "launch", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            fill(wiz, "description", long)
+            await wait_for(pilot, lambda: wiz.data["description"] == long, 10, "the description")
+            await settle(pilot)
+            summary = text_of(wiz.query_one("#launch-summary"))
+            assert f"recorded as tiny-cpu: {long}" in " ".join(summary.split())
+            shown = " ".join(" ".join(r.split("▕", 1)[-1].split()) for r in terminal_text(app).splitlines())
+            assert long in shown
+
+    run_async(go())
