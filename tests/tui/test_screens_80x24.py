@@ -289,10 +289,11 @@ def test_a_cancelled_runs_summary_says_how_to_resume_it(synth: Path) -> None:
         "20260101-020000-demo-222222": {"cause": "cancelled", "signal": "SIGINT", "resumable": False,
                                         "checkpoint_step": None, "checkpoint": None, "resume": None},
     }
+    recs = {}
     for run_id, cancel in cases.items():
         rec = synthetic_record(run_id, status="cancelled")
         rec["cancel"] = cancel
-        records_mod.save(synth / "records" / f"{run_id}.json", rec)
+        recs[run_id] = records_mod.save(synth / "records" / f"{run_id}.json", rec)
 
     async def summary(run_id: str) -> str:
         app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{run_id}.json",
@@ -303,13 +304,15 @@ def test_a_cancelled_runs_summary_says_how_to_resume_it(synth: Path) -> None:
             return text_of(app.screen.query_one("#summary-resume")), terminal_text(app)
 
     async def go() -> None:
-        for run_id, cancel in cases.items():
+        for run_id in cases:
             line, screen = await summary(run_id)
-            assert line == "resume: " + resume_sentence({"cancel": cancel})
+            assert line == "resume: " + resume_sentence(recs[run_id])
             assert line.replace(" ", "") in screen.replace("\n", "").replace(" ", "").replace("│", "")
         line, _ = await summary("20260101-020000-demo-111111")
         assert line.endswith("checkpoint at step 20: resume with `runner run --resume "
                              "runs/20260101-020000-demo-111111`")
+        line, _ = await summary("20260101-020000-demo-222222")
+        assert line.startswith("resume: cancelled by SIGINT; no checkpoint, so it cannot be resumed")
 
     run_async(go())
 

@@ -108,13 +108,15 @@ class SummaryScreen(Screen):
         return failure_content(self.record)
 
     def _resume(self) -> Content | None:
-        """A cancelled run: whether it can be resumed and the command that does it, in the CLI's words."""
+        """A cancelled run (or one whose supervisor was lost): whether it can be resumed and the command that does
+        it, in the CLI's words."""
         from runner.cli.follow import resume_sentence
 
         sentence = resume_sentence(self.record)
         if sentence is None:
             return None
-        token = "success" if (self.record.get("cancel") or {}).get("resumable") else "warning"
+        token = "success" if (self.record.get("cancel") or self.record.get("lost") or {}).get("resumable") \
+            else "warning"
         return Content("resume: ").stylize(f"bold $text-{token}") + Content(sentence)
 
     def _replay(self) -> Content:
