@@ -4,7 +4,7 @@ picked by runner.plan.autotune within what the engine honours).
 
 Spec validation, the estimator, preflight, bench and the rank entry point read an engine's capabilities from its
 record, so what an engine can do is written once, here, and nowhere else compares engine names
-(`tests/unit/test_engines.py` checks it).
+(`tests/unit/test_engines.py` checks it). What a run saves at its end (`output.save`, `saved_as`) is decided here too.
 """
 
 from __future__ import annotations
@@ -312,3 +312,33 @@ def levers_of(spec: Any, layers: int, loss_impl: str) -> Levers:
 def lever_values(spec: Any, layers: int, loss_impl: str) -> dict[str, Any]:
     """levers_of as a dict: what a rank's train_begin event reports (`levers`)."""
     return dataclasses.asdict(levers_of(spec, layers, loss_impl))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run saves
+
+
+ADAPTER_METHODS = ("lora", "qlora")
+"""Method kinds that train an adapter on a frozen base: `output.save: auto` keeps their adapter."""
+
+
+def saved_as(spec: Any) -> str:
+    """What output.save keeps for this spec, `auto` decided: the adapter of an adapter method, else the model."""
+    if spec.output.save != "auto":
+        return spec.output.save
+    return "adapter" if spec.method.kind in ADAPTER_METHODS else "full"
+
+
+def save_problems(spec: Any) -> list[Problem]:
+    """output.save kinds that need an adapter, on a run that has none (or one a merge cannot fold)."""
+    out: list[Problem] = []
+    save, kind = spec.output.save, spec.method.kind
+    if save == "adapter" and kind not in ADAPTER_METHODS:
+        out.append(Problem("output.save", "'adapter' needs method.kind=lora", "use output.save=full or method.kind=lora"))
+    if save == "merged" and kind not in ADAPTER_METHODS:
+        out.append(Problem("output.save", f"'merged' folds an adapter into its base; a {kind} fine-tune has none",
+                           "use output.save=full or method.kind=lora"))
+    if save == "merged" and spec.method.lora.target_parameters:
+        out.append(Problem("output.save", "'merged' folds LoRA on linear layers only, and "
+                           "method.lora.target_parameters adapts expert tensors", "use output.save=adapter"))
+    return out

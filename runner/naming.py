@@ -1,5 +1,5 @@
-"""Names: a model's or dataset's id that follows its local path when only the path changed, and the revision names
-the hub accepts."""
+"""Names: a model's or dataset's id that follows its local path, a run's name and description that follow what the
+run is, and the revision names the hub accepts."""
 
 from __future__ import annotations
 
@@ -41,6 +41,68 @@ def overridden_sections(overrides: list[str] | tuple[str, ...]) -> set[str]:
     keys = {a.split("=", 1)[0].strip() for a in overrides}
     changed = {k.split(".")[0] for k in keys if k in ("model.path", "dataset.path")}
     return changed - {k.split(".")[0] for k in keys if k in ("model.id", "dataset.id")}
+
+
+# What a recipe's name and description speak of: while a run still has these values as the recipe gave them, the
+# recipe's name and description are the run's; once one changes they would describe another run.
+RUN_IDENTITY = ("model.id", "model.path", "dataset.id", "dataset.path", "dataset.train_on", "method.kind")
+
+
+def _get(data: dict[str, Any], dotted: str, defaults: dict[str, Any]) -> Any:
+    for source in (data, defaults):
+        node: Any = source
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.rsplit("/", 1)[-1].lower()).strip("-")
+
+
+def run_name(data: dict[str, Any], defaults: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The name and description a run gets from what it is: `<model>-<method>-<data>[-tool-calls]` and
+    "<method> fine-tune of <model> on <data>[, loss on replies and tool calls]"."""
+    defaults = defaults or {}
+    model = str(_get(data, "model.id", defaults) or path_name(str(_get(data, "model.path", defaults) or "model")))
+    dataset = str(_get(data, "dataset.id", defaults) or path_name(str(_get(data, "dataset.path", defaults) or "data")))
+    kind = str(_get(data, "method.kind", defaults) or "full")
+    tools = _get(data, "dataset.train_on", defaults) == "assistant+tool_calls"
+    name = "-".join(p for p in (_slug(model) or "model", kind, _slug(dataset) or "data") if p)
+    description = f"{kind} fine-tune of {model} on {dataset}"
+    return (name + "-tool-calls", description + ", loss on replies and tool calls") if tools else (name, description)
+
+
+def follow_run(data: dict[str, Any], origin: dict[str, Any], defaults: dict[str, Any] | None = None,
+               typed: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Name and describe `data` after the run it is (run_name) when it no longer matches the recipe it came from
+    (`origin`) in model, data, train_on or method (RUN_IDENTITY). A name or description in `typed` (the user's own,
+    from `--set` or the wizard) is kept, and so is one that differs from the recipe's: someone chose it for this
+    run. One note when it renames."""
+    defaults = defaults or {}
+    if all(_get(data, k, defaults) == _get(origin, k, defaults) for k in RUN_IDENTITY):
+        return []
+    derived = dict(zip(("name", "description"), run_name(data, defaults)))
+    renamed = []
+    for field, value in derived.items():
+        current = _get(data, field, defaults)
+        if field in typed or current != _get(origin, field, defaults) or current == value:
+            continue
+        data[field] = value
+        renamed.append(field)
+    if not renamed:
+        return []
+    verb = "follow" if len(renamed) > 1 else "follows"
+    return [f"{' and '.join(renamed)} now {verb} the run: {', '.join(repr(data[f]) for f in renamed)} (the recipe's "
+            f"{_get(origin, 'name', defaults)!r} is another model, data or method); set {' or '.join(renamed)} "
+            "to choose your own"]
+
+
+def overridden_fields(overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """The dotted fields a list of `--set` assignments sets."""
+    return {a.split("=", 1)[0].strip() for a in overrides}
 
 
 # A git ref name as the hub accepts it: no whitespace, no '..', none of ~^:?*[\ and not ending in '/' or '.lock'.

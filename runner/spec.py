@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from runner.engines import lever_problems
+from runner.engines import lever_problems, save_problems, saved_as
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
-from runner.naming import follow_paths, overridden_sections, revision_problems
+from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections, revision_problems
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -207,6 +207,9 @@ class TrainSpec(_Section):
     eval_every: int = Field(0, ge=0)
     """Evaluate on the eval set (dataset.eval_split or dataset.eval_fraction) every N steps; it is also
     evaluated at the end. 0 = only at the end."""
+    eval_prompts: list[str] | str = Field(default_factory=list)
+    """User prompts (a short list, or a text file with one per line) the model answers greedily on rank 0 every
+    eval_every steps and at the end: `sample` events, shown live, kept in the record, compared by replay."""
     early_stop_patience: int = Field(0, ge=0)
     """Stop when this many evaluations in a row did not improve the best eval loss (0 = never; needs
     train.eval_every)."""
@@ -236,8 +239,10 @@ class ReportSpec(_Section):
 
 
 class OutputSpec(_Section):
-    save: Literal["none", "adapter", "full"] = "none"
-    """What to export at the end: nothing, the LoRA adapter, or the full model (HF safetensors)."""
+    save: Literal["auto", "none", "adapter", "full", "merged"] = "auto"
+    """What to export at the end into runs/<id>/export (HF safetensors): auto = the adapter for a LoRA run, the
+    full model otherwise; none = nothing (benchmarks); adapter = the LoRA adapter (peft's files); full = the whole
+    model; merged = a LoRA run's adapter folded into the base weights, a standalone model that loads without peft."""
 
 
 class RunSpec(_Section):
@@ -310,8 +315,11 @@ def read_spec_file(path: Path) -> dict[str, Any]:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         elif isinstance(e, json.JSONDecodeError):
             where = f" at line {e.lineno}, column {e.colno}"
+        problem = str(getattr(e, 'problem', None) or e.msg)
+        # YAML refuses a tab where it expects indentation; "fix the syntax" would not say so.
+        fix = "indent with spaces, not tabs" if "'\\t'" in problem else "fix the syntax"
         raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
-                        [Problem("SPEC", str(getattr(e, 'problem', None) or e.msg), "fix the syntax")]) from None
+                        [Problem("SPEC", problem, fix)]) from None
     if data is None or data == {}:
         # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
         raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
@@ -409,9 +417,7 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.dataset.path is None and not spec.dataset.id:
         out.append(Problem("dataset.id", "neither dataset.id nor dataset.path is set", "set one of them"))
     out += hardware_problems(spec)
-    if spec.output.save == "adapter" and spec.method.kind != "lora":
-        out.append(Problem("output.save", "'adapter' needs method.kind=lora",
-                           "use output.save=full or method.kind=lora"))
+    out += save_problems(spec)
     out += lever_problems(spec)
     out += eval_problems(spec)
     out += precision_problems(spec)
@@ -437,7 +443,7 @@ def eval_problems(spec: RunSpec) -> list[Problem]:
         out.append(Problem("dataset.eval_split", "a single data file has no named splits",
                            "use dataset.eval_fraction, or a directory or hub dataset with that split"))
     has_eval = bool(d.eval_split) or d.eval_fraction > 0
-    if t.eval_every and not has_eval:
+    if t.eval_every and not has_eval and not t.eval_prompts:
         out.append(Problem("train.eval_every", "there is no eval set to evaluate",
                            "set dataset.eval_fraction (e.g. 0.05) or dataset.eval_split"))
     if t.early_stop_patience and not (t.eval_every and has_eval):
@@ -529,15 +535,18 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
               notes: list[str] | None = None) -> RunSpec:
     """Recipe name, file path or raw dict → validated RunSpec, with `--set` overrides applied first. An override of
     model.path or dataset.path without one of its id renames the run's model or data after the path
-    (follow_paths); `notes`, when given, receives a line saying so."""
+    (follow_paths), and overrides that make it another run than the recipe's rename and redescribe it
+    (follow_run); `notes`, when given, receives a line saying so."""
     if isinstance(spec, dict):
         data = json.loads(json.dumps(spec))
     else:
         data = read_spec_file(find_spec_file(str(spec)))
+    origin = json.loads(json.dumps(data))
     for assignment in overrides:
         apply_override(data, assignment)
     said = follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX,
                         {k: t.model_fields["id"].default for k, t in _SECTION_TYPES.items()})
+    said += follow_run(data, origin, RunSpec().to_dict(), overridden_fields(overrides))
     if notes is not None:
         notes += said
     return validate(data)
@@ -574,6 +583,7 @@ def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | 
     data = spec.to_dict()
     data["hardware"].update(device=device, nproc_per_node=nproc)
     data["model"]["dtype"] = dtype
+    data["output"]["save"] = saved_as(spec)
     data["train"]["optimizer_precision"] = optimizer_precision(spec.engine, spec.train.optimizer_precision, dtype)
     return RunSpec.model_validate(data)
 

@@ -169,9 +169,9 @@ class SftApp(App):
                 estimate = original.get("estimate")
             else:
                 try:
-                    # The same preflight as `runner run`: refuses a GPU run predicted not to fit unless forced.
+                    # The same preflight as `runner run`: refuses a run predicted not to fit (memory, disk) unless forced.
                     # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
-                    estimate = preflight_estimate(resolved, force)
+                    estimate = preflight_estimate(resolved, force, runs_dir=self.runs_dir)
                 except PredictedNotToFit as e:
                     self.post_message(LaunchFailed(e.reason, spec=spec))  # the dialog asks "Launch anyway?" itself
                     return
@@ -264,7 +264,7 @@ class SftApp(App):
                 and s.record is None]
 
     async def action_quit(self) -> None:
-        from tui.screens.modals import ConfirmScreen
+        from tui.screens.modals import QuitDuringRunScreen
 
         live = self._live_dashboards()
         if not live:
@@ -273,8 +273,14 @@ class SftApp(App):
         if self.quitting:
             return
 
-        def answer(yes: bool | None) -> None:
-            if not yes:
+        def answer(choice: str | None) -> None:
+            if choice == "leave":
+                # The supervisor owns the run, apart from this terminal: quitting the view leaves it going.
+                ids = ", ".join(d.run_id for d in live)
+                self.exit(message=f"left running: {ids}; follow with `runner attach {live[0].run_id}`, "
+                                  f"cancel with `runner attach {live[0].run_id} --cancel`")
+                return
+            if choice != "cancel":
                 return
             self.quitting = True
             for dash in live:
@@ -283,8 +289,7 @@ class SftApp(App):
                     dash.end_run(cancel=True)
             self.notify("cancelling the run before quitting…", timeout=30)
 
-        self.push_screen(ConfirmScreen("A run is in progress. Cancel it and quit?", yes="Cancel run and quit",
-                                       no="Keep running", danger=True), answer)
+        self.push_screen(QuitDuringRunScreen(), answer)
 
 
 def make_app(runs_dir: Path | str = "runs", records_dir: Path | str = "records",

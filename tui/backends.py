@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from runner.errors import Problem
+from runner.errors import Problem, UserError
 from runner.spec import RunSpec
 
 # The Plan screen's what-if table: tokens per block × these GPU types (plus the spec's own type).
@@ -30,6 +31,7 @@ class Backends:
     gpu_types_list: Sequence[str] | None = None
     preflight_fn: Callable[[RunSpec], list[Problem]] | None = None
     packing_check_fn: Callable[[RunSpec], str | None] | None = None
+    disk_fn: Callable[[RunSpec, Path, int | None], dict[str, Any] | None] | None = None
 
     def estimate(self, spec: RunSpec) -> dict[str, Any]:
         """The estimator's dict for a resolved spec (runner.plan)."""
@@ -38,6 +40,18 @@ class Backends:
         from runner.plan import estimate
 
         return estimate(spec).to_dict()
+
+    def disk(self, spec: RunSpec, runs_dir: Path, steps: int | None) -> dict[str, Any] | None:
+        """The run's checkpoints and export in bytes against the free space of runs_dir (runner.plan.disk), or
+        None where the model's size cannot be read. With a pinned estimate, only a pinned answer."""
+        if self.disk_fn is not None or self.estimate_fn is not None:
+            return self.disk_fn(spec, runs_dir, steps) if self.disk_fn is not None else None
+        from runner.plan.disk import disk_plan
+
+        try:
+            return disk_plan(spec, runs_dir, steps).to_dict()
+        except UserError:
+            return None
 
     def sweep(self, spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
         if self.sweep_fn is not None:

@@ -11,7 +11,7 @@ import yaml
 
 from runner.errors import Problem, SpecError, UserError
 from runner.machine import Machine, target_machine
-from runner.naming import follow_paths, overridden_sections
+from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections
 from runner.spec import (EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, resolve,
                          validate)
 
@@ -68,11 +68,14 @@ def load_recipe_dict(ref: str | Path, overrides: list[str] | tuple[str, ...] = (
     """A recipe name or file with `--set` overrides applied, as a full dict, not yet validated (the wizard shows the
     problems). Unknown recipe, unreadable file or a malformed `--set` raise SpecError."""
     data = read_spec_file(find_spec_file(str(ref)))
+    origin = full_dict(data)
     for assignment in overrides:
         apply_override(data, assignment)
     data = full_dict(data)
-    # A new path names the model or data after it, as `runner run --set` does (runner.naming).
+    # A new path names the model or data after it, and the run after what it now is, as `runner run --set`
+    # does (runner.naming).
     follow_paths(data, overridden_sections(overrides), EMBEDDED_PREFIX, {})
+    follow_run(data, origin, {}, overridden_fields(overrides))
     return data
 
 

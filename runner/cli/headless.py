@@ -40,9 +40,9 @@ class HeadlessDisplay:
     """Shows a RunView: call `update()` after each `view.poll()`, `close()` at the end.
 
     TTY (or `plain=False`): a rich Live view, progress line, per-rank table, GPU table once GPU samples exist.
-    Otherwise (or `plain=True`): plain lines for a log file, without ANSI: one per `update()` in which the lead
-    rank (the lowest) reached a new step (steps logged between two updates are summed up by the latest), one
-    when a rank fails, one when the run ends.
+    Otherwise (or `plain=True`): plain lines for a log file, without ANSI: one per step the lead rank (the lowest)
+    logged, also when several arrive between two updates (the rates and ETA are those of the latest), one when a
+    rank fails, one when the run ends. `lost`, set when the supervisor died, makes the end line say so.
     """
 
     def __init__(self, view: RunView, console: Console | None = None, plain: bool | None = None):
@@ -51,8 +51,10 @@ class HeadlessDisplay:
         self.plain = (not self.console.is_terminal) if plain is None else plain
         self._printed_step = 0
         self._printed_evals = 0
+        self._printed_samples: set[tuple[int, int | None]] = set()
         self._reported_failures: set[int] = set()
         self._reported_end = False
+        self.lost = False
         self._live: Live | None = None
         if not self.plain:
             self._live = Live(self._render(), console=self.console, auto_refresh=False, transient=False)
@@ -82,12 +84,18 @@ class HeadlessDisplay:
         view = self.view
         if view.ranks:
             lead = view.ranks[min(view.ranks)]
+            for step in range(self._printed_step + 1, lead.step):  # logged since the last update: none left out
+                past = lead.steps.get(step)
+                if past is not None:
+                    self._out(f"step {_step_text(step, view.max_steps)}  loss {_f(past.loss, '.3f')}  "
+                              f"lr {_f(past.lr, '.1e')}  mem {_f(past.mem_gib, '.1f')} GiB")
             if lead.step > self._printed_step:
                 self._printed_step = lead.step
                 self._out(self._step_line(lead))
         for step in sorted(view.evals)[self._printed_evals:]:
             self._printed_evals += 1
             self._out(eval_line(step, *view.evals[step]))
+        self._print_samples()
         for rs in sorted(view.ranks.values(), key=lambda r: (r.error_t or 0.0, r.rank)):
             if rs.status == "failed" and rs.rank not in self._reported_failures:
                 self._reported_failures.add(rs.rank)
@@ -96,6 +104,12 @@ class HeadlessDisplay:
         if view.finished and not self._reported_end:
             self._reported_end = True
             self._out(self._end_line())
+
+    def _print_samples(self) -> None:
+        for index, e in sorted(self.view.samples.items()):
+            if (index, e.step) not in self._printed_samples:
+                self._printed_samples.add((index, e.step))
+                self._out(f"sample at step {e.step}: {e.prompt!r} -> {e.text!r}")
 
     def _step_line(self, lead: RankState) -> str:
         view = self.view
@@ -112,6 +126,8 @@ class HeadlessDisplay:
 
     def _end_line(self) -> str:
         view = self.view
+        if self.lost:  # the ranks stopped as if cancelled (SIGTERM from the kernel), but nobody cancelled
+            return f"run failed at step {view.global_step}: supervisor lost"
         failed = view.failed_rank()
         if failed is not None:
             return f"run failed (first: rank {failed}) at step {view.global_step}"

@@ -99,6 +99,9 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
                         "has no `origin` remote), or --image IMAGE with the project installed")
     if not commit:
         raise UserError("--to skypilot needs the commit to install: give --commit SHA (no git checkout here)")
+    from runner.launch.skypilot import pip_git_url
+
+    pip_git_url(repo)  # refuses a remote the nodes cannot install from, before anything is written
     if not args.commit and _git("status", "--porcelain"):
         print("warning: this checkout has uncommitted changes; the nodes install the commit without them",
               file=sys.stderr)
@@ -122,7 +125,12 @@ def job_options(args: argparse.Namespace, target: str, run_id: str) -> JobOption
     if target == "slurm":
         runs, records = PurePosixPath(args.runs_dir.resolve()), PurePosixPath(args.records_dir.resolve())
     else:
-        runs, records = PurePosixPath(args.mount) / "runs", PurePosixPath(args.mount) / "records"
+        base = PurePosixPath(args.mount)
+        if target == "skypilot" and "://" in (args.volume or ""):
+            from runner.launch.skypilot import bucket_layout
+
+            base = base / bucket_layout(args.volume)[1]  # the bucket is mounted whole: its prefix is a folder
+        runs, records = base / "runs", base / "records"
     rerun = ["--to", target]
     for flag, attr in RERUN_OPTIONS:
         if attr in ("runs_dir", "records_dir"):  # only SLURM's are the nodes' folders

@@ -1,4 +1,4 @@
-"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes."""
+"""The `runner` command: run, estimate, replay, verify, diff, list, fields, recipes, export, generate, chat."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.cli import after
 from runner.cli.job import add_job_args, record_spec, write_job
 from runner.errors import (EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, EXIT_NOT_VERIFIED,
                            EXIT_OK, UserError)
@@ -28,7 +29,9 @@ WIDE_WHEN_PIPED = {"estimate", "verify", "diff", "list", "show", "calibrate", "f
 EPILOG = """\
 SPEC is a recipe name (see `runner recipes`) or a path to a YAML/JSON spec; `--set a.b=value` overrides any
 field (see `runner fields`). Exit codes: 0 ok, 1 run failed, 2 bad input, 3 replay did not reproduce,
-4 record does not verify (its lock does not match its content), 130 cancelled.
+4 record does not verify (its lock does not match its content), 129 the view lost its terminal (SIGHUP) and
+detached (the run goes on), 130 cancelled, 143 stopped gracefully by SIGTERM or preempted (a checkpoint was written
+once a step was taken: `runner run --resume` continues).
 
 examples:
   runner run tiny-cpu                       # 2 CPU ranks on the embedded model and data
@@ -41,6 +44,8 @@ examples:
   runner list --json                        # every record as JSON (id, status, model, dataset, steps, loss)
   runner attach <id>                        # follow a running run (started anywhere on this machine)
   runner bench qwen3-1.7b-full-h200 --engines native,trl --sweep train.seq_len=8192,32768
+  runner generate <id> --prompt "Hello"     # the tuned model's answer (--base: the base model's)
+  runner export <id> --as merged            # LoRA folded into the base: a model that loads without peft
 """
 
 
@@ -74,7 +79,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
     p.add_argument("--run-id", help="join an existing run id (multi-node: the id node 0 printed)")
-    p.add_argument("--force", action="store_true", help="launch even when the estimate says it does not fit")
+    p.add_argument("--force", action="store_true",
+                   help="launch even when the estimate says it does not fit (GPU memory, or the checkpoints and "
+                        "export on disk)")
 
 
 def _add_attach(sub: Any) -> None:
@@ -106,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                    help="sweep a field over values, e.g. --sweep train.seq_len=8192,32768 (repeatable)")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                   help="where the run folder would go: its free space is set against the checkpoints' and the "
+                        "export's bytes (default: runs)")
 
     p = sub.add_parser("replay", help="re-run a record and say whether the loss curve was reproduced")
     p.add_argument("record", metavar="RECORD", help="record path or id")
@@ -162,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
                    help="only the fields whose name starts with it, e.g. `runner fields train.`")
     sub.add_parser("recipes", help="the recipes shipped with the package")
+    after.add_parsers(sub, _add_records_dir)
     return parser
 
 
@@ -218,6 +229,11 @@ def load_spec_noting(spec: Any, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from runner.launch.command import check_run_target
+
+    if args.resume is None:
+        # Bad folders and ids are refused before the spec, the estimate and preflight are paid for.
+        check_run_target(args.runs_dir, args.records_dir, args.run_id)
     from runner.cli.session import resume_headless, run_headless
     from runner.spec import resolve, spec_warnings
 
@@ -253,11 +269,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             _print_sweep(spec, rows, [k for k, _ in parsed])
         return EXIT_OK
     est = estimate(spec)
+    disk = _disk(spec, args.runs_dir, est.steps)
     if args.json:
-        print(json.dumps(est.to_dict()))
+        print(json.dumps({**est.to_dict(), "disk": disk and disk.to_dict()}))
     else:
         _print_estimate(spec, est)
+        if disk is not None:
+            from rich.console import Console
+            from rich.text import Text
+
+            line = disk.describe() + ("" if disk.fits else ": does not fit (runner run refuses it without --force)")
+            Console(highlight=False).print(Text(line, style="" if disk.fits else "red"))
     return EXIT_OK
+
+
+def _disk(spec: Any, runs_dir: Path, steps: int | None) -> Any:
+    from runner.plan.disk import disk_plan
+
+    try:
+        return disk_plan(spec, runs_dir, steps)
+    except UserError:
+        return None
 
 
 # How `runner estimate` prints an estimate and a sweep
@@ -529,6 +561,7 @@ COMMANDS = {
     "calibrate": cmd_calibrate,
     "fields": cmd_fields,
     "recipes": cmd_recipes,
+    **after.COMMANDS,
 }
 
 if __name__ == "__main__":

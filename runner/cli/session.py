@@ -22,10 +22,14 @@ from runner.record.replay import CPU_PIN, compare, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 
-def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None) -> dict[str, Any] | None:
+def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None, runs_dir: Path | None = None,
+                       from_step: int = 0) -> dict[str, Any] | None:
     """Everything checked before a run starts: preflight (data, template, packing, LoRA targets, kernels; raises
     SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
-    fit unless forced and warns when it is tight."""
+    fit unless forced and warns when it is tight. With runs_dir, a run whose checkpoints and export cannot fit
+    in its free space is refused too (after `from_step`, a resume's checkpoint), unless forced."""
+    from runner.plan.disk import check_disk
+
     from runner.plan import estimate
     from runner.errors import SpecError
     from runner.plan.hub import hub_problems
@@ -36,18 +40,22 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
         raise SpecError("preflight found problems", unreachable)
     # The estimate first: it takes a second, and a plan that does not fit is refused before preflight's slower
     # checks (the rank's own packer and model) are paid for.
+    missed: UserError | None = None
     try:
         result: dict[str, Any] | None = estimate(spec).to_dict()
     except UserError as e:
-        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction.
-        if console is not None:
-            console.print(f"[yellow]no estimate: {e}[/yellow]")
-        result = None
+        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction. Said once
+        # preflight has passed: what stops the estimate (no config.json) often stops preflight too, in one line.
+        missed, result = e, None
     if result is not None and result.get("fits") is False and not force:
         unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
         raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
                         f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}")
+    if runs_dir is not None:
+        check_disk(spec, runs_dir, (result or {}).get("steps"), force, from_step)
     preflight(spec)
+    if missed is not None and console is not None:
+        console.print(f"[yellow]no estimate: {missed}[/yellow]")
     check = packing_check(spec)
     if check is not None and console is not None:
         console.print(escape(check.describe()), highlight=False)
@@ -135,9 +143,26 @@ def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -
     _report(console, active)
     rec = active.record
     if as_json:
-        print(json.dumps({"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
-                          "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}))
+        result = {"id": active.run_id, "status": (rec or {}).get("status"), "record": str(active.record_path),
+                  "final_loss": ((rec or {}).get("metrics") or {}).get("final_loss"), "exit_code": code}
+        if code == EXIT_DETACHED:
+            _hung_up_json(active.paths, {**result, "status": "running", "detached": True})
+        else:
+            print(json.dumps(result))
     return _status_exit(rec, code)
+
+
+def _hung_up_json(paths: RunPaths, result: dict[str, Any]) -> None:
+    """The result line of a view that hung up: into the run folder (its terminal is gone), and to stdout only
+    where that is a pipe or a file that outlives the terminal."""
+    import sys
+
+    records.atomic_write_json(paths.view_result, result)
+    try:
+        if not sys.stdout.isatty():
+            print(json.dumps(result), flush=True)
+    except OSError:  # stdout was the terminal after all
+        pass
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
@@ -148,7 +173,7 @@ def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
     check_run_target(runs_dir, records_dir, run_id)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    estimate = preflight_estimate(spec, force, console)
+    estimate = preflight_estimate(spec, force, console, runs_dir)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
@@ -178,7 +203,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                         "(set train.checkpoint_every, or stop a run with SIGTERM, to get one)")
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     console.print(f"resuming {run_dir.name} from step {done[-1][0]}")
-    estimate = preflight_estimate(spec, force, console)
+    estimate = preflight_estimate(spec, force, console, run_dir.parent, from_step=done[-1][0])
     active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_dir.name, resume=True)
     return _finish(console, active, code, as_json)
@@ -287,6 +312,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
                           "max_abs_loss_diff": result["max_abs_loss_diff"],
                           "first_divergence": result["first_divergence"],
                           "max_abs_eval_loss_diff": result.get("max_abs_eval_loss_diff"), "drift": rows,
+                          "samples_match": result.get("samples_match"),
                           "pinned": pinned}))
     status_code = _status_exit(rec, code)
     if status_code != EXIT_OK:

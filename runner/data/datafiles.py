@@ -53,9 +53,12 @@ GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 """What reading a damaged .gz raises (a bad header, a truncated stream, corrupt data)."""
 
 
-def gzip_error(path: Path, e: BaseException) -> DataFileError:
-    return DataFileError(f"{path}: not a readable gzip file ({e or type(e).__name__}); check it with `gzip -t`, "
-                         f"then recompress it or give the uncompressed file")
+GZIP_FIX = "check it with `gzip -t`, then recompress it or give the uncompressed file"
+
+
+def gzip_error(path: Path, e: BaseException, with_fix: bool = True) -> DataFileError:
+    said = f"{path}: not a readable gzip file ({e or type(e).__name__})"
+    return DataFileError(f"{said}; {GZIP_FIX}" if with_fix else said)
 
 
 def open_binary(path: Path) -> IO[bytes]:
@@ -73,9 +76,12 @@ def open_text(path: Path, errors: str = "strict", newline: str | None = None) ->
 
 def _jsonl_row(line: str, path: Path, n: int) -> Any:
     try:
-        return json.loads(line)
+        # The line's own end is no part of the row: left in, an unterminated string reads as a control character.
+        return json.loads(line.rstrip("\r\n"))
     except json.JSONDecodeError as e:
-        raise DataFileError(f"{path}: line {n} is not valid JSON ({e.msg} at column {e.colno})") from None
+        # json's messages may end in "at" ("Unterminated string starting at"): the column follows without another.
+        at = " " if e.msg.endswith(" at") else " at "
+        raise DataFileError(f"{path}: line {n} is not valid JSON ({e.msg}{at}column {e.colno})") from None
 
 
 def read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
@@ -118,26 +124,44 @@ def _read_rows(path: Path, limit: int) -> list[dict[str, Any]]:
     raise ValueError(f"unsupported dataset file type {suffix!r}")
 
 
-def bad_jsonl_line(path: Path) -> str | None:
-    """The first line of a JSONL file that is not a JSON object, as a sentence; None when every line is one.
+def bad_jsonl_line(path: Path) -> tuple[str, str] | None:
+    """The first line of a JSONL file that is not UTF-8 or not a JSON object, as (what is wrong, the fix); None when
+    every line is one.
 
-    The whole file is read: the ranks stream all of it, and a bad line anywhere kills them mid-run. A damaged .gz
-    is reported the same way."""
+    The whole file is read as bytes: the ranks stream all of it, and a bad line anywhere kills them mid-run (a
+    byte that is not UTF-8 as a UnicodeDecodeError naming no line). A damaged .gz is reported the same way."""
     try:
         return _bad_jsonl_line(path)
     except GZIP_ERRORS as e:
-        return str(gzip_error(path, e))
+        return str(gzip_error(path, e, with_fix=False)), GZIP_FIX
 
 
-def _bad_jsonl_line(path: Path) -> str | None:
-    with open_text(path, errors="replace") as f:
-        for n, line in enumerate(f, 1):
+def _bad_jsonl_line(path: Path) -> tuple[str, str] | None:
+    with open_binary(path) as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                return not_utf8(path, n, raw, e)
             if not line.strip():
                 continue
             try:
                 row = _jsonl_row(line, path, n)
             except DataFileError as e:
-                return str(e)
+                return str(e), "fix or remove that line"
             if not isinstance(row, dict):
-                return f"{path}: line {n} is a JSON {type(row).__name__}, not an object of columns"
+                return f"{path}: line {n} is a JSON {type(row).__name__}, not an object of columns", \
+                    "make that line one JSON object ({\"messages\": [...]}) or remove it"
     return None
+
+
+def not_utf8(path: Path, n: int, raw: bytes, e: UnicodeDecodeError) -> tuple[str, str]:
+    """A line that is not UTF-8, named with its byte, and the command that re-encodes the file (Latin-1 is the usual
+    source: a byte such as 0xe4 for 'ä')."""
+    out = path.with_name(f"{data_stem(path)}.utf8{data_suffix(path)}")
+    if is_gzip(path):
+        command = f"zcat {path} | iconv -f latin1 -t utf-8 > {out}"
+    else:
+        command = f"iconv -f latin1 -t utf-8 {path} > {out}"
+    return (f"{path}: line {n} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+            f"re-encode the file as UTF-8, e.g. from Latin-1: `{command}`, and point dataset.path at {out.name}")

@@ -319,7 +319,40 @@ def _conversation(value: Any, what: str, role_key: str, content_key: str, roles:
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
         raise FormatError(f"{what} holds {type(value).__name__}, not a list of messages", field="dataset.columns",
                           fix="set dataset.format and dataset.columns to match the rows")
-    return [_message(m, role_key, content_key, roles) for m in value]
+    try:
+        return [_message(m, role_key, content_key, roles) for m in value]
+    except FormatError as e:
+        if e.field != "dataset.roles":
+            raise
+        raise FormatError(str(e), field="dataset.roles",
+                          fix=f"map it, e.g. dataset.roles={_role_guess(value, role_key, roles)}") from None
+
+
+# Words in a role name that say who speaks: checked before the order of speaking (an agent may greet first).
+_ROLE_WORDS = {"user": ("customer", "client", "human", "patient", "student", "question", "asker", "prompter", "caller"),
+               "assistant": ("agent", "bot", "support", "expert", "answer", "model", "gpt", "tutor")}
+
+
+def _role_guess(value: list[dict[str, Any]], role_key: str, roles: Mapping[str, str]) -> str:
+    """A mapping for the conversation's unknown role names (a name mapped to assistant trains on that speaker's
+    words): by a word in the name (customer, agent), else by the roles already known, else the first speaker is the
+    user."""
+    names = [m.get(role_key) for m in value if isinstance(m.get(role_key), str)]
+    unknown = list(dict.fromkeys(n for n in names if roles.get(n) not in TARGET_ROLES))
+    known = {roles[n] for n in names if roles.get(n) in TARGET_ROLES}
+    speakers = [n for n in dict.fromkeys(names) if roles.get(n) not in ("system", "tool", "function_call")]
+    guess = {}
+    for name in unknown:
+        hint = next((role for role, words in _ROLE_WORDS.items() if any(w in name.lower() for w in words)), None)
+        if hint:
+            guess[name] = hint
+        elif "assistant" in known and "user" not in known:
+            guess[name] = "user"
+        elif "user" in known and "assistant" not in known:
+            guess[name] = "assistant"
+        else:  # both or neither known: the order of speaking decides
+            guess[name] = "user" if speakers and speakers[0] == name else "assistant"
+    return "{" + ", ".join(f"{k}: {v}" for k, v in guess.items()) + "}"
 
 
 def to_sample(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-START, TRAIN_BEGIN, RESUME, CHECKPOINT, EVAL, END, ERROR = \
-    "start", "train_begin", "resume", "checkpoint", "eval", "end", "error"
-EVENT_KINDS = (START, TRAIN_BEGIN, RESUME, CHECKPOINT, EVAL, END, ERROR)
+START, TRAIN_BEGIN, RESUME, CHECKPOINT, EVAL, SAMPLE, END, ERROR = \
+    "start", "train_begin", "resume", "checkpoint", "eval", "sample", "end", "error"
+EVENT_KINDS = (START, TRAIN_BEGIN, RESUME, CHECKPOINT, EVAL, SAMPLE, END, ERROR)
 """start: the rank is up (local_rank, node_rank, pid); train_begin: the engine's choices; resume: restarted from a
-checkpoint; checkpoint: one saved; eval: one evaluation (global loss, token accuracy); end: the rank finished
-(tokens, train_s, peak_mem_gib, data, ...); error: it failed (cause, message)."""
+checkpoint; checkpoint: one saved; eval: one evaluation (global loss, token accuracy); sample: the model's greedy
+answer to one of train.eval_prompts (rank 0); end: the rank finished (tokens, train_s, peak_mem_gib, data, ...);
+error: it failed (cause, message)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +175,17 @@ class EvalEvent(Event):
 
 
 @dataclass(frozen=True)
+class SampleEvent(Event):
+    """The model's greedy answer at `step` to the prompt at `index` of train.eval_prompts (written by rank 0)."""
+
+    KIND = SAMPLE
+    step: int | None = None
+    index: int | None = None
+    prompt: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
 class EndEvent(Event):
     """The rank finished: its summary (`end_summary` of runner.train.summary, the same for both engines)."""
 
@@ -213,7 +225,7 @@ class OtherEvent(Event):
 
 
 TYPES: dict[str, type[Event]] = {c.KIND: c for c in (StartEvent, TrainBeginEvent, ResumeEvent, CheckpointEvent,
-                                                      EvalEvent, EndEvent, ErrorEvent)}
+                                                      EvalEvent, SampleEvent, EndEvent, ErrorEvent)}
 assert set(TYPES) == set(EVENT_KINDS)
 
 E = TypeVar("E", bound=Event)
@@ -342,6 +354,9 @@ class EventWriter:
     def eval(self, **fields: Any) -> None:
         self.event(EVAL, **fields)
 
+    def sample(self, **fields: Any) -> None:
+        self.event(SAMPLE, **fields)
+
     def end(self, **summary: Any) -> None:
         self.event(END, **summary)
 
@@ -412,6 +427,10 @@ class StepIndex(Generic[E]):
         self._by_step[step] = line
         return old is None or old != line, old
 
+    def get(self, step: int) -> E | None:
+        """The kept line of `step`, if one was logged."""
+        return self._by_step.get(step)
+
     def lines(self) -> list[E]:
         """The kept lines, by step."""
         return [self._by_step[s] for s in sorted(self._by_step)]
@@ -423,6 +442,15 @@ class StepIndex(Generic[E]):
 def latest_steps(lines: Iterable[Event]) -> list[StepEvent]:
     """One step line per step, by step: the last of each (`StepIndex`)."""
     return StepIndex(step_lines(lines)).lines()
+
+
+def latest_samples(lines: Iterable[Event]) -> list[SampleEvent]:
+    """One sample per (prompt, step), by prompt then step: the last line of each, as for steps (`StepIndex`)."""
+    by_prompt: dict[int, StepIndex[SampleEvent]] = {}
+    for e in events_of(lines, SampleEvent):
+        if e.index is not None:
+            by_prompt.setdefault(e.index, StepIndex()).add(e)
+    return [e for i in sorted(by_prompt) for e in by_prompt[i].lines()]
 
 
 def latest_evals(lines: Iterable[Event]) -> list[EvalEvent]:

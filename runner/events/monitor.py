@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.events.lines import EndEvent, ErrorEvent, EvalEvent, Event, StartEvent, StepEvent, StepIndex, parse_event
+from runner.events.lines import (EndEvent, ErrorEvent, EvalEvent, Event, SampleEvent, StartEvent, StepEvent, StepIndex,
+                                 parse_event)
 from runner.events.paths import RunPaths
 from runner.events.tail import DirTail
 
@@ -169,6 +170,8 @@ class RunView:
         # lowest rank that reports each step.
         self.evals: dict[int, tuple[float | None, float | None]] = {}
         self._eval_lines: dict[int, EvalEvent] = {}
+        # The latest answer to each of train.eval_prompts (by its index), from rank 0's `sample` lines.
+        self.samples: dict[int, SampleEvent] = {}
         self._tail = DirTail(RunPaths(self.run_dir).events)
         self._world_size: int | None = None
 
@@ -217,6 +220,8 @@ class RunView:
             changed |= self._apply_start(rs, ev)
         elif isinstance(ev, EvalEvent):
             changed |= self._apply_eval(rank, ev)
+        elif isinstance(ev, SampleEvent):
+            changed |= self._apply_sample(ev)
         elif isinstance(ev, EndEvent):
             if rs.status not in _TERMINAL:
                 rs.status = "cancelled" if ev.reason == "cancelled" else "done"
@@ -245,6 +250,16 @@ class RunView:
             return False
         self.evals[ev.step] = value
         return True
+
+    def _apply_sample(self, ev: SampleEvent) -> bool:
+        # A later line for the same or a later step wins (a resumed run samples again); an older step never does.
+        if ev.index is None or ev.step is None:
+            return False
+        kept = self.samples.get(ev.index)
+        if kept is not None and (kept.step or 0) > ev.step:
+            return False
+        self.samples[ev.index] = ev
+        return kept is None or kept.text != ev.text or kept.step != ev.step
 
     def _apply_start(self, rs: RankState, ev: StartEvent) -> bool:
         # Fields absent from this start line keep what an earlier one said.

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+CHECKPOINT_LAYOUTS = (("step", "meta.json"), ("checkpoint-", "trainer_state.json"))
+"""(folder prefix, the file written last) of the native engine's checkpoints and of the Hugging Face trainer's
+(the TRL engine's): a checkpoint folder is complete only once that file exists."""
+
+
 @dataclass
 class RunPaths:
     run_dir: Path
@@ -62,6 +67,11 @@ class RunPaths:
     def control(self) -> Path:
         """Requests from views to the supervisor, one JSON line each (cancel, stop)."""
         return self.run_dir / "control"
+
+    @property
+    def view_result(self) -> Path:
+        """The `--json` line of a view that hung up (SIGHUP): its terminal is gone, the line lands here."""
+        return self.run_dir / "view-result.json"
 
     @property
     def supervisor_log(self) -> Path:

@@ -9,6 +9,7 @@ restarted job) resumes the run instead of starting it again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from runner.errors import UserError
+from runner.events.paths import CHECKPOINT_LAYOUTS
 
 if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
     from runner.spec import RunSpec
@@ -74,7 +76,9 @@ def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, ex
     run_dir = q(str(o.run_dir))
     # A restart before the first checkpoint starts the run again: node 0 sets the attempt's rank events aside
     # first (ranks write none before every node has joined), so the record counts each step once.
-    return (f"if ls {run_dir}/checkpoints/step*/meta.json >/dev/null 2>&1; then\n"
+    # A complete checkpoint of either engine (runner.events.paths.CHECKPOINT_LAYOUTS) means resume.
+    done = " ".join(f"{run_dir}/checkpoints/{prefix}*/{last}" for prefix, last in CHECKPOINT_LAYOUTS)
+    return (f"if ls -d {done} 2>/dev/null | grep -q .; then\n"
             f"  exec {o.runner} run --resume {run_dir} {tail}\n"
             "else\n"
             f"  if [ {node_rank} = 0 ] && ls {run_dir}/events/rank*.jsonl >/dev/null 2>&1; then\n"
@@ -89,12 +93,29 @@ def gpus_per_node(spec: RunSpec) -> int:
     return int(spec.hardware.nproc_per_node) if spec.hardware.device != "cpu" else 0
 
 
+# JobSet names a TrainJob's pods `<trainjob>-<replicated job>-<job index>-<pod index>-<5 random characters>` and
+# refuses a TrainJob whose longest pod name would pass 63 characters (a DNS label). The torch-distributed runtime's
+# replicated job is `node`, its job index 0 and its pod index the node's; the tail below leaves room for 9999
+# nodes and a two-digit job index.
+POD_NAME_TAIL = "-node-99-9999-abcde"
+TRAINJOB_NAME_MAX = 63 - len(POD_NAME_TAIL)
+
+
 def job_name(spec: RunSpec, run_id: str, target: str) -> str:
-    """SLURM and SkyPilot take the spec's name; a TrainJob's name is a DNS label (letter first, at most 63)."""
+    """SLURM and SkyPilot take the spec's name; a TrainJob's name is a DNS label short enough that every pod name
+    JobSet makes from it is one too: `sft-<run id>`, cut and suffixed with a hash of the whole when too long."""
     if target != "kubeflow":
         return spec.name
-    label = re.sub(r"[^a-z0-9-]+", "-", f"sft-{run_id}".lower())
-    return label[:63].rstrip("-")
+    label = re.sub(r"[^a-z0-9-]+", "-", f"sft-{run_id}".lower()).strip("-")
+    if len(label) <= TRAINJOB_NAME_MAX:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:6]
+    return f"{label[:TRAINJOB_NAME_MAX - 7].rstrip('-')}-{digest}"
+
+
+def label_value(text: str) -> str:
+    """text as a Kubernetes label value: at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
 
 
 def check_job(spec: RunSpec, target: str, image: str | None, volume: str | None, time: str, warn_s: int,

@@ -7,7 +7,8 @@ import json
 import shlex
 from typing import Any
 
-from runner.launch.jobs import JOB_ENV, NODE_SPEC_FILE, SPEC_ENV, JobOptions, gpus_per_node, job_name, node_script
+from runner.launch.jobs import (JOB_ENV, NODE_SPEC_FILE, SPEC_ENV, JobOptions, gpus_per_node, job_name, label_value,
+                                 node_script)
 from runner.launch.skypilot import dump_yaml
 from runner.spec import RunSpec
 
@@ -42,7 +43,9 @@ def build_trainjob(spec: RunSpec, o: JobOptions, spec_json: dict[str, Any]) -> s
     job = {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": name, "labels": {"sft-tui/run-id": o.run_id[:63].rstrip("-_.")}},
+        # The name may be cut to keep pod names short: the labels keep the run id and the spec's name whole.
+        "metadata": {"name": name, "labels": {"sft-tui/run-id": label_value(o.run_id),
+                                              "sft-tui/name": label_value(spec.name)}},
         "spec": {
             "runtimeRef": {"name": RUNTIME, "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
             "trainer": trainer,

@@ -16,6 +16,7 @@ from runner.events.failure import any_error_event, diagnose  # noqa: F401 (diagn
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
 from runner.facts.gpus import ceiling_tflops_here
 from runner.launch.process import Launcher
+from runner.launch.reserve import disk_full_failure
 from runner.events.paths import RunPaths
 from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
 from runner.launch.sampler import NodeSampler
@@ -42,6 +43,9 @@ class ActiveRun:
     trackers: Trackers | None = None
     # Why the run was stopped early (None: it was not): the signal or request, and the cause the record names.
     stop_reason: dict[str, Any] | None = None
+    # Bytes free on the run folder's filesystem when the ranks stopped (the supervisor measures it before giving
+    # back its reserve): a run that failed with almost none left failed of a full disk.
+    free_at_end: int | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -81,7 +85,9 @@ class ActiveRun:
         h = self.spec.hardware
         rec["metrics"] = records.metrics_from_events(self.paths.events, self.spec.world_size, h.device,
                                                      _run_flops(self.spec))
-        rec["metrics"]["wall_s"] = round(time.time() - self.started, 3)
+        # A resumed run's wall time covers every launch, as its train_s does (each launch's end event adds its own).
+        before = ((rec.get("resumes") or [{}])[-1]).get("wall_s_before") or 0.0
+        rec["metrics"]["wall_s"] = round(time.time() - self.started + before, 3)
         rec["decisions"] = records.decisions_from_events(self.paths.events)
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
@@ -92,7 +98,8 @@ class ActiveRun:
             rec["status"] = "succeeded"
         else:
             rec["status"] = "failed"
-            rec["failure"] = diagnose(self.paths, self.spec.world_size, exit_code)
+            rec["failure"] = disk_full_failure(diagnose(self.paths, self.spec.world_size, exit_code), self.paths,
+                                               self.free_at_end)
         rec["exit_code"] = exit_code
         if self.trackers is not None:
             self.trackers.stop()
@@ -158,6 +165,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                                                     "from_step": hint["checkpoint_step"],
                                                     "checkpoint": hint["checkpoint"],
                                                     "previous_status": rec.get("status"),
+                                                    "wall_s_before": _wall_before(rec.get("metrics") or {}),
                                                     "scheduler": scheduler_facts()}]
         rec.pop("cancel", None)
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
@@ -221,3 +229,9 @@ def watch(run: ActiveRun, on_tick: Callable[[], None] | None = None, interval_s:
     if on_tick:
         on_tick()
     return code
+
+
+def _wall_before(metrics: dict[str, Any]) -> float:
+    """The wall time of a run's launches so far: its record's wall_s, at least their train_s (a record finished
+    without a wall time, e.g. by a lost supervisor's reaper, still trained that long)."""
+    return max(float(metrics.get("wall_s") or 0.0), float(metrics.get("train_s") or 0.0))

@@ -4,14 +4,21 @@ bucket or volume every node mounts."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
 from runner.launch.jobs import JOB_ENV, NODE_SPEC_FILE, SPEC_ENV, JobOptions, gpus_per_node, node_script
+from runner.errors import UserError
 from runner.spec import RunSpec
 
+# A bucket is mounted with rclone's write cache (SkyPilot's MOUNT_CACHED): the run folder appends to event files
+# and renames checkpoint folders, which MOUNT (goofys/gcsfuse straight to the bucket) does not support, and SkyPilot
+# mounts only a whole bucket, never a prefix inside it, in either mode.
+STORAGE_MODE = "MOUNT_CACHED"
 # SkyPilot's accelerator names where they differ from the GPU names of runner/facts/gpus.py.
 ACCELERATORS = {"H100-80GB": "H100", "A100-40GB": "A100"}
 VENV = "$HOME/sft-tui-venv"
@@ -24,9 +31,37 @@ def accelerator(spec: RunSpec, override: str | None) -> str | None:
     return ACCELERATORS.get(gpu, gpu)
 
 
+def bucket_layout(volume: str) -> tuple[str, PurePosixPath]:
+    """A bucket URI as SkyPilot mounts it: (the bucket alone, the prefix inside it that holds runs/ and records/).
+    `s3://my-bucket/sft` -> (`s3://my-bucket`, `sft`)."""
+    scheme, _, rest = volume.partition("://")
+    bucket, _, prefix = rest.strip("/").partition("/")
+    return f"{scheme}://{bucket}", PurePosixPath(prefix or ".")
+
+
+_SCP_LIKE = re.compile(r"^(?:(?P<user>[\w.-]+)@)?(?P<host>[\w.-]+):(?P<path>(?!/)[^\s]+)$")
+
+
+def pip_git_url(repo: str) -> str:
+    """A git remote as pip installs it on a node: `git+https://...` or `git+ssh://git@host/path`, from a URL or
+    scp-like remote (`git@github.com:you/x.git`). A local folder is refused: the nodes cannot reach it."""
+    if repo.startswith("git+"):
+        return repo
+    if re.match(r"^(https?|ssh|git)://", repo):
+        return f"git+{repo}"
+    m = _SCP_LIKE.match(repo)
+    if m and not Path(repo).exists():
+        return f"git+ssh://{m.group('user') or 'git'}@{m.group('host')}/{m.group('path')}"
+    where = repo.removeprefix("file://")
+    raise UserError(f"the project's git remote '{where}' (--repo, default the origin remote) is a folder on this "
+                    "machine, which the nodes cannot install from: pass "
+                    "--repo with a URL they can clone (e.g. --repo https://github.com/you/sft-tui.git, pushed at the "
+                    "commit), or --image IMAGE with the project installed")
+
+
 def setup_script(o: JobOptions) -> str:
     """Installs the project at the commit the job was written from, into a venv of its own, on every node."""
-    src = shlex.quote(f"sft-tui @ git+{o.repo}@{o.commit}")
+    src = shlex.quote(f"sft-tui @ {pip_git_url(o.repo or '')}@{o.commit}")
     return (f"set -e\n"
             f"python3 -m venv {VENV}\n"
             f"{VENV}/bin/pip install --quiet {src}\n")
@@ -59,7 +94,7 @@ def build_skypilot(spec: RunSpec, o: JobOptions, spec_json: dict[str, Any]) -> s
     }
     volume = o.volume or ""
     if "://" in volume:
-        task["file_mounts"] = {str(o.mount): {"source": volume, "mode": "MOUNT"}}
+        task["file_mounts"] = {str(o.mount): {"source": bucket_layout(volume)[0], "mode": STORAGE_MODE}}
     else:
         task["volumes"] = {str(o.mount): volume}
     if not o.image:

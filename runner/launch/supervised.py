@@ -39,6 +39,7 @@ class SupervisedRun:
         self.requested: str | None = None
         self.state: dict[str, Any] = read_state(paths, node) or {}
         self.record: dict[str, Any] | None = None
+        self.lost = False  # the supervisor died before finishing (poll finished its record as failed)
 
     @property
     def record_path(self) -> Path | None:
@@ -73,6 +74,7 @@ class SupervisedRun:
             if state.get("state") == "finished":
                 return int(state.get("exit_code", EXIT_FAILED))
             finish_lost(self.paths, state)
+            self.lost = True
             return EXIT_FAILED
         return None
 
@@ -209,13 +211,21 @@ def attach(run_ref: str, runs_dir: Path) -> SupervisedRun:
 def finish_lost(paths: RunPaths, state: dict[str, Any]) -> dict[str, Any] | None:
     """Finish the record of a run whose supervisor died before finishing it: `failed`, "supervisor lost", with
     the steps the events show. Returns the record written, or None when there was nothing to finish."""
+    from runner.launch.reserve import DiskReserve
+
     path = Path(state["record"]) if state.get("record") else None
     if path is None:
         return None
-    return finish_unfinished(paths, path, "supervisor lost",
-                             f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before finishing "
-                             "the record (killed, e.g. by the OOM killer or SIGKILL)",
-                             lost={"supervisor_pid": state.get("pid"), "host": state.get("host")})
+    # The dead supervisor's reserve (runner.launch.reserve) is the room the record needs on a full disk.
+    DiskReserve(paths.run_dir, path.parent).release(all_files=True)
+    try:
+        return finish_unfinished(paths, path, "supervisor lost",
+                                 f"the supervisor (pid {state.get('pid')} on {state.get('host')}) died before "
+                                 "finishing the record (killed, e.g. by the OOM killer or SIGKILL)",
+                                 lost={"supervisor_pid": state.get("pid"), "host": state.get("host")})
+    except OSError as e:
+        raise UserError(f"could not finish the record {path} of the lost run {paths.run_dir.name}: {e.strerror}; "
+                        f"free space there, then `runner list --records-dir {path.parent}` finishes it") from None
 
 
 def reap_lost(records_dir: Path) -> list[str]:

@@ -133,14 +133,22 @@ class Supervisor:
         from runner.launch import run as run_mod
         from runner.spec import validate
 
+        from runner.launch.reserve import DiskReserve
+        from runner.plan.disk import free_bytes
+
         r = self.request
         self.write_state()
+        # Held from the start, given back to finish the record: a full disk then ends the run `failed`, not
+        # `running` forever with no room for its record.
+        reserve = DiskReserve(self.paths.run_dir, Path(r["records_dir"]))
+        reserve.hold()
         try:
             active = run_mod.start(validate(r["spec"]), Path(r["runs_dir"]), Path(r["records_dir"]),
                                    estimate=r.get("estimate"), replay_of=r.get("replay_of"),
                                    node_rank=r.get("node_rank", 0), run_id=self.paths.run_dir.name,
                                    resume=r.get("resume", False), stop_with_parent=True)
         except Exception as e:  # noqa: BLE001 - the view shows it; nothing was launched
+            reserve.release()
             error = f"{type(e).__name__}: {e}"
             record = Path(r["records_dir"]) / f"{self.paths.run_dir.name}.json"
             if r.get("node_rank", 0) == 0:
@@ -151,6 +159,8 @@ class Supervisor:
         self.write_state(state="running", record=str(active.record_path) if active.record_path else None,
                          torchrun_pid=active.launcher.pid)
         code = self._watch(active)
+        active.free_at_end = free_bytes(self.paths.run_dir)[1]
+        reserve.release()
         rec = active.finish(code)
         status = (rec or {}).get("status") or ("succeeded" if code == 0 else "failed")
         if active.stop_reason is not None:

@@ -399,10 +399,10 @@ def _packed_side(model: Any, block: Any, setup: Setup) -> tuple[Any, Any]:
     from runner.engines import engine_for
 
     if engine_for(setup.engine).boundaries_from_collator:  # the engine's batches come from TRL's collator
-        from runner.train.trl_data import CountingCollator, block_row
+        from runner.train.trl_data import COUNTING_KEYS, CountingCollator, block_row
 
         batch = to_device(CountingCollator(0)([block_row(block)]), setup.device)
-        for k in ("real_tokens", "doc_len_sq"):
+        for k in COUNTING_KEYS:
             batch.pop(k, None)
         labels = batch.pop("labels")
         logits = model(**batch, use_cache=False).logits

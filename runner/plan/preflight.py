@@ -50,7 +50,12 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += data_problems
     config, model_problems = _model_config(spec)
     out += model_problems
-    out += _template_problems(spec, rows)
+    token_ids = _token_id_problems(spec, config)
+    out += token_ids
+    if token_ids:
+        config = None  # no model can be built from it: the checks below that build one would die of it
+    if config is not None or not model_problems:  # a folder transformers cannot read loads no tokenizer either
+        out += _template_problems(spec, rows)
     if config is not None:
         from runner.train.ulysses import sequence_parallel_problems
 
@@ -71,7 +76,11 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += tracker_problems(list(spec.report.to))
     if spec.method.kind == "lora" and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
         out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",
-                           "use output.save=adapter (load it on the base model with peft)"))
+                           "use output.save=merged (the LoRA folded into the base, a standalone model) or adapter"))
+    prompts = spec.train.eval_prompts
+    if isinstance(prompts, str) and not resolve_embedded(prompts).is_file():
+        out.append(Problem("train.eval_prompts", f"no such file: {prompts}",
+                           "give a text file with one prompt a line, or a list such as [\"Name a fruit.\"]"))
     return out
 
 
@@ -154,7 +163,7 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     for file in _data_files(path, f):
         bad = bad_jsonl_line(file) if data_suffix(file) == ".jsonl" else None
         if bad:
-            return [], [Problem("dataset.path", bad, "fix or remove that line")]
+            return [], [Problem("dataset.path", *bad)]
     try:
         rows = read_rows(f, SAMPLE_ROWS)
     except DataFileError as e:
@@ -195,6 +204,9 @@ def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
         if spec.model.init == "pretrained" and not has_weights(path):
             problems.append(Problem("model.init", f"pretrained, but {path} holds no weights (*.safetensors/*.bin)",
                                     "set model.init=random to initialise from config.json, or add the weights"))
+        unknown = _model_type_problem(spec, path / "config.json")
+        if unknown:
+            return None, [*problems, unknown]
     try:
         AutoConfig = from_transformers("AutoConfig")
 
@@ -202,9 +214,56 @@ def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
                                             local_files_only=True)
     except Exception as e:  # noqa: BLE001 - not cached (hub) or unreadable: only a local folder is an error here
         if spec.model.path:
-            problems.append(Problem("model.path", f"cannot read the model config: {e}", "check config.json"))
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            problems.append(Problem("model.path", f"cannot read the model config: {first}", "check config.json"))
         return None, problems
     return config, problems
+
+
+def _model_type_problem(spec: RunSpec, config_json: Path) -> Problem | None:
+    """A config.json whose model_type this transformers does not know (and whose folder ships no code for it), in
+    one line: transformers' own error is six lines."""
+    import json
+
+    try:
+        model_type = json.loads(config_json.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: AutoConfig's error says how
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not model_type or model_type in CONFIG_MAPPING or spec.model.trust_remote_code:
+        return None
+    return Problem("model.path", f"config.json's model_type {model_type!r} is not one transformers "
+                                 f"{transformers.__version__} knows",
+                   "upgrade transformers (pip install -U transformers) if the family is new, fix model_type in "
+                   "config.json, or set model.trust_remote_code=true if the folder ships the model's code")
+
+
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def _token_id_problems(spec: RunSpec, config: Any) -> list[Problem]:
+    """The config's special token ids inside its vocabulary: a pad id outside it fails building the embedding
+    (`Padding_idx must be within num_embeddings`) on every rank, and a bos/eos id outside it indexes past the
+    embedding (transformers' Phi3Config default: vocab_size 32000, pad_token_id 32000)."""
+    text = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return []
+    field = "model.path" if spec.model.path else "model.id"
+    where = f"{resolve_embedded(spec.model.path)}/config.json" if spec.model.path else "the model's config.json"
+    out = []
+    for name in TOKEN_ID_FIELDS:
+        value = getattr(text, name, None)
+        ids = value if isinstance(value, list) else [value]
+        bad = [i for i in ids if isinstance(i, int) and not 0 <= i < vocab]
+        if bad:
+            out.append(Problem(field, f"{name} is {value} in {where}, outside the vocabulary (vocab_size {vocab}: "
+                                      f"ids 0 to {vocab - 1})",
+                               f"set {name} in config.json to the tokenizer's id for that token (below {vocab}), "
+                               "or to null"))
+    return out
 
 
 def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:

@@ -20,6 +20,7 @@ def summary_row(rec: dict[str, Any]) -> dict[str, Any]:
         "status": rec.get("status"),
         "model": (spec.get("model") or {}).get("id"),
         "dataset": dataset_name(spec),
+        "train_on": (spec.get("dataset") or {}).get("train_on", "assistant"),
         "method": f"{spec.get('engine', '?')}/{(spec.get('method') or {}).get('kind', '?')}",
         "steps": m.get("steps"),
         "final_loss": m.get("final_loss"),
@@ -60,7 +61,9 @@ def print_list(recs: list[dict[str, Any]], console: Console | None = None) -> No
         table.add_column(col, justify="right" if col in {"steps", "final loss", "tokens/s"} else "left",
                          overflow="fold")
     for r in rows:
-        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], origin(r), r["model"], r["dataset"] or "-", r["method"],
+        table.add_row(r["id"], (r["created"] or "")[:19], r["status"], origin(r), r["model"],
+                      (r["dataset"] or "-") + (" (+tool calls)" if r["train_on"] == "assistant+tool_calls" else ""),
+                      r["method"],
                       str(r["steps"] or 0),
                       "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
                       "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}")
@@ -111,11 +114,13 @@ def print_diff(a: dict[str, Any], b: dict[str, Any], rows: list[tuple[str, Any, 
     table.add_column("field", overflow="fold")
     table.add_column(a["id"], overflow="fold")
     table.add_column(b["id"], overflow="fold")
+    # A terminal gets long values (loss curves) cut to a glance; a file or a pipe gets every value in full.
+    cut = console.is_terminal
     for key, va, vb in rows:
-        table.add_row(key, _short(va), _short(vb))
+        table.add_row(key, _short(va, cut), _short(vb, cut))
     console.print(table)
 
 
-def _short(v: Any) -> str:
+def _short(v: Any, cut: bool = True) -> str:
     s = "-" if v is None else str(v)
-    return s if len(s) <= 60 else s[:57] + "…"
+    return s if not cut or len(s) <= 60 else s[:57] + "…"

@@ -16,7 +16,7 @@ from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
@@ -344,6 +344,7 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
         out["final_global_loss"] = out["final_loss"] = global_losses[-1][1]
         out["first_loss"] = global_losses[0][1]
     out.update(eval_metrics(rank0_events, per_rank))
+    out.update(sample_metrics(rank0_events))
     packing = packing_metrics(per_rank, doc_hists)
     if packing:
         out["packing"] = packing
@@ -388,6 +389,15 @@ def eval_metrics(rank0_events: list[Event], per_rank: dict[str, Any]) -> dict[st
     return out
 
 
+def sample_metrics(rank0_events: list[Event]) -> dict[str, Any]:
+    """samples: the model's answers to train.eval_prompts (step, index, prompt, text; the last line of a step
+    counts), which replay compares; empty when the run has no prompts."""
+    samples = latest_samples(rank0_events)
+    if not samples:
+        return {}
+    return {"samples": [{"step": e.step, "index": e.index, "prompt": e.prompt, "text": e.text} for e in samples]}
+
+
 def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
     """A rank's end-event data without its documents' length histogram, which goes to `hists` for the merge (the
     record keeps each rank's summary, `doc_tokens`, and the merged one in metrics.packing)."""
@@ -399,8 +409,9 @@ def _without_histogram(data: Any, hists: dict[str, Any], rank: str) -> Any:
 
 
 def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Blocks, split conversations and packing efficiency summed over ranks (each rank's end event's data), and the
-    lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
+    """Blocks, split conversations and packing efficiency of the blocks the steps trained on, summed over ranks (each
+    rank's end event's data; real_tokens is metrics.tokens), the blocks drawn but skipped for having no target token
+    and why, and the lengths of the documents as trained (`doc_tokens`: count, tokens, mean, p50, p90, max over every rank; a split
     document counts as the pieces that trained)."""
     data = [i["data"] for i in per_rank.values() if isinstance(i.get("data"), dict)]
     if not data:
@@ -412,6 +423,11 @@ def packing_metrics(per_rank: dict[str, Any], doc_hists: dict[str, Any] | None =
     real = sum(d.get("real_tokens") or 0 for d in data)
     out = {"blocks": blocks, "examples": sum(d.get("examples") or 0 for d in data),
            "split_documents": sum(d.get("split_documents") or 0 for d in data), "real_tokens": real}
+    skipped = {k: sum(d.get(k) or 0 for d in data) for k in ("skipped_no_target_blocks", "skipped_no_target_tokens")}
+    if skipped["skipped_no_target_blocks"]:
+        out.update(skipped)
+        out["skipped"] = (f"{skipped['skipped_no_target_blocks']} block(s), {skipped['skipped_no_target_tokens']} "
+                          "tokens, not trained: no rank's blocks of that step held a target token")
     effs = [(d.get("packing_efficiency"), d.get("blocks") or 0) for d in data if d.get("packing_efficiency")]
     if effs and blocks:
         out["packing_efficiency"] = round(sum(e * b for e, b in effs) / blocks, 4)

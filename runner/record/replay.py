@@ -171,7 +171,31 @@ def compare(original: dict[str, Any], replay: dict[str, Any], tol: float) -> dic
         if result["compared"] and result["reproduced"] and not eval_ok:
             result["reproduced"] = False
             result["message"] += f"; the eval curve was not reproduced (max |Δeval loss| = {ev['max_abs_loss_diff']:g})"
+    compare_samples(original, replay, result)
     return result
+
+
+def compare_samples(original: dict[str, Any], replay: dict[str, Any], result: dict[str, Any]) -> None:
+    """The answers to train.eval_prompts, when the original has some: `samples_match`, and the first that differs.
+    On CPU a run is exact, so a different answer means not reproduced; on a GPU it is reported only."""
+    sa = (original.get("metrics") or {}).get("samples")
+    if not sa:
+        return
+    key = lambda x: (x["index"], x["step"])  # noqa: E731
+    sb = {key(x): x["text"] for x in (replay.get("metrics") or {}).get("samples") or []}
+    differ = [x for x in sa if sb.get(key(x)) != x["text"]]
+    result["samples_match"] = not differ
+    if differ:
+        first = differ[0]
+        result["samples_first_difference"] = {"step": first["step"], "prompt": first["prompt"],
+                                              "original": first["text"], "replay": sb.get(key(first))}
+        cpu = ((original.get("spec") or {}).get("hardware") or {}).get("device") == "cpu"
+        if cpu and result["compared"] and result["reproduced"]:
+            result["reproduced"] = False
+            result["message"] += (f"; the answer to {first['prompt']!r} at step {first['step']} differs "
+                                  f"({len(differ)} of {len(sa)} samples)")
+    else:
+        result["message"] += f"; the {len(sa)} sampled answers are the same"
 
 
 def _steps(rec: dict[str, Any]) -> int:

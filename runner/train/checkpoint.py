@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from runner.events.paths import RunPaths
+from runner.events.paths import CHECKPOINT_LAYOUTS, RunPaths
 
 META = "meta.json"
 
@@ -35,8 +35,7 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return checkpoints_root(run_dir) / f"step{step}"
 
 
-LAYOUTS = (("step", META), ("checkpoint-", "trainer_state.json"))
-"""(folder prefix, the file written last) of the native engine's checkpoints and of the Hugging Face trainer's."""
+LAYOUTS = CHECKPOINT_LAYOUTS
 
 
 def _step_of(path: Path) -> int | None:

@@ -212,6 +212,35 @@ class PackStats:
     fingerprint_blocks: int = 0
     doc_lengths: Counter = field(default_factory=Counter, repr=False)  # length → document segments, blocks added
     doc_splits: int = 0  # of those segments, the pieces of documents split across blocks
+    # Blocks drawn but not trained: every rank's blocks of that step held no target token (the middle of a long
+    # prompt, empty replies), so no step was taken on them.
+    skipped_no_target_blocks: int = 0
+    skipped_no_target_tokens: int = 0
+
+    def add_all(self, blocks: Iterable[PackedBlock]) -> None:
+        for block in blocks:
+            self.add(block)
+
+    def skip(self, block: PackedBlock) -> None:
+        """Count a block drawn but not trained on (its step had no target token on any rank)."""
+        self.skipped_no_target_blocks += 1
+        self.skipped_no_target_tokens += block.real_tokens
+
+    def see(self, block: PackedBlock) -> None:
+        """Hash the stream's first blocks into the data fingerprint, trained or not: it names the data."""
+        if self.fingerprint_blocks < FINGERPRINT_BLOCKS:
+            self.fingerprint.update(block.input_ids.numpy().tobytes())
+            self.fingerprint_blocks += 1
+
+    def add_counts(self, counts: dict[str, int], times: int = 1) -> None:
+        """Count a block by its `block_counts`, `times` times (a row the trainer draws more than once)."""
+        self.examples += counts["examples"] * times
+        self.skipped_no_assistant += counts["skipped_no_assistant"] * times
+        self.split_documents += counts["split_documents"] * times
+        self.blocks += times
+        self.real_tokens += counts["real_tokens"] * times
+        self.padded_tokens += (counts["tokens"] - counts["real_tokens"]) * times
+        self.target_tokens += counts["target_tokens"] * times
 
     def add(self, block: PackedBlock, documents: bool = True) -> None:
         """Count a block; `documents=False` leaves its documents out of the length statistics (a block that was
@@ -225,9 +254,7 @@ class PackStats:
         self.real_tokens += block.real_tokens
         self.padded_tokens += block.input_ids.numel() - block.real_tokens
         self.target_tokens += block.target_tokens
-        if self.fingerprint_blocks < FINGERPRINT_BLOCKS:
-            self.fingerprint.update(block.input_ids.numpy().tobytes())
-            self.fingerprint_blocks += 1
+        self.see(block)
 
     def add_documents(self, block: PackedBlock, times: int = 1) -> None:
         """The document segments of this block (whole documents or pieces), trained on `times` times."""
@@ -247,6 +274,8 @@ class PackStats:
             "packing_efficiency": round(self.real_tokens / total, 4) if total else None,
             "target_share": round(self.target_tokens / total, 4) if total else None,
             "fingerprint": self.fingerprint.hexdigest(),
+            "skipped_no_target_blocks": self.skipped_no_target_blocks,
+            "skipped_no_target_tokens": self.skipped_no_target_tokens,
             # Documents as trained (whole, or the piece in a trained block): a summary, and the histogram the record
             # merges; their tokens are the real tokens trained.
             "doc_tokens": {**doclengths.summary(self.doc_lengths), "split": self.doc_splits},
@@ -255,6 +284,13 @@ class PackStats:
 
 
 FINGERPRINT_BLOCKS = 4  # token ids of the first blocks of each rank are hashed into the data fingerprint
+
+
+def block_counts(block: PackedBlock) -> dict[str, int]:
+    """What PackStats counts of a block, kept without its tensors (PackStats.add_counts)."""
+    return {"examples": block.examples, "skipped_no_assistant": block.skipped_no_assistant,
+            "split_documents": block.split_documents, "real_tokens": block.real_tokens,
+            "target_tokens": block.target_tokens, "tokens": block.input_ids.numel()}
 
 
 def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStats | None = None,

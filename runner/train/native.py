@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +24,15 @@ import torch.distributed as dist
 
 from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_device
 from runner.train.loss import loss_sum
+from runner.train.samples import with_samples
+from runner.engines import saved_as
 
 if TYPE_CHECKING:
     from runner.events.lines import EventWriter
     from runner.spec import RunSpec
 from runner.train import model as model_mod
 from runner.train.runtime import Runtime
+from runner.train.schedule import lr_at
 from runner.train.ulysses import SequenceParallel
 
 
@@ -39,32 +41,6 @@ GC_FREEZE_AFTER_STEPS = 2
 out of Python's garbage collector. A full collection over them took 330-420 ms on the H200 host (measured with
 gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again. (The run-to-run
 spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
-
-
-def warmup_steps(spec: RunSpec, total_steps: int | None) -> int:
-    """train.warmup_steps, or train.warmup_ratio of the run when the step count is known (rounded up)."""
-    t = spec.train
-    if t.warmup_steps or not t.warmup_ratio or not total_steps:
-        return t.warmup_steps
-    return math.ceil(t.warmup_ratio * total_steps)
-
-
-def lr_at(spec: RunSpec, step: int, total_steps: int | None) -> float:
-    """Learning rate for optimizer step `step` (1-based): linear warmup to the peak, then the schedule.
-
-    After warmup the first step runs at the peak and the decay reaches 0 one step after the last (as
-    transformers' schedulers do), so no step is spent at a zero learning rate.
-    """
-    t = spec.train
-    warmup = warmup_steps(spec, total_steps)
-    if warmup and step <= warmup:
-        return t.lr * step / warmup
-    if t.schedule == "constant" or not total_steps:
-        return t.lr
-    progress = min(1.0, (step - 1 - warmup) / max(1, total_steps - warmup))
-    if t.schedule == "cosine":
-        return t.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return t.lr * (1.0 - progress)
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
@@ -240,12 +216,12 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
     return step, blocks_consumed, str(path)
 
 
-def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int, pad_id: int,
-          stats: PackStats) -> tuple[list[list[PackedBlock]], int, int]:
-    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, blocks drawn). A rank that
-    ran out feeds empty blocks, so its collectives still match its peers'."""
+def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_len: int,
+          pad_id: int) -> tuple[list[list[PackedBlock]], int, list[PackedBlock]]:
+    """One optimizer step's micro-batches: (groups of blocks, 1 if the stream ran out, the blocks drawn). A rank
+    that ran out feeds empty blocks, so its collectives still match its peers'."""
     micro: list[list[PackedBlock]] = []
-    ran_out = drawn = 0
+    ran_out, drawn = 0, []
     for _ in range(grad_accum):
         group = []
         for _ in range(micro_batch):
@@ -254,11 +230,24 @@ def _draw(blocks: Iterator[PackedBlock], grad_accum: int, micro_batch: int, seq_
                 ran_out = 1
                 block = empty_block(seq_len, pad_id)
             else:
-                drawn += 1
-                stats.add(block)
+                drawn.append(block)
             group.append(block)
         micro.append(group)
     return micro, ran_out, drawn
+
+
+def _skipped(real: list[PackedBlock], stats: PackStats, events: EventWriter, step: int, rank: int) -> None:
+    """Blocks drawn for a step that no rank had a target for: counted apart (metrics.packing), written as an event,
+    and said once in rank 0's log."""
+    said = stats.skipped_no_target_blocks > 0 or rank != 0
+    for block in real:
+        stats.skip(block)
+    tokens = sum(b.real_tokens for b in real)
+    events.event("skipped", after_step=step, blocks=len(real), tokens=tokens, reason="no target token on any rank")
+    if not said:
+        print(f"[native] skipped {len(real)} block(s) ({tokens} tokens) after step {step}: no rank's blocks held a "
+              "target token (the middle of a long prompt, or empty replies); such blocks are counted in "
+              "metrics.packing.skipped_no_target_blocks", flush=True)
 
 
 def _batches(micro: list[list[PackedBlock]], pass_boundaries: bool, device: str,
@@ -323,8 +312,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     from runner.train.export import export
     from runner.train.summary import end_summary
 
-    t = spec.train
-    run_dir = run_dir or Path(".")
+    t, run_dir = spec.train, run_dir or Path(".")
     parts = build(spec, rt)
     model, opt, tokenizer, sp = parts["model"], parts["optimizer"], parts["tokenizer"], parts["sp"]
     # Host-side agreement goes over gloo even on GPU, so deciding to stop never waits for the device.
@@ -333,14 +321,13 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     stats = PackStats()
     counted = stats if sp.index == 0 else PackStats()  # a group's blocks counted once, by its first rank
     blocks = block_iterator(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device)
-    evaluator = Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
-                                parts["pass_boundaries"], sp)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, *sp.data_shard(rt.rank, rt.world_size), rt.device,
+                                             parts["pass_boundaries"], sp), spec, tokenizer, rt)
     evaluated_at, stopped_early, pad_id, total_steps = None, None, tokenizer.pad_token_id, t.max_steps
     step, blocks_consumed, resumed_from = \
         _resume(run_dir, model, opt, rt, blocks, counted, evaluator, events) if resume else (0, 0, None)
     events.train_begin(max_steps=total_steps, step=step, **parts["info"], data_workers=t.data_workers,
                        resumed_from=resumed_from)
-
     tokens_total, last_loss, cancelled, emergency_checkpoint = 0, None, False, False
     last_saved = step if resumed_from else None
     first_step = step  # where this process started (a resumed run starts past 0)
@@ -348,8 +335,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     while total_steps is None or step < total_steps:
         step_start = time.perf_counter()
         consumed_before = blocks_consumed
-        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id, counted)
-        blocks_consumed += drawn
+        micro, ran_out, drawn = _draw(blocks, t.grad_accum, t.micro_batch, t.seq_len, pad_id)
+        blocks_consumed += len(drawn)
         batches = _batches(micro, parts["pass_boundaries"], rt.device, sp)
         data_s = time.perf_counter() - step_start
         rank_targets = sum(sp.targets(b) for b in batches)
@@ -361,12 +348,14 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
             blocks_consumed = consumed_before  # this step did not happen: resume replays its blocks
             break
         if n_targets == 0:  # no rank has a target (middles of long prompts): nothing to learn, not a step
+            _skipped(drawn, counted, events, step, rt.rank)
             continue
 
         lr = _set_lr(opt, lr_at(spec, step + 1, total_steps))
         loss_sum_t, grad_norm = train_step(model, opt, batches, n_targets, rt.world_size, parts["loss_impl"],
                                            t.max_grad_norm, sp)
         step += 1
+        counted.add_all(drawn)  # the record's packing statistics count what trained
         _freeze_gc_after_compiling(step - first_step)
         step_tokens = sum(sp.real_tokens([b.real_tokens for b in g], t.seq_len) for g in micro)
         tokens_total += step_tokens
@@ -391,8 +380,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     elapsed = time.perf_counter() - loop_start - (evaluator.seconds if evaluator else 0.0)
     if evaluator is not None and not cancelled and step > 0 and evaluated_at != step:
         evaluator.run(model, step, events)
-    exported = export(spec.output.save, model, tokenizer, run_dir, rt.rank) \
-        if not cancelled and spec.output.save != "none" else None
+    saved = saved_as(spec)
+    exported = export(saved, model, tokenizer, run_dir, rt.rank, spec) if not cancelled and saved != "none" else None
     return end_summary(rt, model, stats, steps=step, tokens=tokens_total, train_s=elapsed, final_loss=last_loss,
                        cancelled=cancelled, stopped_early=stopped_early, params=parts["info"]["params"],
                        trainable_params=parts["info"]["trainable_params"], exported=exported)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from runner.spec import RunSpec, resolve_embedded
-from runner.train.data import PackedBlock, PackStats, empty_block
+from runner.train.data import PackedBlock, PackStats, block_counts, empty_block
 from runner.train.runtime import Runtime
 
 
@@ -28,8 +28,8 @@ def block_row(block: PackedBlock) -> dict[str, Any]:
 def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,
               documents: list[PackedBlock] | None = None) -> list[dict[str, Any]]:
     """This rank's blocks: all epochs when the run is counted in epochs, one pass when it is counted in steps.
-    Each block's documents are not added to `stats` but kept in `documents` (one block a row, its tensors
-    dropped): which rows the trainer draws is known once every rank's row count is (rank_dataset)."""
+    Each block's statistics are not added to `stats` but kept in `documents` (one block a row, its tensors
+    dropped): they are counted as the trainer's steps consume the rows (TrainedRows)."""
     from runner.data.formats import RowFormat
     from runner.train.data import BlockStream, DataSource
 
@@ -41,19 +41,34 @@ def rank_rows(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats,
                         eval_fraction=d.eval_fraction, row_format=RowFormat.from_spec(d))
     rows = []
     for block in BlockStream(source, tokenizer, rt.rank, rt.world_size):
-        stats.add(block, documents=False)
-        rows.append(block_row(block))
+        stats.see(block)
+        rows.append({**block_row(block), "row": len(rows)})
         if documents is not None:
             documents.append(documents_only(block))
     return rows
 
 
+class TrainedRows:
+    """This rank's rows' statistics, counted into PackStats as the trainer's steps consume the rows (its loss
+    function sees their indices), so the record counts what trained, not the file."""
+
+    def __init__(self, stats: PackStats, documents: list[PackedBlock]):
+        self.stats, self.documents = stats, documents
+
+    def trained(self, rows: list[int]) -> None:
+        for i in rows:
+            if 0 <= i < len(self.documents):  # -1: a row that only evens the ranks' row counts
+                self.stats.add_counts(self.documents[i].counts)
+                self.stats.add_documents(self.documents[i])
+
+
 def documents_only(block: PackedBlock) -> PackedBlock:
-    """The block's document statistics without its tensors (kept for every row until the trainer's draws are
-    known)."""
+    """The block's statistics without its tensors (kept for every row until the trainer trains on it)."""
     empty = torch.empty(0, dtype=torch.long)
-    return PackedBlock(empty, empty, empty, empty, empty, 0, 0, doc_lengths=block.doc_lengths,
+    kept = PackedBlock(empty, empty, empty, empty, empty, 0, 0, doc_lengths=block.doc_lengths,
                        doc_splits=block.doc_splits)
+    kept.counts = block_counts(block)  # type: ignore[attr-defined]
+    return kept
 
 
 def draws(n_rows: int, drawn: int | None, seed: int) -> Counter:
@@ -77,7 +92,7 @@ def equalise_rows(rows: list[dict[str, Any]], seq_len: int, pad_id: int, device:
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     target = int(count.item())
     while len(rows) < target:
-        rows.append(block_row(empty_block(seq_len, pad_id)))
+        rows.append({**block_row(empty_block(seq_len, pad_id)), "row": -1})
     return target
 
 
@@ -107,6 +122,7 @@ class RankLoader(torch.utils.data.DataLoader):
     data_s, as the native engine reports it."""
 
     wait_s = 0.0
+    trained: TrainedRows | None = None  # counts the rows the trainer's loss saw (rank_dataset sets it)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -121,6 +137,10 @@ class RankLoader(torch.utils.data.DataLoader):
                 return
             self.wait_s += time.perf_counter() - start
             yield batch
+
+
+COUNTING_KEYS = ("real_tokens", "doc_len_sq", "rows")
+"""What CountingCollator adds to TRL's batch for the step's statistics: popped before the model sees the batch."""
 
 
 class CountingCollator:
@@ -138,6 +158,7 @@ class CountingCollator:
         # Σ document length² of the batch (padding left out): the attention FLOPs of MFU, as the native engine
         # reports them.
         batch["doc_len_sq"] = sum(int(ex["doc_len_sq"]) for ex in examples)
+        batch["rows"] = [int(ex.get("row", -1)) for ex in examples]  # which rows trained (TrainedRows)
         return batch
 
 
@@ -153,7 +174,8 @@ def collator_passes_boundaries() -> bool:
 
 def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -> tuple[Any, RankLoader, int, int]:
     """This rank's rows as a datasets.Dataset and the loader the trainer uses as is: (dataset, loader, this rank's
-    own rows, rows after every rank was padded to the same count)."""
+    own rows, rows after every rank was padded to the same count). The loader's `trained` counts the rows into
+    `stats` as the trainer trains on them."""
     from datasets import Dataset
 
     from runner.errors import UserError
@@ -163,11 +185,6 @@ def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -
     rows = rank_rows(spec, tokenizer, rt, stats, documents)
     own_rows = len(rows)
     n_rows = equalise_rows(rows, t.seq_len, tokenizer.pad_token_id, rt.device)
-    # The documents' statistics cover the rows the trainer draws: max_steps × grad_accum × micro_batch of them.
-    drawn = t.max_steps * t.grad_accum * t.micro_batch if t.max_steps is not None else None
-    for i, times in draws(n_rows, drawn, t.seed).items():
-        if i < own_rows:
-            stats.add_documents(documents[i], times)
     if n_rows == 0:
         raise UserError(f"dataset {spec.dataset.path or spec.dataset.id}: no example with an assistant turn on any "
                         f"rank (split {spec.dataset.split!r}, field {spec.dataset.messages_field!r})")
@@ -175,4 +192,5 @@ def rank_dataset(spec: RunSpec, tokenizer: Any, rt: Runtime, stats: PackStats) -
     loader = RankLoader(dataset, batch_size=t.micro_batch, sampler=EpochOrder(n_rows, t.seed),
                         collate_fn=CountingCollator(tokenizer.pad_token_id), num_workers=0,
                         pin_memory=rt.device == "cuda")
+    loader.trained = TrainedRows(stats, documents)
     return dataset, loader, own_rows, n_rows

@@ -23,8 +23,8 @@ Choices, recorded in the `train_begin` event:
   trainer's gradient checkpointing. `train.fsdp_one_rank` wraps one GPU process in FSDP2 anyway.
 - Loss. TRL's chunked LM head, normalised by the target count of the whole step over every rank (the native
   engine's normalisation). The MoE router's auxiliary loss is off (`router_aux_loss_coef=0`), as in the notebook
-  and the native engine. Learning-rate schedules are transformers' (warmup starts at 0, one step earlier than the
-  native engine's).
+  and the native engine. The learning-rate schedule is the native engine's (runner.train.schedule), given to the
+  trainer as its scheduler.
 """
 
 from __future__ import annotations
@@ -43,12 +43,15 @@ from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
 from runner.engines import lever_values
+from runner.engines import saved_as
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.train.data import PackStats, has_generation_markers
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
+from runner.train.samples import with_samples
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
+from runner.train.schedule import lr_at
 from runner.train.checkpoint import latest_checkpoint
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
@@ -288,8 +291,9 @@ def _trainer_class() -> type:
     class RunnerSFTTrainer(SFTTrainer):
         """SFTTrainer over this rank's own loader, FSDP2 on CPU ranks too, with exact per-rank loss sums."""
 
-        def __init__(self, *args: Any, rank_loader: Any, cpu_fsdp_plugin: Any = None, **kwargs: Any):
+        def __init__(self, *args: Any, rank_loader: Any, spec: RunSpec, cpu_fsdp_plugin: Any = None, **kwargs: Any):
             self._rank_loader = rank_loader
+            self._spec = spec
             self._cpu_fsdp_plugin = cpu_fsdp_plugin
             self.ce_sum = 0.0
             self.targets = 0
@@ -326,6 +330,16 @@ def _trainer_class() -> type:
                 self.accelerator.state.fsdp_plugin = plugin
                 self.is_fsdp_enabled = True
 
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            # The engines' one schedule (runner.train.schedule), over train.max_steps as the native engine counts:
+            # transformers' own would run the first warmup step at lr 0.
+            if self.lr_scheduler is None:
+                spec = self._spec
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda i: lr_at(spec, i + 1, spec.train.max_steps) / spec.train.lr)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
         def get_train_dataloader(self) -> Any:
             return self._rank_loader
 
@@ -333,6 +347,9 @@ def _trainer_class() -> type:
                          num_items_in_batch: Any = None) -> Any:
             self.real_tokens += int(inputs.pop("real_tokens", 0))
             self.doc_len_sq += int(inputs.pop("doc_len_sq", 0))
+            rows, trained = inputs.pop("rows", None), getattr(self._rank_loader, "trained", None)
+            if rows is not None and trained is not None and torch.is_grad_enabled():
+                trained.trained(rows)  # the record's packing statistics count what trained
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -421,17 +438,19 @@ def _event_callback(spec: RunSpec, rt: Runtime, events: EventWriter, trainer_ref
 
 
 def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: Any) -> dict[str, Any] | None:
-    """output.save through the trainer: the adapter (peft files) or the full model (LoRA merged) as safetensors.
+    """output.save through the trainer: the adapter (peft files), the full model, or a LoRA run merged into its
+    base (output.save=merged, or full for a LoRA run) as safetensors.
 
     Collective (FSDP gathers the weights); rank 0 writes and returns {dir, kind, files: {name: sha256}}.
     """
     from runner.train.export import file_hashes
 
-    if spec.output.save == "none":
+    saved = saved_as(spec)
+    if saved == "none":
         return None
     out = RunPaths(run_dir).export
-    if spec.output.save == "full" and spec.method.kind == "lora":
-        _export_merged(trainer, spec, rt, out)
+    if saved == "merged" or (saved == "full" and spec.method.kind == "lora"):
+        _export_merged(trainer, spec, rt, out, tokenizer)
     else:
         trainer.save_model(str(out))  # a peft model saves its adapter; a full fine-tune, the model
     if rt.rank == 0:
@@ -441,24 +460,16 @@ def export(trainer: Any, spec: RunSpec, rt: Runtime, run_dir: Path, tokenizer: A
     dist.barrier()
     if rt.rank != 0:
         return None
-    return {"dir": str(out), "kind": spec.output.save, "files": file_hashes(out)}
+    return {"dir": str(out), "kind": saved, "files": file_hashes(out)}
 
 
-def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path) -> None:
-    # The sharded LoRA model is gathered once; rank 0 rebuilds it unsharded on the host, merges and saves.
-    from runner.train.model import load_config
+def _export_merged(trainer: Any, spec: RunSpec, rt: Runtime, out: Path, tokenizer: Any) -> None:
+    # The sharded LoRA model is gathered once; rank 0 folds the adapter into the base weights (runner.train.merge).
+    from runner.train.export import adapter_config, write_merged
 
     state = trainer.accelerator.get_state_dict(trainer.model)
-    if rt.rank != 0:
-        return
-    config = load_config(spec)
-    peft_model = apply_lora(load_model(spec, "cpu", config, pick_attention(spec, "cpu", config).impl), spec)
-    _, unexpected = peft_model.load_state_dict(state, strict=False)
-    if unexpected:
-        raise RuntimeError(f"merged export: {len(unexpected)} gathered tensors have no place in the model, "
-                           f"e.g. {unexpected[:3]}")
-    out.mkdir(parents=True, exist_ok=True)
-    peft_model.merge_and_unload().save_pretrained(str(out), safe_serialization=True)
+    if rt.rank == 0:
+        write_merged(state, adapter_config(trainer.model), spec, tokenizer, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,13 +518,13 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":
         from accelerate.utils import FullyShardedDataParallelPlugin
-
         cpu_plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     trainer_ref: list = []
-    evaluator = Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device, pass_boundaries=False)
+    evaluator = with_samples(Evaluator.build(spec, tokenizer, rt.rank, rt.world_size, rt.device,
+                                             pass_boundaries=False), spec, tokenizer, rt)
     callback = _event_callback(spec, rt, events, trainer_ref, evaluator)
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               callbacks=[callback], rank_loader=loader, cpu_fsdp_plugin=cpu_plugin)
+                               callbacks=[callback], rank_loader=loader, spec=spec, cpu_fsdp_plugin=cpu_plugin)
     trainer_ref.append(trainer)
 
     n_trainable = trainable_params(model)

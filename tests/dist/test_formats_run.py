@@ -73,3 +73,27 @@ def test_a_rank_without_targets_logs_null_and_the_record_keeps_the_global_loss(e
     assert other["target_tokens"] > 0 and other["loss"] == pytest.approx(first["global_loss"])
     m = rec["metrics"]
     assert m["final_loss"] == m["final_global_loss"] == first["global_loss"]
+
+
+def test_blocks_no_rank_can_train_on_are_skipped_counted_and_said(tmp_path, dirs, capsys):
+    """The first rows' prompts are longer than a block, on both ranks (each takes its share of the rows): their
+    first blocks hold only prompt, so the native engine takes no step on them; the record counts them apart and
+    counts trained tokens only. (Each share ends on a short row: preflight refuses blocks that none of the rows it
+    samples fits.)"""
+    long_prompt = " ".join(f"word{i}" for i in range(120))
+    rows = [{"messages": [{"role": "user", "content": f"{i} {long_prompt}" if i % 8 != 7 else f"Say {i}."},
+                          {"role": "assistant", "content": f"{i}."}]} for i in range(16)]
+    data = tmp_path / "long_prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec = _run(dirs, capsys, f"dataset.path={data}", "train.max_steps=2", "train.packing_strategy=wrapped")
+    packing, m = rec["metrics"]["packing"], rec["metrics"]
+    skipped = [e for r in (0, 1) for e in _events(rec, r) if e.get("event") == "skipped"]
+    assert skipped and all(e["reason"] == "no target token on any rank" for e in skipped)
+    assert packing["skipped_no_target_blocks"] == sum(e["blocks"] for e in skipped) > 0
+    assert packing["skipped_no_target_tokens"] == sum(e["tokens"] for e in skipped) > 0
+    assert "not trained: no rank's blocks of that step held a target token" in packing["skipped"]
+    # What trained: the steps' blocks, their tokens the record's tokens.
+    t = rec["spec"]["train"]
+    assert packing["real_tokens"] == m["tokens"] and packing["blocks"] == 2 * t["grad_accum"] * t["micro_batch"] * 2
+    log = (Path(rec["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert "skipped" in log and "no rank's blocks held a target token" in log

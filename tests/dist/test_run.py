@@ -24,12 +24,21 @@ def test_run_writes_events_and_record_and_loss_falls(tiny_run):
         assert [e["step"] for e in steps] == list(range(1, 13))
         assert {"t", "rank", "step", "loss", "lr", "grad_norm", "tokens", "step_s", "mem_gib"} <= set(steps[0])
         assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
+    # The engines' one schedule (runner.train.schedule; tests/dist/test_trl.py checks the TRL side): the recipe's
+    # 10 warmup steps from step 1, then cosine over 12.
+    from runner.spec import RunSpec
+    from runner.train.schedule import lr_at
+
+    spec = RunSpec.model_validate(rec["spec"])
+    assert [e["lr"] for e in steps] == pytest.approx([lr_at(spec, s, 12) for s in range(1, 13)], rel=1e-12, abs=0)
+    assert steps[0]["lr"] == pytest.approx(spec.train.lr / 10) and steps[9]["lr"] == steps[10]["lr"] == spec.train.lr
     m = rec["metrics"]
     assert m["steps"] == 12 and set(m["loss_curve"]) == {"0", "1"}
     assert m["final_loss"] < m["first_loss"] - 0.5
     # bfd leaves the room no whole conversation fits as padding: tokens are the blocks' real tokens (a buffer's
     # last, partly filled blocks may come among the first steps: blocks leave a buffer in a seeded order).
     assert m["tokens"] == sum(r["data"]["real_tokens"] for r in m["per_rank"].values()) > 0.9 * 2 * 12 * 512
+    assert m["packing"]["real_tokens"] == m["tokens"] and m["packing"]["blocks"] == 2 * 12  # what trained
     assert m["tokens_per_s"] > 0
     pins = rec["pins"]
     assert pins["packages"]["torch"].startswith("2.") and pins["model"]["content_sha256"]
@@ -164,6 +173,9 @@ def test_resume_from_the_cli_continues_bit_for_bit(dirs, capsys):
     assert last_json(out)["id"] == first["id"] and len(resumed["resumes"]) == 1
     assert resumed["metrics"]["loss_curve"] == straight
     assert records.verify(Path(last_json(out)["record"]))[0]
+    # Both launches' time: the training time of the two never exceeds their wall time.
+    m = resumed["metrics"]
+    assert resumed["resumes"][0]["wall_s_before"] > 0 and 0 < m["train_s"] <= m["wall_s"], m
 
 
 def test_resume_without_checkpoint_is_bad_input(tiny_run, capsys):

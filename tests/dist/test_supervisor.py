@@ -91,6 +91,25 @@ def test_sigkilled_supervisor_leaves_no_process_and_list_finishes_the_record(dir
     assert rec["lost"]["resumable"] and rec["lost"]["checkpoint_step"] >= 2
 
 
+def test_a_view_that_sees_its_supervisor_killed_says_lost_and_how_to_resume(dirs):
+    """`kill -9` of the supervisor under a following `runner run`: the ranks stop with a checkpoint (SIGTERM from
+    the kernel), and the view says the run failed with its supervisor lost, not that it was cancelled, then how
+    to resume it."""
+    view = start_runner(["run", "tiny-cpu", *LONG, "--json", "--plain", *dir_args(dirs)])
+    run_dir, _ = wait_for_step(dirs["runs"], 2)
+    state = json.loads((run_dir / "supervisor.json").read_text())
+    os.kill(int(state["pid"]), signal.SIGKILL)
+    out, err = view.communicate(timeout=120)
+    assert view.returncode == 1, err
+    rec = records.load(Path(last_json(out)["record"]))
+    assert rec["status"] == "failed" and rec["lost"]["resumable"], rec.get("lost")
+    lines = err.splitlines()
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("run failed at step"))
+    assert lines[end].endswith(": supervisor lost") and not any(ln.startswith("run cancelled") for ln in lines), err
+    assert f"supervisor lost; checkpoint at step {rec['lost']['checkpoint_step']}: resume with " \
+           f"`runner run --resume {run_dir}`" in err
+
+
 def test_slurm_warning_signal_checkpoints_records_preempted_and_requeues(tmp_path, capsys):
     """The sbatch script of `runner job --to slurm` under a stub srun: USR1 to the batch shell (SLURM's warning
     before the time limit) reaches `runner run`, the run checkpoints and is recorded as preempted, the job requeues."""

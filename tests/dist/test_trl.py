@@ -32,6 +32,7 @@ R_LINEAR, R_EXPERTS = 16, 8
 # float32 math in a different summation order. Over ~400 targets the mean differs by ~4e-7 (measured); 1e-5 is
 # that with margin, and 100× below the effect of one document seeing another (~1e-2 here).
 LOSS_TOL = 1e-5
+WARMUP = 3  # the engines' one schedule, warmup counted from step 1 (runner.train.schedule)
 
 
 def _make_tiny(out: Path, seed: int = 0, sizes: dict | None = None) -> Path:
@@ -67,7 +68,7 @@ def trl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = run_cli(["run", RECIPE, "--set", f"model.path={model_dir}", "--set", f"train.max_steps={STEPS}",
-                        "--set", "train.warmup_steps=0", "--set", "train.lr=5e-3", "--set", "output.save=adapter",
+                        "--set", f"train.warmup_steps={WARMUP}", "--set", "train.lr=5e-3", "--set", "output.save=adapter",
                         "--json", "--plain", *dir_args(d)])[0]
     assert code == 0, buf.getvalue()
     result = last_json(buf.getvalue())
@@ -106,6 +107,18 @@ def test_trl_run_trains_with_fsdp2_and_lora_on_experts(trl_run):
             assert [e["global_loss"] for e in steps] == global0
     curve = rec["metrics"]["loss_curve"]["0"]
     assert curve[-1][1] < curve[0][1] - 0.1, curve
+    # The packing statistics count the rows the steps trained on (grad_accum 2 × 1 block × 2 ranks a step), not
+    # the whole file.
+    m = rec["metrics"]
+    assert m["packing"]["real_tokens"] == m["tokens"] and m["packing"]["blocks"] == 2 * 2 * STEPS
+    # The native engine's schedule, step for step (tests/dist/test_run.py checks the native side on its run).
+    from runner.spec import RunSpec
+    from runner.train.schedule import lr_at
+
+    spec = RunSpec.model_validate(rec["spec"])
+    logged = [e["lr"] for e in _events(run_dir, 0) if "event" not in e]
+    assert logged == pytest.approx([lr_at(spec, s, STEPS) for s in range(1, STEPS + 1)], rel=1e-12, abs=0)
+    assert logged[0] == pytest.approx(5e-3 / WARMUP) and logged[WARMUP - 1] == logged[WARMUP] == pytest.approx(5e-3)
 
 
 @pytest.mark.dist
@@ -233,7 +246,7 @@ def test_first_step_loss_equals_the_native_engines(tmp_path: Path, accelerate_st
                                    collate_fn=trl_engine.CountingCollator(tok.pad_token_id))
     args = trl_engine.sft_config(spec, rt, tmp_path / "out", None, bf16=False)
     trainer = trl_engine._trainer_class()(model=model(True), args=args, train_dataset=Dataset.from_list(rows),
-                                          processing_class=tok, rank_loader=loader)
+                                          processing_class=tok, rank_loader=loader, spec=spec)
     inputs = next(iter(loader))
     assert torch.equal(inputs["input_ids"], batch["input_ids"]) and torch.equal(inputs["labels"], batch["labels"])
     assert torch.equal(inputs["position_ids"], batch["position_ids"])

@@ -1,10 +1,11 @@
 """A run started elsewhere (`runner run` in another process) outlives its view and is live in every other one:
-the first view hangs up (SIGHUP) and detaches, `runner attach` shows its steps, the app's records browser says it
+the first view hangs up (SIGHUP) and detaches (its --json line in the run folder), `runner attach` shows its steps, the app's records browser says it
 runs and Enter opens its live dashboard, where `c` asks first (and No keeps it running), and Ctrl+C in
 `runner attach` cancels it: every view sees the end."""
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import subprocess
@@ -42,7 +43,7 @@ def test_a_run_started_elsewhere_is_followed_and_cancelled_from_other_views(tmp_
     runs, records = tmp_path / "runs", tmp_path / "records"
     dirs = ["--runs-dir", str(runs), "--records-dir", str(records)]
     first = start_runner(["run", "tiny-cpu", "--set", "train.max_steps=2000", "--set", "train.log_every=1", "--plain",
-                     *dirs])
+                          "--json", *dirs])
     run_dir, _ = wait_for_step(runs, 1)
     attach = start_runner(["attach", run_dir.name, "--plain", *dirs])
     lines = _lines(attach)
@@ -51,7 +52,11 @@ def test_a_run_started_elsewhere_is_followed_and_cancelled_from_other_views(tmp_
         seen.append(lines.get(timeout=60))
     first.send_signal(signal.SIGHUP)  # the first view's terminal went away: it detaches, the run goes on
     out, err = first.communicate(timeout=30)
-    assert first.returncode == 129 and f"runner attach {run_dir.name}" in out, err
+    assert first.returncode == 129 and f"runner attach {run_dir.name}" in err, err
+    # Its --json line goes to the run folder (a hung-up terminal would lose it), and to stdout where that is a pipe.
+    result = json.loads((run_dir / "view-result.json").read_text())
+    assert result["id"] == run_dir.name and result["detached"] and result["status"] == "running"
+    assert json.loads(out.splitlines()[-1]) == result
 
     async def go() -> None:
         app = make_app(runs, records, None, "records")

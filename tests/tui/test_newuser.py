@@ -188,16 +188,16 @@ def test_title_names_the_recipe_and_save_proposes_a_new_name(tmp_path: Path, mon
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: isinstance(app.screen, SaveRecipePrompt), 10, "the save dialog")
             prompt = app.screen
-            assert prompt.query_one("#save-name", Input).value == "my-model-7b-full"
+            assert prompt.query_one("#save-name", Input).value == "my-model-7b-full-tiny-chat"
             assert prompt.query_one("#save-description", Input).value == \
                 "full fine-tune of org/My-Model-7B on sft-tui/tiny-chat"
-            assert prompt.query_one("#save-path", Input).value == "recipes/my-model-7b-full.yaml"
+            assert prompt.query_one("#save-path", Input).value == "recipes/my-model-7b-full-tiny-chat.yaml"
             await pilot.press("enter")
-            await wait_for(pilot, lambda: (tmp_path / "recipes" / "my-model-7b-full.yaml").is_file(), 10,
+            await wait_for(pilot, lambda: (tmp_path / "recipes" / "my-model-7b-full-tiny-chat.yaml").is_file(), 10,
                            "the recipe saved")
-            saved = (tmp_path / "recipes" / "my-model-7b-full.yaml").read_text()
-            assert "name: my-model-7b-full" in saved and "org/My-Model-7B" in saved
-            assert wiz.data["name"] == "my-model-7b-full"
+            saved = (tmp_path / "recipes" / "my-model-7b-full-tiny-chat.yaml").read_text()
+            assert "name: my-model-7b-full-tiny-chat" in saved and "org/My-Model-7B" in saved
+            assert wiz.data["name"] == "my-model-7b-full-tiny-chat"
 
     run_async(go())
 

@@ -20,7 +20,7 @@ from tests.tui.helpers import screen_text, table_rows, text_of
 from tui import format as fmt
 from tui.app import make_app
 from tui.screens.dashboard import DashboardScreen
-from tui.screens.modals import ConfirmScreen
+from tui.screens.modals import ConfirmScreen, QuitDuringRunScreen
 from tui.screens.records import DiffScreen, RecordsScreen
 from tui.screens.summary import SummaryScreen
 from tui.screens.wizard import STEP_IDS, WizardScreen
@@ -164,14 +164,47 @@ def test_quit_during_a_run_cancels_it_first(tmp_path: Path) -> None:
             state["pids"] = _tree(dash.active.pid)
             state["record"] = dash.active.record_path
             await pilot.press("ctrl+q")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
-            assert "Cancel it and quit?" in screen_text(app.screen)
-            await pilot.press("y")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitDuringRunScreen), 10, "the question")
+            assert "leave it running" in screen_text(app.screen) and "cancel it and quit?" in screen_text(app.screen)
+            await pilot.press("c")
             await wait_for(pilot, lambda: not app.is_running, RUN_S, "the app to exit")
 
     run_async(go())
     assert _alive(state["pids"]) == []
     assert load(state["record"])["status"] == "cancelled"
+
+
+def test_quit_during_a_run_can_leave_it_running(tmp_path: Path) -> None:
+    from runner.launch.supervised import attach
+
+    state: dict = {}
+
+    async def go() -> None:
+        app = _long_run_app(tmp_path)
+        exit_app = app.exit
+        app.exit = lambda *a, **kw: (state.setdefault("message", kw.get("message")), exit_app(*a, **kw))
+        async with app.run_test(size=(120, 40)) as pilot:
+            dash = await _launch_until_step(pilot, app, 1)
+            state["pids"], state["run_id"] = _tree(dash.active.pid), dash.run_id
+            await pilot.press("ctrl+q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitDuringRunScreen), 10, "the question")
+            await pilot.press("escape")  # stay: nothing changes
+            await wait_for(pilot, lambda: app.screen is dash, 10, "the dashboard again")
+            await pilot.press("ctrl+q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitDuringRunScreen), 10, "the question")
+            await pilot.press("l")
+            await wait_for(pilot, lambda: not app.is_running, 10, "the app to exit")
+
+    run_async(go())
+    assert f"runner attach {state['run_id']}" in state["message"]
+    assert len(_alive(state["pids"])) >= 4  # supervisor, torchrun, two ranks: the run goes on
+    run = attach(state["run_id"], tmp_path / "runs")
+    run.cancel(by="test")
+    run.wait()
+    deadline = time.monotonic() + 30
+    while _alive(state["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(state["pids"]) == [] and load(run.record_path)["status"] == "cancelled"
 
 
 def test_killed_rank_is_named_on_the_dashboard(tmp_path: Path) -> None:

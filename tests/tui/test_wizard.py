@@ -279,3 +279,23 @@ def test_each_kind_of_wrong_input_is_shown_on_its_field(tmp_path: Path, step: st
             assert screen.query_one("#launch", Button).disabled
 
     run_async(go())
+
+
+def test_plan_shows_the_disk_the_run_needs_against_the_free_space(tmp_path: Path) -> None:
+    asked = []
+
+    def disk(spec, runs_dir, steps):
+        asked.append((runs_dir, steps))
+        return {"folder": str(tmp_path), "free_bytes": 3 << 20, "needed_bytes": 12 << 20, "fits": False}
+
+    async def go() -> None:
+        backends = fixed_backends()
+        backends.disk_fn = disk
+        app = make_app(tmp_path / "runs", tmp_path / "records", "tiny-cpu", "plan", backends=backends)
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await ready(pilot)
+            line = f"disk: 12.0 MiB needed of 3.0 MiB free in {tmp_path}: does not fit"
+            await wait_for(pilot, lambda: line in text_of(screen.query_one("#plan-time")), 10, "the disk line")
+            assert asked[-1] == (tmp_path / "runs", 150)
+
+    run_async(go())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli.main import EXIT_BAD_INPUT, EXIT_NOT_VERIFIED, EXIT_OK, main
+from runner.record import records as records_mod
 from tests.tui.conftest import RUN_ID, RUN_ID_B, write_synthetic_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,12 @@ def test_piped_list_and_diff_are_never_cut(recs: Path) -> None:
     lines = diff.stdout.splitlines()
     assert any("metrics.per_rank" not in ln and "spec.train.lr" in ln and "0.003" in ln and "0.01" in ln
                for ln in lines), diff.stdout
-    assert "…" not in diff.stdout.split("metrics.loss_curve")[0]
+    # Long values too, whole (in a terminal they may be cut to a glance).
+    long = records_mod.load(recs / f"{RUN_ID_B}.json")
+    long["id"], long["spec"]["description"] = "20260101-003000-demo-long", "a description " * 12 + "that ends here"
+    records_mod.save(recs / f"{long['id']}.json", long)
+    diff = runner("diff", RUN_ID, long["id"], cwd=recs.parent)
+    assert "…" not in diff.stdout and long["spec"]["description"] in diff.stdout, diff.stdout
 
 
 def test_list_keeps_the_id_whole_at_80_columns(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -249,7 +255,7 @@ def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.Capture
     spec = yaml.safe_load(out)
     assert spec["dataset"]["id"] == "local/alpaca_en_demo" and spec["model"]["id"] == "local/my-llama"
     assert dataset_name(spec) == "local/alpaca_en_demo"  # what `runner list` and the records show
-    assert err.splitlines() == [
+    assert err.splitlines()[:2] == [
         "note: dataset.id is now local/alpaca_en_demo (named after dataset.path; it was sft-tui/tiny-chat); set "
         "dataset.id to name it otherwise",
         "note: model.id is now local/my-llama (named after model.path; it was sft-tui/tiny-qwen3); set model.id to "
@@ -258,7 +264,7 @@ def test_ids_follow_a_new_path_and_say_so(tmp_path: Path, capsys: pytest.Capture
     assert main(["show", "tiny-cpu", "--as-written", "--set", f"dataset.path={data}", "--set", "dataset.id=mine"]) \
         == EXIT_OK
     out, err = capsys.readouterr()
-    assert yaml.safe_load(out)["dataset"]["id"] == "mine" and err == ""
+    assert yaml.safe_load(out)["dataset"]["id"] == "mine" and "dataset.id" not in err
     assert main(["show", "tiny-cpu"]) == EXIT_OK
     assert yaml.safe_load(capsys.readouterr().out)["dataset"]["id"] == "sft-tui/tiny-chat"
 
@@ -303,3 +309,22 @@ def test_the_run_report_says_where_the_export_went() -> None:
         _report(console, SimpleNamespace(record={**rec, "metrics": {"steps": 3}}, record_path=Path("r.json"),
                                          run_id="x"))
     assert "export" not in cap.get()
+
+
+def test_bad_run_id_and_records_folder_are_refused_first(tmp_path: Path) -> None:
+    """Refused before anything else is read: the recipe named here does not even exist."""
+    (tmp_path / "recfile").write_text("")
+    for args, needle in ((["--run-id", "../x"], "--run-id '../x': a run id is one folder name"),
+                         (["--records-dir", "recfile"], "--records-dir recfile: recfile is a file, not a folder")):
+        out = runner("run", "no-such-recipe", *args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.splitlines() == [f"error: {out.stderr[7:].strip()}"], out.stderr
+        assert needle in out.stderr and "unknown recipe" not in out.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "records").exists()
+
+
+def test_help_lists_every_exit_code(tmp_path: Path) -> None:
+    out = runner("--help", cwd=tmp_path)
+    text = " ".join(out.stdout.split())
+    for code in ("0 ok", "1 run failed", "2 bad input", "3 replay did not reproduce", "4 record does not verify",
+                 "129 the view lost its terminal", "130 cancelled", "143 stopped gracefully by SIGTERM"):
+        assert code in text, code

@@ -28,6 +28,7 @@ from runner.train.blocks import PAD_SEGMENT
 from runner.train.data import IGNORE, collate, make_block
 from runner.train.lora import apply_lora, lora_problems, meta_model
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
+from runner.train.trl_data import COUNTING_KEYS
 from runner.train.trl_engine import CountingCollator, block_row
 from tests.conftest import run_cli
 from tests.families import FAMILIES, family_config, write_model_folder
@@ -232,7 +233,8 @@ def _one_by_one(model, docs):
 def _trl_loss(model, block):
     """The loss of the batch TRL's padding-free collator makes of the block (as the trl engine feeds it)."""
     batch = CountingCollator(0)([block_row(block)])
-    batch.pop("real_tokens"), batch.pop("doc_len_sq")
+    for key in COUNTING_KEYS:
+        batch.pop(key)
     labels = batch.pop("labels")
     logits = model(**batch, use_cache=False).logits[:, :-1].float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE,

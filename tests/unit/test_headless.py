@@ -116,3 +116,48 @@ def test_tty_mode_caps_rank_rows(tmp_path: Path) -> None:
     display.close()
     out = buf.getvalue()
     assert "showing 16 of 64 ranks" in out and "failed" in out
+
+
+def test_plain_lines_keep_every_step_when_the_view_falls_behind(tmp_path: Path) -> None:
+    """Piped to a log (`make demo`), a slow view that finds several new steps at one update prints them all."""
+    view = RunView(tmp_path, clock=lambda: T0)
+    console, buf = plain_console()
+    display = HeadlessDisplay(view, console)
+    for r in range(2):
+        view.apply(f"rank{r}", start(r, world_size=2, max_steps=6))
+    for s in range(1, 6):  # five steps between two updates
+        for r in range(2):
+            view.apply(f"rank{r}", step(r, s, loss=4.0 / s, tokens=1000, step_s=0.5, t=T0 + s, mem_gib=0.4))
+    display.update()
+    display.lost = True  # the supervisor died: the ranks stopped as if cancelled, but the run failed
+    for r in range(2):
+        view.apply(f"rank{r}", end(r, 5))
+    display.close()
+    lines = buf.getvalue().splitlines()
+    assert [ln.split()[1] for ln in lines[:5]] == ["1/6", "2/6", "3/6", "4/6", "5/6"]
+    assert lines[1] == "step 2/6  loss 2.000  lr 1.0e-03  mem 0.4 GiB"
+    assert lines[4].startswith("step 5/6  loss 0.800  lr 1.0e-03  tok/s 4,000")
+    assert lines[5:] == ["run failed at step 5: supervisor lost"]
+
+
+def test_the_resume_line_says_why_there_is_no_checkpoint() -> None:
+    from runner.cli.follow import say_resumable
+
+    def said(rec: dict) -> str:
+        console, buf = plain_console()
+        console.width = 400
+        say_resumable(console, rec)
+        return buf.getvalue().strip()
+
+    none = {"resumable": False, "checkpoint_step": None, "resume": None}
+    # SIGTERM before step 1: a graceful stop writes a checkpoint only once a step was taken.
+    early = said({"cancel": {"cause": "stopped", "signal": "SIGTERM", **none}, "metrics": {"steps": 0}})
+    assert early == "stopped by SIGTERM; no checkpoint, so it cannot be resumed: it stopped before its first step; " \
+                    "start it again"
+    ctrl_c = said({"cancel": {"cause": "cancelled", "signal": "SIGINT", **none}, "metrics": {"steps": 5},
+                   "spec": {"train": {"checkpoint_every": 0}}})
+    assert ctrl_c.endswith("(train.checkpoint_every is 0; a stop by SIGTERM, `runner attach <id> --stop`, writes one)")
+    # A lost supervisor: the record's `lost` says whether the ranks' stop left a checkpoint.
+    lost = said({"lost": {"resumable": True, "checkpoint_step": 48, "resume": "runner run --resume runs/x"},
+                 "metrics": {"steps": 48}})
+    assert lost == "supervisor lost; checkpoint at step 48: resume with `runner run --resume runs/x`"

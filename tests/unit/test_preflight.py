@@ -188,7 +188,8 @@ def test_precision_advice_only_when_plain_bf16_would_round_updates_away():
     assert precision_advice(load_spec("tiny-cpu")) is None
 
 
-@pytest.mark.parametrize("case", ["bad_line", "seq_len", "format", "bad_gzip", "bad_line_in_gzip"])
+@pytest.mark.parametrize("case", ["bad_line", "seq_len", "format", "bad_gzip", "bad_line_in_gzip", "latin1",
+                                  "latin1_in_gzip", "unterminated"])
 def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsys, case):
     chat = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
             for i in range(120)]
@@ -207,20 +208,55 @@ def test_bad_data_exits_2_in_one_line_before_anything_is_written(tmp_path, capsy
     elif case == "bad_line_in_gzip":
         chat[99] = "{not json"
         needle = f"{data}: line 100 is not valid JSON"
+    elif case.startswith("latin1"):  # one row saved by a Latin-1 editor: the ranks would die of UnicodeDecodeError
+        chat[99] = json.dumps({"messages": [{"role": "user", "content": "Klämbt?"},
+                                            {"role": "assistant", "content": "a"}]}, ensure_ascii=False)
+        fixed = data.with_name("data.utf8.jsonl")
+        command = (f"zcat {data} | iconv -f latin1 -t utf-8 > {fixed}" if "gzip" in case
+                   else f"iconv -f latin1 -t utf-8 {data} > {fixed}")
+        needle = (f"{data}: line 100 is not UTF-8 (byte 0xe4 at column 46) (fix: re-encode the file as UTF-8, e.g. "
+                  f"from Latin-1: `{command}`, and point dataset.path at data.utf8.jsonl)")
+    elif case == "unterminated":
+        chat[99] = '{"messages": "Klämbt'
+        needle = f"{data}: line 100 is not valid JSON (Unterminated string starting at column 14) (fix: fix or remove"
     else:  # a compressed file cut short, as an interrupted download leaves it
         needle = f"{data}: not a readable gzip file"
     text = "\n".join(chat) + "\n"
+    raw = text.encode("latin-1") if case.startswith("latin1") else text.encode()
     if case == "bad_gzip":
-        data.write_bytes(gzip.compress(text.encode())[:-40])
-    elif case == "bad_line_in_gzip":
-        data.write_bytes(gzip.compress(text.encode()))
+        data.write_bytes(gzip.compress(raw)[:-40])
+    elif "gzip" in case:
+        data.write_bytes(gzip.compress(raw))
     else:
-        data.write_text(text)
+        data.write_bytes(raw)
     spec = _spec(tmp_path, dataset=dataset, train={"max_steps": 1, **train})
     runs, records = tmp_path / "runs", tmp_path / "records"
     code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
     err = capsys.readouterr().err
-    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert ("fix or remove that line" in err) == (case in ("bad_line", "bad_line_in_gzip", "unterminated"))
+    assert not runs.exists() and not records.exists()
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_a_pad_id_outside_the_vocabulary_is_refused_in_one_line(tmp_path, capsys, kind):
+    """transformers' Phi3Config default has pad_token_id 32000 with vocab_size 32000: the ranks would die building
+    the embedding, and LoRA's check built the model in preflight itself."""
+    from transformers import Phi3Config
+
+    config = Phi3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    config.pad_token_id = 512  # what the default does at its own vocabulary size (set after: the class warns)
+    model = _config_dir(tmp_path, "phi3", config)
+    spec = _spec(tmp_path, model={"path": str(model), "init": "random"}, method={"kind": kind})
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and "Traceback" not in err, err
+    assert errors == [f"error: preflight found problems: model.path: pad_token_id is 512 in {model}/config.json, "
+                      "outside the vocabulary (vocab_size 512: ids 0 to 511) (fix: set pad_token_id in config.json to "
+                      "the tokenizer's id for that token (below 512), or to null)"]
     assert not runs.exists() and not records.exists()
 
 
@@ -286,3 +322,34 @@ def test_sequence_parallel_refuses_heads_that_do_not_divide(tmp_path):
     spec = load_spec("tiny-cpu", ["hardware.nproc_per_node=8", "hardware.sequence_parallel=8"])
     [p] = [p for p in preflight_problems(spec) if p.field == "hardware.sequence_parallel"]
     assert "4 attention heads do not divide over 8 ranks" in p.message
+
+
+@pytest.mark.parametrize("case", ["no_config", "unknown_model_type", "unknown_role", "yaml_tab"])
+def test_a_broken_folder_file_or_role_is_one_line_with_the_right_fix(tmp_path, capsys, case):
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED / "tokenizer", model)
+    sections: dict = {"model": {"path": str(model), "init": "random"}}
+    if case == "unknown_model_type":
+        config = json.loads((EMBEDDED / "model" / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "model_type": "nosuchmodel"}))
+        needle = "config.json's model_type 'nosuchmodel' is not one transformers"
+    elif case == "no_config":
+        needle = f"{model} has no config.json (fix: point model.path at an HF model folder)"
+    else:
+        shutil.copy(EMBEDDED / "model" / "config.json", model / "config.json")
+    if case == "unknown_role":  # the customer speaks first: mapping it to assistant would train on its words
+        data = tmp_path / "chat.jsonl"
+        data.write_text(json.dumps({"messages": [{"role": "customer", "content": "hi"},
+                                                 {"role": "assistant", "content": "hello"}]}) + "\n")
+        sections["dataset"] = {"path": str(data), "format": "messages"}
+        needle = "(fix: map it, e.g. dataset.roles={customer: user})"
+    spec = _spec(tmp_path, **sections)
+    if case == "yaml_tab":
+        spec.write_text(spec.read_text().replace("  max_steps", "\tmax_steps"))
+        needle = "found character '\\t' that cannot start any token (fix: indent with spaces, not tabs)"
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    code = cli.main(["run", str(spec), "--runs-dir", str(runs), "--records-dir", str(records)])
+    out, err = capsys.readouterr()
+    assert code == 2 and needle in err and out == "" and "Traceback" not in err, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert not runs.exists() and not records.exists()

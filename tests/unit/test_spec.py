@@ -147,3 +147,24 @@ def test_sequence_parallel_is_checked_against_the_ranks_resolved_at_launch():
     ok = resolve(load_spec("tiny-cpu", ["hardware.nproc_per_node=auto", "hardware.sequence_parallel=2"]),
                  cuda_available=False, gpu_count=0)
     assert ok.hardware.sequence_parallel == 2 and ok.hardware.nproc_per_node == 2
+
+
+def test_output_save_auto_keeps_the_adapter_of_adapter_methods_and_the_model_otherwise():
+    from types import SimpleNamespace
+
+    from runner.engines import saved_as
+
+    assert RunSpec().output.save == "auto"
+    assert resolve(RunSpec(), cuda_available=False, gpu_count=0).output.save == "full"
+    lora = load_spec("tiny-cpu", ["method.kind=lora", "output.save=auto"])
+    assert resolve(lora, cuda_available=False, gpu_count=0).output.save == "adapter"
+    # the rule is written for every adapter method, qlora included, whatever the schema admits today
+    assert saved_as(SimpleNamespace(output=SimpleNamespace(save="auto"), method=SimpleNamespace(kind="qlora"))) \
+        == "adapter"
+    assert saved_as(load_spec("tiny-cpu", ["output.save=none"])) == "none"
+
+
+def test_shipped_recipes_keep_what_they_meant_to_save():
+    # every shipped recipe (benchmarks and the notebooks' runs) saves nothing, as they did before `auto`
+    assert {name: load_spec(name).output.save for name in recipe_names()} == \
+        {name: "none" for name in recipe_names()}

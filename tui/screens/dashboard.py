@@ -86,6 +86,7 @@ class DashboardScreen(Screen):
             yield LossChart(alpha=self.view.loss_alpha, id="chart")
             yield Static("", id="gpus")
         yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="samples", markup=False)
         with Vertical(id="log-box"):
             yield Static("", id="log-title")
             yield Static("", id="log", markup=False)
@@ -140,6 +141,7 @@ class DashboardScreen(Screen):
                 chart.empty_text = "no step was logged: the run ended before its first step"
             chart.set_series({r: rs.losses for r, rs in view.ranks.items()})
             self._update_gpus()
+            self._update_samples()
         self._update_ranks()
         self._update_log()
         failed = view.failed_rank()
@@ -148,6 +150,14 @@ class DashboardScreen(Screen):
             rs = view.ranks[failed]
             self._set_banner(f"rank {failed} failed at step {rs.error_step if rs.error_step is not None else '?'}: "
                              f"{rs.error_cause or 'error'}: {rs.error_message or ''}", "error")
+
+    def _update_samples(self) -> None:
+        """The latest answer to each of train.eval_prompts with its step, one line each (hidden without prompts)."""
+        widget = self.query_one("#samples", Static)
+        samples = [self.view.samples[i] for i in sorted(self.view.samples)]
+        widget.set_class(bool(samples), "-shown")
+        if samples:
+            widget.update("\n".join(sample_line(e) for e in samples))
 
     def _update_run_line(self) -> None:
         view = self.view
@@ -397,6 +407,12 @@ class DashboardScreen(Screen):
             self.notify("the run is still going: cancel it (c) or wait for the end", severity="warning")
             return
         self.app.back_from(self)
+
+
+def sample_line(e: Any) -> str:
+    """`step 20  Name a fruit. → The word`: the answer on one line (the widget cuts what the width cannot hold)."""
+    answer = " ".join((e.text or "").split()) or "(empty)"
+    return f"step {e.step}  {' '.join((e.prompt or '').split())} → {answer}"
 
 
 def failure_sentence(failure: dict[str, Any]) -> str:

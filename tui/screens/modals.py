@@ -1,4 +1,5 @@
-"""Small modal dialogs: a yes/no confirmation, a path prompt (save or load a recipe) and a text to read whole."""
+"""Small modal dialogs: a yes/no confirmation, the quit question during a run, a path prompt (save or load a recipe)
+and a text to read whole."""
 
 from __future__ import annotations
 
@@ -41,6 +42,36 @@ class ConfirmScreen(ModalScreen[bool]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss(event.button.id == "yes")
+
+
+class QuitDuringRunScreen(ModalScreen["str | None"]):
+    """Quit while a run goes on: dismisses with "leave" (quit, the run goes on under its supervisor), "cancel"
+    (cancel it, then quit) or None (escape: stay)."""
+
+    BINDINGS = [
+        Binding("l", "answer('leave')", "Leave it running"),
+        Binding("c", "answer('cancel')", "Cancel it"),
+        Binding("escape", "answer(None)", "Stay", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static("A run is in progress. Quit and leave it running (follow it later with `runner attach`), "
+                         "or cancel it and quit?", classes="dialog-text", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Leave it running (l)", id="leave", variant="primary")
+                yield Button("Cancel it (c)", id="cancel", variant="error")
+                yield Button("Stay (esc)", id="stay")
+
+    def on_mount(self) -> None:
+        self.query_one("#leave", Button).focus()
+
+    def action_answer(self, answer: str | None) -> None:
+        self.dismiss(answer)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None if event.button.id == "stay" else event.button.id)
 
 
 class PathPrompt(ModalScreen["str | None"]):

@@ -37,6 +37,7 @@ class RecordsScreen(Screen):
         Binding("space", "mark", "Mark"),
         Binding("d", "diff", "Diff marked"),
         Binding("p", "replay", "Replay"),
+        Binding("t", "try_model", "Try"),
         Binding("f5", "reload", "Reload"),
         Binding("escape", "back", "Back"),
     ]
@@ -150,6 +151,13 @@ class RecordsScreen(Screen):
             self._open_live(rec)
         elif rec is not None:
             self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
+
+    def action_try_model(self) -> None:
+        from tui.screens.tryout import TryScreen
+
+        rec = self._current()
+        if rec is not None:
+            self.app.push_screen(TryScreen(rec))
 
     def _open_live(self, rec: dict[str, Any]) -> None:
         """A running run opens its live dashboard, attached to its supervisor: it can be cancelled from there."""

@@ -59,6 +59,7 @@ class SummaryScreen(Screen):
         Binding("escape", "back", "Back"),
         Binding("ctrl+r", "app.records", "Records"),
         Binding("w", "app.new_run", "New run"),
+        Binding("t", "try_model", "Try the model"),
     ]
 
     def __init__(self, record: dict[str, Any], record_path: Path | None, replay: dict[str, Any] | None = None) -> None:
@@ -150,6 +151,11 @@ class SummaryScreen(Screen):
 
     def action_back(self) -> None:
         self.app.back_from(self)
+
+    def action_try_model(self) -> None:
+        from tui.screens.tryout import TryScreen
+
+        self.app.push_screen(TryScreen(self.record))
 
 
 def failure_content(record: dict[str, Any]) -> Content:

@@ -233,6 +233,7 @@ class WizardChecks(Screen):
         plan.update(spec=resolved, planned=planned)
         try:
             plan["estimate"] = self.app.backends.estimate(resolved)
+            plan["disk"] = self.app.backends.disk(resolved, self.app.runs_dir, plan["estimate"].get("steps"))
         except EstimatorUnavailable as e:
             plan["estimate_error"] = str(e)
         except UserError as e:

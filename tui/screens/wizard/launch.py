@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Static
 
 from runner.errors import UserError
+from runner.naming import follow_run
 from runner.spec import validate
 from tui import format as fmt
 from tui.screens.wizard.fields import ALL_FIELDS, STEP_OF_FIELD, spec_key
@@ -124,20 +124,10 @@ class WizardLaunch(Screen):
         self.app.push_screen(SaveRecipePrompt(name, description, proposed_path(name)), done)
 
     def proposed_name(self) -> tuple[str, str]:
-        """The run name and description to save under: the recipe's own while its model, data and method are the
-        ones it came with; otherwise a name and a line that say what the choices now are."""
-        name, description = self.data.get("name") or "run", self.data.get("description") or ""
-        changed = any(spec_key(self.data, (p,)) != spec_key(self.origin, (p,))
-                      for p in ("model.", "dataset.", "method.", "engine"))
-        if not changed or name != (self.origin.get("name") or "run"):
-            return name, description
-        model = str(get_path(self.data, "model.id") or get_path(self.data, "model.path") or "model")
-        kind = get_path(self.data, "method.kind") or "full"
-        slug = re.sub(r"[^a-z0-9.]+", "-", model.rsplit("/", 1)[-1].lower()).strip("-") or "model"
-        data_name = get_path(self.data, "dataset.id") or Path(str(get_path(self.data, "dataset.path") or "")).name
-        if description == (self.origin.get("description") or ""):
-            description = f"{kind} fine-tune of {model} on {data_name or 'the dataset'}"
-        return f"{slug}-{kind}", description
+        """The run name and description to save or launch under (runner.naming.follow_run, as `runner run`)."""
+        data = copy.deepcopy(self.data)
+        follow_run(data, self.origin)
+        return data.get("name") or "run", data.get("description") or ""
 
     def action_load_recipe(self) -> None:
         from runner.spec import recipe_names

@@ -139,8 +139,17 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
         lines += [Content(f"warning: {w}").stylize("$text-warning") for w in spec_warnings(spec)]
         verdict_w.update(Content("\n").join(lines))
         bar.set_estimate(fmt.breakdown_parts(est), est.get("per_gpu_gib"), capacity, device_word)
-        time_w.update(Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
-                              f"≈ {fmt.duration(est.get('total_s'))}"))
+        time = Content(f"time: {fmt.num(est.get('step_s'), '.3g')} s/step × {est.get('steps') or '?'} steps "
+                       f"≈ {fmt.duration(est.get('total_s'))}")
+        disk = plan.get("disk")
+        if disk:  # checkpoints and export against the runs folder's free space (launch refuses what cannot fit)
+            from runner.plan.disk import human  # here: runner.plan is a third of the first screen's imports
+
+            line = Content(f"disk: {human(disk['needed_bytes'])} needed of "
+                           f"{human(disk['free_bytes']) if disk['free_bytes'] is not None else '?'} free in "
+                           f"{disk['folder']}" + ("" if disk["fits"] else ": does not fit"))
+            time = Content("\n").join([time, line if disk["fits"] else line.stylize("$text-error")])
+        time_w.update(time)
         suggestion = est.get("suggestion")
         if suggestion and verdict != "fits":
             sugg_w.update(Content(f"suggestion: {suggestion}").stylize("$text-warning"))
