@@ -52,7 +52,12 @@ class SpecError(UserError):
 
 class PredictedNotToFit(UserError):
     """The estimate says the run does not fit (in GPU memory, or its checkpoints and export on disk): the one
-    refusal that `--force` (or the wizard's confirmation) overrides."""
+    refusal that `--force` (or the wizard's confirmation) overrides. The message ends with the CLI's way to force
+    it; `reason` is the estimate's words alone, for a face that asks its own question."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; pass --force to launch anyway")
+        self.reason = reason
 
 
 class RunFailed(Exception):

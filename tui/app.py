@@ -73,10 +73,13 @@ class SftApp(App):
         self._gpus: list[dict[str, Any]] | None = None
         self._gpus_lock = threading.Lock()
         self._launch_done: Callable[[], None] | None = None
+        self._warming = False
 
     def on_mount(self) -> None:
         self.push_screen(self._first_screen())
-        self._note_live_runs()
+        # After the first frame: the worker's thread (it imports the supervisor's modules) would hold the GIL
+        # while the first screen is drawn.
+        self.call_after_refresh(self._note_live_runs)
 
     @work(thread=True, exit_on_error=False, group="live-runs")
     def _note_live_runs(self) -> None:
@@ -88,6 +91,22 @@ class SftApp(App):
             ids = ", ".join(r["id"] for r in live[:3]) + ("…" if len(live) > 3 else "")
             self.call_from_thread(self.notify, f"{len(live)} run(s) going: {ids}; Ctrl+R, then Enter, opens the "
                                   "live dashboard", title="Running", timeout=10)
+
+    def warm_imports(self) -> None:
+        """Once, after the wizard's first screen: torch and transformers (seconds to import on 2 cores) load in a
+        worker, so that the checks which need them start at once; none of them is imported before the first
+        paint."""
+        if not self._warming:
+            self._warming = True
+            self._warm_imports()
+
+    @work(thread=True, exit_on_error=False, group="warm-imports")
+    def _warm_imports(self) -> None:
+        import torch  # noqa: F401
+
+        from runner.imports import from_transformers
+
+        from_transformers("AutoConfig", "AutoTokenizer")  # under the lock the other workers' lookups take
 
     def _first_screen(self) -> Screen:
         from tui.screens.wizard import WizardScreen
@@ -154,7 +173,7 @@ class SftApp(App):
                     # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
                     estimate = preflight_estimate(resolved, force, runs_dir=self.runs_dir)
                 except PredictedNotToFit as e:
-                    self.post_message(LaunchFailed(str(e), spec=spec))
+                    self.post_message(LaunchFailed(e.reason, spec=spec))  # the dialog asks "Launch anyway?" itself
                     return
                 except UserError:
                     raise

@@ -3,7 +3,6 @@ efficiency on a sample. Blocking (tokenizer load): call it from a thread worker.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,9 @@ from runner.spec import RunSpec, resolve_embedded
 
 SAMPLE_ROWS_MAX = 2000
 SAMPLE_BLOCKS = 8  # sample until this many blocks' worth of tokens, so the padded last block weighs little
-SAMPLE_BUDGET_S = 3.0
+# ... and at least this many conversations: packing is judged on counts, never on a time budget (a loaded machine
+# once judged it on 2 or 3 conversations).
+SAMPLE_CONVERSATIONS_MIN = 64
 PREVIEW_TOKENS_MAX = 800  # a tool-calling row with its tools block runs to about 410 tokens on the embedded tokenizer
 DETECT_ROWS = 16
 
@@ -79,16 +80,15 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
                             "the roles and content types against the template: dataset.roles, dataset.columns)") \
                 from None
         n_tokens, n_trained = len(ids), sum(mask)
-        tokens = [(tok.decode([i]), bool(m)) for i, m in zip(ids[:PREVIEW_TOKENS_MAX], mask[:PREVIEW_TOKENS_MAX])]
+        tokens = token_texts(tok, ids[:PREVIEW_TOKENS_MAX], mask[:PREVIEW_TOKENS_MAX])
     stats = PackStats()
     seq_len = spec.train.seq_len
     want_tokens = SAMPLE_BLOCKS * seq_len
-    deadline = time.monotonic() + SAMPLE_BUDGET_S
 
     def examples():
         seen = 0
-        for conv in convs:
-            if seen >= want_tokens or time.monotonic() > deadline:
+        for n, conv in enumerate(convs):
+            if seen >= want_tokens and n >= SAMPLE_CONVERSATIONS_MIN:
                 return
             ids, mask = tokenize_sample(tok, conv, markers)
             seen += len(ids)
@@ -100,6 +100,21 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     return {"detect": info, "tokens": tokens, "n_tokens": n_tokens, "n_trained": n_trained,
             "truncated": n_tokens > PREVIEW_TOKENS_MAX, "pack": stats.to_dict(), "seq_len": seq_len,
             "strategy": strategy, "template": _mask_method(tok, markers)}
+
+
+def token_texts(tok: Any, ids: list[int], mask: list[int]) -> list[tuple[str, bool]]:
+    """(text, trained?) per token, where a character that a byte-level tokenizer splits over several tokens ("ä" in
+    "Klämbt") is shown whole on the token that completes it: decoding each token alone gives U+FFFD for each part."""
+    out: list[tuple[str, bool]] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        text = tok.decode(ids[start:end])
+        # A UTF-8 character is at most 4 bytes: a longer run ending in U+FFFD is the text's own or broken bytes.
+        if text.endswith("\ufffd") and end < len(ids) and end - start < 4:
+            continue
+        out.append((text, any(mask[start:end])))
+        start = end
+    return out
 
 
 def _mask_method(tok: Any, markers: bool) -> str:

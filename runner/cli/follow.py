@@ -92,7 +92,6 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
                     console.print(f"{what} run {run.run_id} at the next step boundary…", highlight=False)
                 time.sleep(POLL_S)
             view.poll()
-            display.lost = run.lost
             return Followed(code)
     finally:
         try:
@@ -120,23 +119,28 @@ def say_detached(console: Console, run: SupervisedRun) -> None:
 
 def say_resumable(console: Console, rec: dict[str, Any] | None) -> None:
     """After a cancel or a lost supervisor: whether the run can be resumed, and how."""
+    sentence = resume_sentence(rec)
+    if sentence:
+        console.print(sentence, highlight=False)
+
+
+def resume_sentence(rec: dict[str, Any] | None) -> str | None:
+    """Whether a cancelled run (or one whose supervisor was lost) can be resumed, and how: the CLI and the wizard's
+    summary say the same. None for a record with neither."""
     rec = rec or {}
     cancel = rec.get("cancel") or rec.get("lost")
     if not cancel:
-        return
+        return None
     if "cancel" in rec:
         why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
                                           f" from {cancel['by']}" if cancel.get("by") else "")
     else:
         why = "supervisor lost"
     if cancel.get("resumable"):
-        console.print(f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with "
-                      f"`{cancel['resume']}`", highlight=False)
-    elif cancel.get("signal") in ("SIGTERM", "SIGUSR1") or not (rec.get("metrics") or {}).get("steps"):
+        return f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with `{cancel['resume']}`"
+    if cancel.get("signal") in ("SIGTERM", "SIGUSR1") or not (rec.get("metrics") or {}).get("steps"):
         # A graceful stop writes a checkpoint only once a step was taken: before step 1 there is nothing to keep.
-        console.print(f"{why}; no checkpoint, so it cannot be resumed: it stopped before its first step; "
-                      "start it again", highlight=False)
-    else:
-        every = ((rec.get("spec") or {}).get("train") or {}).get("checkpoint_every")
-        console.print(f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is {every or 0}; "
-                      "a stop by SIGTERM, `runner attach <id> --stop`, writes one)", highlight=False)
+        return f"{why}; no checkpoint, so it cannot be resumed: it stopped before its first step; start it again"
+    every = ((rec.get("spec") or {}).get("train") or {}).get("checkpoint_every")
+    return (f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is {every or 0}; a stop by "
+            "SIGTERM, `runner attach <id> --stop`, writes one)")

@@ -50,8 +50,7 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     if result is not None and result.get("fits") is False and not force:
         unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
         raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
-                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}; "
-                        "pass --force to launch anyway")
+                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}")
     if runs_dir is not None:
         check_disk(spec, runs_dir, (result or {}).get("steps"), force, from_step)
     preflight(spec)

@@ -168,5 +168,5 @@ def check_disk(spec: RunSpec, runs_dir: Path, steps: int | None, force: bool,
                         f"({disk.needed_bytes} bytes: {disk.checkpoints} checkpoint(s) of "
                         f"{human(disk.checkpoint_bytes)}, export {disk.export} {human(disk.export_bytes)}), "
                         f"{human(disk.free_bytes or 0)} ({disk.free_bytes} bytes) free; free space there, choose "
-                        "another --runs-dir, raise train.checkpoint_every, or pass --force to launch anyway")
+                        "another --runs-dir or raise train.checkpoint_every")
     return disk

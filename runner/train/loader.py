@@ -1,13 +1,23 @@
-"""Which transformers Auto class loads a spec's model (no torch import: the attention choice asks it too)."""
+"""Which transformers Auto class loads a spec's model, and whether a model folder holds weights (no torch import:
+the attention choice and the wizard ask)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.imports import from_transformers
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def has_weights(path: Path) -> bool:
+    return any((path / name).is_file() for name in WEIGHT_FILES) or any(path.glob("*.safetensors"))
 
 
 def is_vlm_config(config: Any) -> bool:

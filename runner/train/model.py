@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,14 +12,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
-from runner.train.loader import is_vlm_config, model_class  # noqa: F401 (where callers look for them)
+# Where callers look for them:
+from runner.train.loader import WEIGHT_FILES, has_weights, is_vlm_config, model_class  # noqa: F401
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 
 
 def model_source(spec: RunSpec) -> tuple[str, str | None]:
@@ -30,10 +28,6 @@ def model_source(spec: RunSpec) -> tuple[str, str | None]:
     if spec.model.path:
         return str(resolve_embedded(spec.model.path)), None
     return spec.model.id, spec.model.revision
-
-
-def has_weights(path: Path) -> bool:
-    return any((path / name).is_file() for name in WEIGHT_FILES) or any(path.glob("*.safetensors"))
 
 
 def load_tokenizer(spec: RunSpec) -> Any:

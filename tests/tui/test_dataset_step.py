@@ -5,6 +5,7 @@ column: messages" for data without one."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from textual.widgets import Select
@@ -98,3 +99,35 @@ def _trained(preview) -> str:
     if isinstance(content, str):
         return ""
     return "".join(content.plain[s.start:s.end] for s in content.spans if "underline" in str(s.style))
+
+
+def test_the_preview_shows_characters_whole_and_packs_enough_conversations(tmp_path: Path) -> None:
+    """An alpaca-style file with "Klämbt": the preview shows the word as written (each token
+    decoded alone showed "Kl��mbt", "ä" being two byte-level tokens), and packing is judged on a count of
+    conversations (at least 64 of the file's 80, where 8 blocks' worth of tokens took 57), not on what a few seconds
+    of a loaded machine allowed."""
+    import unicodedata
+
+    from tui.preview import SAMPLE_CONVERSATIONS_MIN
+
+    names = tmp_path / "names.jsonl"
+    rows = [{"instruction": f"Who is Klämbt? ({i})", "input": "",
+             "output": f"Klämbt ({i}) is a name: Kläm-bt, façade, naïve."} for i in range(80)]
+    names.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+    async def go() -> None:
+        app = _app(tmp_path, load_recipe_dict("tiny-cpu", [f"dataset.path={names}"]))
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            await wait_for(pilot, lambda: "first conversation" in text_of(wiz.query_one("#data-preview")), 60,
+                           "the preview")
+            preview = text_of(wiz.query_one("#data-preview"))
+            assert "Klämbt" in preview and "façade" in preview and "naïve" in preview
+            assert "\ufffd" not in preview
+            assert all(unicodedata.category(c) != "Cs" for c in preview)
+            await wait_for(pilot, lambda: "packing" in text_of(wiz.query_one("#data-packing")), 60, "packing")
+            packing = text_of(wiz.query_one("#data-packing"))
+            sampled = int(re.search(r"on a sample of (\d+) conversations", packing).group(1))
+            assert SAMPLE_CONVERSATIONS_MIN <= sampled <= len(rows), packing
+
+    run_async(go())

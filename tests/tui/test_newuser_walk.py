@@ -47,3 +47,33 @@ def test_a_new_user_sets_format_and_columns_and_trains_to_a_record(tmp_path: Pat
     assert rec["status"] == "succeeded" and rec["metrics"]["steps"] == 3 and verify(record)[0]
     packing = rec["metrics"]["packing"]
     assert packing["doc_tokens"]["tokens"] == packing["real_tokens"] > 0  # what trained, counted
+
+
+FAST = Path(__file__).with_name("fast_keys_walk.sh")
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_fast_typist_trains_a_config_only_model_on_their_file(tmp_path: Path) -> None:
+    """tests/tui/fast_keys_walk.sh: keys sent with no pause after ^n land where they are meant to (the data's path
+    in the Dataset step's local path), random init is proposed for a folder without weights, LoRA is picked, and
+    the record is named and described after the run."""
+    binary = Path(sys.executable).with_name("sft-tui")
+    if not binary.exists():
+        pytest.skip(f"no sft-tui console script next to {sys.executable} (pip install -e .)")
+    proc = subprocess.run([str(FAST), str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "SFT_TUI": str(binary), "MAX_STEPS": "3", "TIMEOUT_S": "240"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    screens = dict(part.split("\n", 1) for part in out.split("--- ")[1:])
+    path_line = next(line for line in screens["dataset: the path typed right after ^n"].splitlines()
+                     if "local path" in line)
+    assert "/names.js" in path_line, path_line  # the field shows the path's end (a long one is scrolled)
+    rec = json.loads(Path(out.strip().splitlines()[-1].removeprefix("record: ")).read_text())
+    spec = rec["spec"]
+    assert (spec["model"]["path"], spec["model"]["init"]) == (str(tmp_path / "tiny-config"), "random")
+    assert (spec["dataset"]["id"], spec["dataset"]["path"]) == ("local/names", str(tmp_path / "names.jsonl"))
+    assert spec["method"]["kind"] == "lora" and rec["status"] == "succeeded" and rec["metrics"]["steps"] == 3
+    # Named and described after what it is, not after the recipe it started from (tiny-cpu).
+    assert spec["name"].startswith("tiny-config-lora") and "tiny-cpu" not in rec["id"]
+    assert spec["description"].startswith("lora fine-tune of local/tiny-config on local/names")

@@ -1,6 +1,6 @@
 """Screens in an 80×24 terminal as a new user first sees them. The dashboard: a run line on one row, one precision
-on the loss axis and in the rank table, a log title on one row and a log tail that shows what a terminal would (one
-line for a progress bar that redrew itself dozens of times). The plan's memory bar: one row however far over."""
+on the loss axis and in the rank table, a log title on one row and a log tail of the rank's steps and what it
+printed (library progress bars and warnings left in the file). The plan's memory bar: one row however far over."""
 
 from __future__ import annotations
 
@@ -39,15 +39,19 @@ def test_dashboard_at_80x24_keeps_its_lines_and_one_precision(synth: Path) -> No
             assert len(labels) == 3 and all(re.fullmatch(r"\d+\.\d{4}", x) for x in labels), labels
             for row in table_rows(screen.query_one("#ranks")):
                 assert re.fullmatch(r"\d+\.\d{4}", row[3]) and re.fullmatch(r"\d+\.\d{4}", row[4]), row
-            # The log title is one row; the progress bar is one line, its last state.
+            # The log title is one row; the progress bar (one line, its last state) is left in the file and
+            # counted in the title; the rank's steps come first, then what it printed.
             assert screen.query_one("#log-title").size.height == 1
             assert "log of rank 0" in text_of(screen.query_one("#log-title"))
+            assert "1 library line(s) hidden" in text_of(screen.query_one("#log-title"))
             shown = text_of(screen.query_one("#log")).splitlines()
-            assert [s for s in shown if "Loading weights" in s] == ["Loading weights: 100%|██████████| 46/46"]
-            assert shown[1:] == ["[rank 0] loading sft-tui/tiny-qwen3 (4 layers)",
-                                 "[rank 0] fully_shard: 4 decoder layers + root",
-                                 "[rank 0] data: 2,500 conversations, packing into 512-token blocks",
-                                 "[rank 0] training"]
+            assert [s for s in shown if "Loading weights" in s] == []
+            assert shown[-4:] == ["[rank 0] loading sft-tui/tiny-qwen3 (4 layers)",
+                                  "[rank 0] fully_shard: 4 decoder layers + root",
+                                  "[rank 0] data: 2,500 conversations, packing into 512-token blocks",
+                                  "[rank 0] training"]
+            assert shown[:-4] == [f"step {s}/100  loss {loss:.4f}"
+                                  for s, loss in screen.view.ranks[0].losses][-36:]
 
     run_async(go())
 
@@ -183,5 +187,202 @@ def test_the_rank_table_widens_when_the_first_losses_arrive(synth: Path) -> None
             assert [row.split()[0] for row in rows] == ["0", "1"]
             for row, cells in zip(rows, [[str(c) for c in table.get_row_at(i)] for i in range(2)]):
                 assert re.fullmatch(r"\d+\.\d{4}", cells[3]) and f" {cells[3]} " in row and f" {cells[4]} " in row
+
+    run_async(go())
+
+
+def test_the_diff_shows_the_selected_rows_values_whole(synth: Path) -> None:
+    """The table cuts values to its columns; the selected row's field and both values show whole below it."""
+    from tui.screens.records import DiffScreen
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            for key in ("down", "space", "down", "space", "d"):
+                await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen), 10, "the diff")
+            diff = app.screen
+            table = diff.query_one("#diff")
+            keys = [r[0] for r in table_rows(table)]
+            assert text_of(diff.query_one("#diff-detail")) == "status\nA: failed\nB: succeeded"
+            await pilot.press(*["down"] * keys.index("failure.log"))
+            await settle(pilot)
+            cells = table_rows(table)[keys.index("failure.log")]
+            assert cells[1].endswith("…")  # cut in the table
+            whole = diff.a["failure"]["log"]
+            assert not whole.startswith(cells[1]) and whole.startswith(cells[1][:-1])
+            assert text_of(diff.query_one("#diff-detail")) == f"failure.log\nA: {whole}\nB: -"
+            assert f"A: {whole}" in terminal_text(app).splitlines()[-3]
+
+    run_async(go())
+
+
+def test_the_records_browser_says_which_run_a_replay_re_ran(synth: Path) -> None:
+    from runner.record import records as records_mod
+    from tests.tui.conftest import RUN_ID, synthetic_record
+
+    replay_id = "20260101-010000-demo-9f8e7d"
+    records_mod.save(synth / "records" / f"{replay_id}.json",
+                     synthetic_record(replay_id, replay_of=RUN_ID, created="2026-01-01T01:00:00+00:00"))
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "records", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            table = app.screen.query_one("#records")
+            labels = [str(c.label) for c in table.columns.values()]
+            rows = {r[1]: dict(zip(labels, r)) for r in table_rows(table)}
+            assert rows[replay_id]["origin"] == f"replay of {RUN_ID}"
+            assert rows[RUN_ID]["origin"] == "-"
+
+    run_async(go())
+
+
+def test_the_log_pane_shows_training_not_library_noise(synth: Path) -> None:
+    """transformers' FutureWarning (and the source line under it) and its weight-loading bar stay in the log file;
+    the pane shows the rank's steps and what it printed itself, and says how many lines it left out."""
+    log = synth / "runs" / DASH_ID / "logs" / "rank0.log"
+    noise = ("/x/site-packages/transformers/modeling_utils.py:1234: FutureWarning: `torch_dtype` is deprecated! "
+             "Use `dtype` instead!\n  warnings.warn(\n" + TQDM + "\n")
+    log.write_text(noise + log.read_text() + "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "RuntimeError: boom\n")
+
+    async def go() -> None:
+        app = make_app("runs", "records", "tiny-cpu", "dashboard", run_dir=Path("runs") / DASH_ID,
+                       backends=fixed_backends(), clock=lambda: CLOCK_T, poll_s=60.0)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.view.ranks, 10,
+                           "the dashboard's ranks")
+            await settle(pilot)
+            shown = text_of(app.screen.query_one("#log")).splitlines()
+            assert not [s for s in shown if "Warning" in s or "warnings.warn" in s or "Loading weights" in s]
+            assert shown[-4:] == ["[rank 0] training", "Traceback (most recent call last):", '  File "x.py", line 1',
+                                  "RuntimeError: boom"]
+            steps = [s for s in shown if s.startswith("step ")]
+            assert steps[-1] == f"step 40/100  loss {app.screen.view.ranks[0].losses[-1][1]:.4f}"
+            assert "3 library line(s) hidden" in text_of(app.screen.query_one("#log-title"))
+            assert noise in log.read_bytes().decode()  # the file keeps them
+
+    run_async(go())
+
+
+def test_training_lines_leave_warnings_and_progress_bars_out() -> None:
+    from tui.screens.dashboard import training_lines
+
+    lines = ["a.py:3: UserWarning: careful", "  warnings.warn(", "Loading weights: 100%|██| 46/46",
+             "Writing model shards: 100%|█| 1/1", "[rank 0] done after 6 steps", "", "  indented own line"]
+    assert training_lines(lines) == (["[rank 0] done after 6 steps", "  indented own line"], 4)
+
+
+def test_a_cancelled_runs_summary_says_how_to_resume_it(synth: Path) -> None:
+    """The wizard's summary of a cancelled run says, in the CLI's words, whether and how it resumes."""
+    from runner.cli.follow import resume_sentence
+    from runner.record import records as records_mod
+    from tests.tui.conftest import synthetic_record
+    from tui.screens.summary import SummaryScreen
+
+    cases = {
+        "20260101-020000-demo-111111": {"cause": "cancelled", "by": "the wizard", "resumable": True,
+                                        "checkpoint_step": 20, "checkpoint": "runs/x/checkpoints/step-20",
+                                        "resume": "runner run --resume runs/20260101-020000-demo-111111"},
+        "20260101-020000-demo-222222": {"cause": "cancelled", "signal": "SIGINT", "resumable": False,
+                                        "checkpoint_step": None, "checkpoint": None, "resume": None},
+    }
+    recs = {}
+    for run_id, cancel in cases.items():
+        rec = synthetic_record(run_id, status="cancelled")
+        rec["cancel"] = cancel
+        recs[run_id] = records_mod.save(synth / "records" / f"{run_id}.json", rec)
+
+    async def summary(run_id: str) -> str:
+        app = make_app("runs", "records", "tiny-cpu", "summary", record_path=Path("records") / f"{run_id}.json",
+                       backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, SummaryScreen), 10, "the summary")
+            await settle(pilot)
+            return text_of(app.screen.query_one("#summary-resume")), terminal_text(app)
+
+    async def go() -> None:
+        for run_id in cases:
+            line, screen = await summary(run_id)
+            assert line == "resume: " + resume_sentence(recs[run_id])
+            assert line.replace(" ", "") in screen.replace("\n", "").replace(" ", "").replace("│", "")
+        line, _ = await summary("20260101-020000-demo-111111")
+        assert line.endswith("checkpoint at step 20: resume with `runner run --resume "
+                             "runs/20260101-020000-demo-111111`")
+        line, _ = await summary("20260101-020000-demo-222222")
+        assert line.startswith("resume: cancelled by SIGINT; no checkpoint, so it cannot be resumed")
+
+    run_async(go())
+
+
+def test_the_not_fit_dialog_asks_its_own_question(tmp_path: Path) -> None:
+    """A CPU run over a 0.05 GiB memory cap, launched from the wizard: the real preflight refuses it as predicted
+    not to fit, and the dialog says why and asks "Launch anyway?" without the CLI's "pass --force"."""
+    from tests.tui.conftest import ready
+    from tui.screens.modals import ConfirmScreen
+    from tui.specform import load_recipe_dict
+
+    async def go() -> None:
+        app = make_app(tmp_path / "runs", tmp_path / "records",
+                       load_recipe_dict("tiny-cpu", ["hardware.memory_gib=0.05"]), "launch")
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            await wait_for(pilot, lambda: wiz.plan_complete, 120, "the plan")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 120, "the not-fit dialog")
+            question = app.screen.question
+            assert question.startswith("predicted not to fit:") and question.endswith("\n\nLaunch anyway?")
+            assert "--force" not in question
+            await pilot.press("n")
+            await wait_for(pilot, lambda: app.screen is wiz, 10, "back to the wizard")
+            assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+    run_async(go())
+
+
+def test_the_load_dialog_shows_its_buttons(tmp_path: Path) -> None:
+    from textual.widgets import Button
+
+    from tests.tui.conftest import ready
+    from tui.screens.modals import PathPrompt
+
+    async def go() -> None:
+        app = make_app(tmp_path / "runs", tmp_path / "records", None, "launch", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, PathPrompt), 10, "the load dialog")
+            await settle(pilot)
+            for button in app.screen.query(Button):
+                region = button.region
+                assert region.height >= 1 and region.bottom <= 24, (button.id, region)
+            shown = terminal_text(app)
+            assert "Load" in shown and "Cancel (esc)" in shown
+
+    run_async(go())
+
+
+def test_the_launch_step_shows_the_description_whole(tmp_path: Path) -> None:
+    """The description field shows only what its row holds (its tail, once typed); the Launch step's summary gives
+    the name and description the run is recorded under, whole, wrapped at 80 columns."""
+    from tests.tui.conftest import ready
+    from tests.tui.helpers import fill
+
+    long = ("a full fine-tune of the embedded model on the chat data, to compare with the LoRA run of yesterday "
+            "at the same learning rate and block length")
+
+    async def go() -> None:
+        app = make_app(tmp_path / "runs", tmp_path / "records", None, "launch", backends=fixed_backends())
+        async with app.run_test(size=(80, 24)) as pilot:
+            wiz = await ready(pilot)
+            fill(wiz, "description", long)
+            await wait_for(pilot, lambda: wiz.data["description"] == long, 10, "the description")
+            await settle(pilot)
+            summary = text_of(wiz.query_one("#launch-summary"))
+            assert f"recorded as tiny-cpu: {long}" in " ".join(summary.split())
+            shown = " ".join(" ".join(r.split("▕", 1)[-1].split()) for r in terminal_text(app).splitlines())
+            assert long in shown
 
     run_async(go())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ class DashboardScreen(Screen):
         self.replay: dict[str, Any] | None = None
         self.exit_code: int | None = None
         self._closed = False
-        self._log_size: int | None = None
+        self._log_size: tuple[int | None, int] | None = None  # (file size, steps) last shown
         self._log_rank_shown: int | None = None
         self._row_keys: set[int] = set()
         self._row_cache: dict[int, list[Any]] = {}
@@ -280,15 +281,22 @@ class DashboardScreen(Screen):
             size = path.stat().st_size
         except OSError:
             size = None
-        if size == self._log_size and self._log_rank_shown == self.log_rank:
+        rs = self.view.ranks.get(self.log_rank)
+        steps = len(rs.losses) if rs is not None else 0
+        if (size, steps) == self._log_size and self._log_rank_shown == self.log_rank:
             return
-        self._log_size, self._log_rank_shown = size, self.log_rank
+        self._log_size, self._log_rank_shown = (size, steps), self.log_rank
+        text = log_tail(path, LOG_TAIL_BYTES) if size else ""
+        kept, hidden = training_lines(terminal_lines(text) if text else [])
+        # The rank's steps come from its events (the log file holds no step lines), then what the rank printed
+        # itself: its summary, our warnings, a traceback.
+        lines = [step_line(step, loss, self.view.max_steps) for step, loss in (rs.losses if rs else [])][-40:]
+        lines = (lines + kept)[-40:] or ["(no output yet)"]
+        hidden_note = f"{hidden} library line(s) hidden, all in " if hidden else ""
         self.query_one("#log-title", Static).update(
             Content("").join([Content(f"log of rank {self.log_rank} ").stylize("bold"),
-                              Content("(r: next)  ").stylize("$text-muted"),
+                              Content(f"(r: next)  {hidden_note}").stylize("$text-muted"),
                               Content(fmt.show_path(path)).stylize("$text-muted")]))
-        text = log_tail(path, LOG_TAIL_BYTES) if size else ""
-        lines = terminal_lines(text)[-40:] if text else ["(no output yet)"]
         self.query_one("#log", Static).update(Text.from_ansi("\n".join(lines), no_wrap=True, end=""))
         self.query_one("#log", Static).scroll_end(animate=False)
 
@@ -412,6 +420,37 @@ def failure_sentence(failure: dict[str, Any]) -> str:
     log = failure.get("log")
     return (f"rank {failure.get('rank')} failed at step {failure.get('last_step', '?')}: {failure.get('cause')}: "
             f"{failure.get('message')}" + (f" (log: {fmt.show_path(log)})" if log else ""))
+
+
+# Library output that says nothing about training: a progress bar ("Loading weights: 100%|███| 46/46"), a Python
+# warning ("…/modeling_utils.py:123: FutureWarning: …") and the source line the warning module prints under it.
+_PROGRESS = re.compile(r"^[^|]{0,80}:\s*\d{1,3}%\|")
+_WARNING = re.compile(r"^\S.*:\d+: [A-Za-z]*Warning: ")
+
+
+def training_lines(lines: list[str]) -> tuple[list[str], int]:
+    """(the lines worth showing, how many were library noise): progress bars and Python warnings are left in the
+    log file and out of the pane."""
+    kept: list[str] = []
+    hidden = 0
+    in_warning = False
+    for line in lines:
+        if _WARNING.match(line) or _PROGRESS.match(line):
+            hidden += 1
+            in_warning = bool(_WARNING.match(line))
+            continue
+        if in_warning and line.startswith("  "):  # the warning's source line ("  warnings.warn(")
+            hidden += 1
+            continue
+        in_warning = False
+        if line.strip():
+            kept.append(line)
+    return kept, hidden
+
+
+def step_line(step: int, loss: float | None, max_steps: int | None) -> str:
+    where = f"step {step}/{max_steps}" if max_steps else f"step {step}"
+    return f"{where}  loss {fmt.num(loss, '.4f')}"
 
 
 def terminal_lines(text: str) -> list[str]:

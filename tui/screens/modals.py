@@ -1,11 +1,11 @@
-"""Small modal dialogs: a yes/no confirmation, the quit question during a run, and a path prompt (save or load a
-recipe)."""
+"""Small modal dialogs: a yes/no confirmation, the quit question during a run, a path prompt (save or load a recipe)
+and a text to read whole."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 
@@ -152,4 +152,33 @@ class SaveRecipePrompt(ModalScreen["dict[str, str] | None"]):
         self.dismiss(self._answer() if event.button.id == "ok" and self._answer()["path"] else None)
 
     def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TextScreen(ModalScreen[None]):
+    """A text too long for where it was shown (a field's whole meaning), scrolled with ↑/↓; escape closes it."""
+
+    BINDINGS = [Binding("escape", "close", "Close"), Binding("f1", "close", show=False)]
+
+    def __init__(self, title: str, text: str) -> None:
+        super().__init__()
+        self.title_text = title
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-label")
+            with VerticalScroll(id="text-body"):
+                yield Static(self.text, markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Close (esc)", id="close", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#text-body", VerticalScroll).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_close(self) -> None:
         self.dismiss(None)

@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from runner.record.compare import diff_records, summary_row
+from runner.record.compare import diff_records, origin, summary_row
 from runner.errors import UserError
 from runner.record.records import RecordError, list_records, verify
 from tui import format as fmt
@@ -26,8 +26,8 @@ from tui.widgets.chart import LossChart
 
 # What tells runs apart comes first (id, status, steps, loss, data, model); the rest scrolls in from the right.
 COLUMNS = (("mark", " "), ("id", "id"), ("status", "status"), ("steps", "steps"), ("final_loss", "final loss"),
-           ("dataset", "dataset"), ("model", "model"), ("method", "method"), ("tokens_per_s", "tok/s"),
-           ("created", "created"))
+           ("dataset", "dataset"), ("model", "model"), ("method", "method"), ("origin", "origin"),
+           ("tokens_per_s", "tok/s"), ("created", "created"))
 STATUS_COLOR = {"succeeded": "success", "failed": "error", "cancelled": "warning", "running": "primary"}
 
 
@@ -93,6 +93,7 @@ class RecordsScreen(Screen):
                 row["dataset"] or "-",
                 row["model"] or "-",
                 row["method"],
+                Text(origin(row)),  # "replay of <id>", "resumed ×N", as `runner list` says it
                 Text(fmt.num(row["tokens_per_s"], ",.0f"), justify="right"),
                 (row["created"] or "")[:16].replace("T", " "),
                 key=row["id"],
@@ -370,11 +371,14 @@ class DiffScreen(Screen):
         super().__init__()
         self.a = a
         self.b = b
+        self.rows: list[tuple[str, Any, Any]] = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield Static("", id="diff-head")
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
+        with VerticalScroll(id="diff-detail-box"):  # tab, then ↑/↓: a value longer than the box scrolls
+            yield Static("", id="diff-detail", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -391,12 +395,29 @@ class DiffScreen(Screen):
         table.add_column("B", key="b")
         if not rows:
             table.add_row("(no differences in spec, pins or metrics)", "", "")
-        # Both values in view, in what the field names leave (the full text is in `runner diff`).
+        # Both values in view, in what the field names leave; the selected row's are shown whole below the table.
         names = max((len(k) for k, _, _ in rows), default=10)
         width_a, width_b = value_widths(rows, self.app.size.width - names - 8)
+        self.rows = rows
         for key, va, vb in rows:
             table.add_row(key, _short(va, width_a), _short(vb, width_b))
         table.focus()
+        self._show_detail(0)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_detail(event.cursor_row)
+
+    def _show_detail(self, i: int) -> None:
+        """The selected row's field and both values in full, wrapped: the table cuts values to fit its columns."""
+        detail = self.query_one("#diff-detail", Static)
+        box = self.query_one("#diff-detail-box", VerticalScroll)
+        if not 0 <= i < len(self.rows):
+            box.display = False
+            return
+        key, va, vb = self.rows[i]
+        box.display = True
+        box.scroll_home(animate=False)
+        detail.update(f"{key}\nA: {_text(va)}\nB: {_text(vb)}")
 
     def action_back(self) -> None:
         self.app.back_from(self)

@@ -74,6 +74,9 @@ class SummaryScreen(Screen):
             yield Static(self._head(), id="summary-head")
             if self.record.get("failure"):
                 yield Static(self._failure(), id="summary-failure")
+            resume = self._resume()
+            if resume is not None:
+                yield Static(resume, id="summary-resume")
             if self.replay is not None:
                 yield Static(self._replay(), id="summary-replay")
             yield Static("metrics", classes="section")
@@ -104,6 +107,18 @@ class SummaryScreen(Screen):
 
     def _failure(self) -> Content:
         return failure_content(self.record)
+
+    def _resume(self) -> Content | None:
+        """A cancelled run (or one whose supervisor was lost): whether it can be resumed and the command that does
+        it, in the CLI's words."""
+        from runner.cli.follow import resume_sentence
+
+        sentence = resume_sentence(self.record)
+        if sentence is None:
+            return None
+        token = "success" if (self.record.get("cancel") or self.record.get("lost") or {}).get("resumable") \
+            else "warning"
+        return Content("resume: ").stylize(f"bold $text-{token}") + Content(sentence)
 
     def _replay(self) -> Content:
         r = self.replay or {}

@@ -62,6 +62,11 @@ class WizardChecks(Screen):
     class GpusReady(Message):
         gpus: list[dict[str, Any]]
 
+    @dataclass
+    class WeightsChecked(Message):
+        path: str
+        weights: bool | None  # None: no model folder there (no config.json)
+
     def _schedule(self, what: str, delay_s: float = DEBOUNCE_S) -> None:
         timer = self._debounce.pop(what, None)
         if timer is not None:
@@ -70,7 +75,11 @@ class WizardChecks(Screen):
 
     def _start(self, what: str) -> None:
         self._debounce.pop(what, None)
-        if what == "arch":
+        if what == "weights":
+            path = self.data.get("model", {}).get("path")
+            if path:
+                self.check_weights(str(path))
+        elif what == "arch":
             key = spec_key(self.data, ARCH_INPUTS)
             if self._keys.get("arch") != key:
                 self._keys["arch"] = key
@@ -109,6 +118,34 @@ class WizardChecks(Screen):
         self.gpus = message.gpus
         self._update_hardware()
         self._update_launch()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="weights")
+    def check_weights(self, path: str) -> None:
+        from runner.spec import resolve_embedded
+        from runner.train.loader import has_weights
+
+        folder = Path(resolve_embedded(path))
+        self.post_message(self.WeightsChecked(path, has_weights(folder) if (folder / "config.json").is_file()
+                                              else None))
+
+    def on_wizard_checks_weights_checked(self, message: WeightsChecked) -> None:
+        """A model folder without weights (config.json and tokenizer alone) can only start from random weights:
+        model.init is set to random for it, and back to pretrained for a folder with weights, unless it was chosen
+        here."""
+        if message.path != self.data.get("model", {}).get("path") or message.weights is None or self.init_chosen:
+            return
+        init = self.data.get("model", {}).get("init")
+        if not message.weights and init == "pretrained":
+            self.init_proposed = True
+            self.set_field("model.init", "random")
+            self.notify(f"{message.path} holds config.json but no weights: model.init is now random (initialised "
+                        "from the config with train.seed); set it to pretrained once weights are there",
+                        title="Random init", timeout=8)
+        elif message.weights and init == "random" and self.init_proposed:
+            self.init_proposed = False
+            self.set_field("model.init", "pretrained")
+            self.notify(f"{message.path} holds weights: model.init is pretrained again", title="Pretrained",
+                        timeout=6)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="arch")
     def load_arch(self, data: dict[str, Any], key: str) -> None:

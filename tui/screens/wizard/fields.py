@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import textwrap
 from typing import Any
 
 from tui.widgets.fields import Kind
@@ -16,6 +18,8 @@ FIELDS: dict[str, list[tuple[str, str, Kind]]] = {
     "model": [
         ("model.id", "hub id / name", "text"),
         ("model.path", "local path", "optional"),
+        # random for a folder of config.json and tokenizer alone (proposed when the path holds no weights)
+        ("model.init", "init weights", "select"),
         ("model.revision", "revision", "optional"),
         ("model.dtype", "dtype", "select"),
         ("model.attn_implementation", "attention", "select"),
@@ -96,7 +100,35 @@ STEP_HELP = {
 }
 
 
+# The run's labels: the plan and preflight are the same whatever they say, so saving a recipe under a new name
+# (Ctrl+S sets both) leaves what preflight found standing.
+LABELS = ("name", "description")
+
+
+HELP_LINES = 5  # the help line's rows (app.tcss: #help max-height)
+MORE_HELP = " (F1: the rest)"
+
+
+def fit_help(text: str, width: int, lines: int = HELP_LINES) -> str:
+    """`text` as the help line shows it in `lines` rows of `width`: whole when it fits, else up to the end of the
+    last sentence (or clause) that fits, never mid-sentence, and where F1 shows the rest."""
+    if width < 20 or len(textwrap.wrap(text, width)) <= lines:
+        return text
+    # Ends of sentences and clauses: ". ", "; ", ": " (a field's path and default end with the first ": ").
+    cuts = [m.end() for m in re.finditer(r"[.;:](?=\s)", text)]
+    for cut in reversed(cuts):
+        head = text[:cut].rstrip()
+        if len(textwrap.wrap(head + MORE_HELP, width)) <= lines:
+            return head + MORE_HELP
+    words = text.split()  # one sentence longer than the rows: whole words, then the way to the rest
+    while words and len(textwrap.wrap(" ".join(words) + " …" + MORE_HELP, width)) > lines:
+        words.pop()
+    return " ".join(words) + " …" + MORE_HELP
+
+
 def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
+    """What the checks of `prefixes` depend on, as a string to compare; the default (everything) leaves the labels
+    out."""
     flat = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -107,6 +139,8 @@ def spec_key(data: dict[str, Any], prefixes: tuple[str, ...] = ("",)) -> str:
             flat[prefix[:-1]] = node
 
     walk(data, "")
+    if prefixes == ("",):
+        flat = {k: v for k, v in flat.items() if k not in LABELS}
     return json.dumps({k: v for k, v in flat.items() if any(k.startswith(p) for p in prefixes)}, sort_keys=True,
                       default=str)
 

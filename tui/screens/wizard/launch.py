@@ -49,6 +49,10 @@ class WizardLaunch(Screen):
                 if spec.hardware.nodes > 1:
                     lines.append(Content("this node is node 0; start the other nodes with the commands on the Plan "
                                          "step"))
+        # Whole, wrapped: the description's field shows only as much as its row holds.
+        name, description = self.proposed_name()
+        lines.append(Content("recorded as ").stylize("$text-muted") + Content(name).stylize("bold") +
+                     Content(f": {description}" if description else ""))
         lines.append(Content(f"runs → {fmt.show_path(app.runs_dir)}   records → {fmt.show_path(app.records_dir)}")
                      .stylize("$text-muted"))
         summary.update(Content("\n").join(lines))
@@ -149,6 +153,8 @@ class WizardLaunch(Screen):
         self.data = data
         self.origin = copy.deepcopy(data)
         self.named_ids.clear()  # the loaded recipe names its data afresh
+        self.init_chosen = self.init_proposed = False
+        self._schedule("weights", 0)
         if recipe:
             self.recipe = recipe
             self.sub_title = f"recipe {recipe}"

@@ -8,8 +8,6 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Static
 
-from runner.plan.disk import human
-from runner.plan.preflight import precision_advice
 from runner.spec import RunSpec, spec_warnings
 from tui import format as fmt
 from tui.widgets.membar import MemoryBar
@@ -132,6 +130,9 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
             lines.append(Content(f"levers: {est['levers_reason']}"))
         if est.get("approximate") and est.get("approximate_reason"):
             lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
+        # Imported here, not at the top: runner.plan (the estimator) is a third of the first screen's imports.
+        from runner.plan.preflight import precision_advice
+
         advice = precision_advice(spec)
         if advice:
             lines.append(Content(f"note: {advice}").stylize("$text-warning"))
@@ -142,6 +143,8 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
                        f"≈ {fmt.duration(est.get('total_s'))}")
         disk = plan.get("disk")
         if disk:  # checkpoints and export against the runs folder's free space (launch refuses what cannot fit)
+            from runner.plan.disk import human  # here: runner.plan is a third of the first screen's imports
+
             line = Content(f"disk: {human(disk['needed_bytes'])} needed of "
                            f"{human(disk['free_bytes']) if disk['free_bytes'] is not None else '?'} free in "
                            f"{disk['folder']}" + ("" if disk["fits"] else ": does not fit"))

@@ -20,8 +20,8 @@ from runner.spec import field_choices, field_docs
 from tui import format as fmt
 from tui.screens.wizard.checks import WizardChecks
 from tui.screens.wizard.fields import (ALL_FIELDS, ARCH_INPUTS, DATA_INPUTS, FIELDS, FOLLOWED_IDS, HELP_HINT,
-                                       LORA_FIELDS, MAPPING_HINT, STEP_HELP, STEP_IDS, STEP_OF_FIELD, STEP_OF_SECTION,
-                                       STEPS, spec_key)
+                                       HELP_LINES, LORA_FIELDS, MAPPING_HINT, STEP_HELP, STEP_IDS, STEP_OF_FIELD,
+                                       STEP_OF_SECTION, STEPS, fit_help, spec_key)
 from tui.screens.wizard.launch import WizardLaunch
 from tui.specform import field_of, get_path, problems_of, set_path
 from tui.widgets.fields import SpecField
@@ -54,6 +54,11 @@ class WizardScreen(WizardLaunch, WizardChecks):
         Binding("ctrl+l", "launch", "Launch", priority=True),
         Binding("ctrl+s", "save_recipe", "Save", priority=True),
         Binding("ctrl+o", "load_recipe", "Load", priority=True),
+        Binding("f1", "full_help", "Field help", show=False),  # the help line names it when it cuts
+        # Moved as the key arrives, as ^n moves it: a key goes to the widget focused when the app reads it, so keys
+        # typed right after a Tab handled later by the field went to the field the Tab was leaving.
+        Binding("tab", "app.focus_next", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", show=False, priority=True),
     ]
 
     def __init__(self, data: dict[str, Any], step: str = "model", recipe: str | None = None) -> None:
@@ -77,6 +82,9 @@ class WizardScreen(WizardLaunch, WizardChecks):
         self.launching = False
         self.launch_queued = False  # ^l pressed while the plan or preflight was still being checked
         self.data_problems: list[Problem] = []  # what the Dataset step's preview found wrong, for the current spec
+        self.full_help = ""  # the focused field's meaning, whole (F1), when the help line holds only its start
+        self.init_chosen = False  # model.init was set here: a model folder's weights no longer decide it
+        self.init_proposed = False  # model.init is random because the folder held no weights
 
     # -- layout ------------------------------------------------------------------------------------
 
@@ -136,6 +144,8 @@ class WizardScreen(WizardLaunch, WizardChecks):
         self._show_lora()
         # Background work starts after the first frame: its threads would hold the GIL while it is drawn.
         self.detect_gpus()
+        self.app.warm_imports()
+        self._schedule("weights", 0)
         self._on_step_shown()
         self.focus_step()
 
@@ -196,11 +206,13 @@ class WizardScreen(WizardLaunch, WizardChecks):
         if not self.ready:
             return
         pane = self.query_one(f"#pane-{self.step}", VerticalScroll)
+        # set_focus now, not Widget.focus(): that posts the move behind the keys already queued, so a Tab and a path
+        # typed right after ^n went to the new step's first field once the late move arrived.
         for field in pane.query(SpecField):
             if field.display:
-                field.control.focus()
+                self.set_focus(field.control)
                 return
-        pane.focus()
+        self.set_focus(pane)
 
     def scroll_pane(self, how: str) -> None:
         pane = self.query_one(f"#pane-{self.step}", VerticalScroll)
@@ -249,17 +261,29 @@ class WizardScreen(WizardLaunch, WizardChecks):
     def on_spec_field_changed(self, event: SpecField.Changed) -> None:
         if get_path(self.data, event.path) == event.value:
             return
-        set_path(self.data, event.path, event.value)
-        if event.path in FOLLOWED_IDS.values():
-            self.named_ids.add(event.path)
-        elif event.path in FOLLOWED_IDS:
-            self._follow_path(event.path)
+        if event.path == "model.init":
+            self.init_chosen = True
+        self._edited(event.path, event.value)
+
+    def set_field(self, path: str, value: Any) -> None:
+        """Set a field for the user (shown in its widget), with what an edit of it sets off."""
+        self.query_one("#f-" + path.replace(".", "-").replace("_", "-"), SpecField).set_value(value)
+        self._edited(path, value)
+
+    def _edited(self, path: str, value: Any) -> None:
+        set_path(self.data, path, value)
+        if path in FOLLOWED_IDS.values():
+            self.named_ids.add(path)
+        elif path in FOLLOWED_IDS:
+            self._follow_path(path)
+        if path == "model.path":
+            self._schedule("weights")
         self.revalidate()
-        if event.path == "method.kind":
+        if path == "method.kind":
             self._show_lora()
-        if event.path.startswith(ARCH_INPUTS) and self.step == "model":
+        if path.startswith(ARCH_INPUTS) and self.step == "model":
             self._schedule("arch")
-        if event.path.startswith(DATA_INPUTS) and self.step == "dataset":
+        if path.startswith(DATA_INPUTS) and self.step == "dataset":
             self._schedule("data")
         if self.step in ("plan", "launch"):
             self._schedule("plan")
@@ -287,7 +311,19 @@ class WizardScreen(WizardLaunch, WizardChecks):
         return get_path(self.origin, id_field)
 
     def on_spec_field_focused(self, event: SpecField.Focused) -> None:
-        self.query_one("#help", Static).update(event.doc)
+        focused = self.focused
+        field = next((w for w in focused.ancestors_with_self if isinstance(w, SpecField)), None) if focused else None
+        if field is None or field.path != event.path:
+            return  # a field the focus has already left (a Tab typed right after ^n): its meaning is not wanted
+        self.full_help = event.doc
+        help_w = self.query_one("#help", Static)
+        help_w.update(fit_help(event.doc, (help_w.size.width or self.app.size.width) - 2, HELP_LINES))
+
+    def action_full_help(self) -> None:
+        from tui.screens.modals import TextScreen
+
+        if self.full_help:
+            self.app.push_screen(TextScreen("the focused field", self.full_help))
 
     def _show_lora(self) -> None:
         lora = get_path(self.data, "method.kind") == "lora"
