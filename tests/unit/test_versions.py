@@ -95,3 +95,12 @@ def test_drift_lists_what_changes_the_numbers_first():
     assert [r["pin"] for r in rows] == ["package transformers", "package trl", "tokenizer_sha256", "package aaa",
                                         "package zzz", "interpreter"]
     assert [folds(r) for r in rows] == [False, False, False, True, True, False]
+    from rich.console import Console
+
+    from runner.cli.session import print_drift
+
+    console = Console(record=True, width=120)
+    print_drift(console, rows)
+    text = console.export_text()
+    assert "package trl" in text and "2 other package(s)" in text and "package aaa" not in text
+    assert text.index("package transformers") < text.index("tokenizer_sha256") < text.index("2 other package(s)")
