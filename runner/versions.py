@@ -83,24 +83,10 @@ def module_file(module: str) -> Path | None:
     return p.parent if p.name == "__init__.py" else p
 
 
-def module_distribution(module: str, name: str | None = None) -> metadata.Distribution | None:
-    """The distribution installed in the same folder as the file `module` is imported from (named `name` when
-    given, else any that provides the module); None when that folder holds none (a source checkout)."""
+def module_distribution(module: str, name: str) -> metadata.Distribution | None:
+    """Distribution `name` as installed in the folder the file of `module` is imported from; None when that folder
+    holds none (a source checkout)."""
     where = module_file(module)
     if where is None:
         return None
-    for dist in metadata.distributions(path=[str(where.parent)]):
-        dname = dist.metadata.get("Name") or ""
-        if name is not None:
-            if dist_name(dname) == dist_name(name):
-                return dist
-        elif module in _top_level(dist):
-            return dist
-    return None
-
-
-def _top_level(dist: metadata.Distribution) -> set[str]:
-    top = dist.read_text("top_level.txt")
-    if top:
-        return set(top.split())
-    return {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts and ".." not in f.parts[0]}
+    return next(iter(metadata.distributions(name=name, path=[str(where.parent)])), None)
