@@ -133,9 +133,12 @@ def missing_loss(paths: RunPaths, world_size: int, exit_code: int) -> Failure | 
         evs = read_events(paths.rank_events(r))
         steps = step_lines(evs)
         last_steps[str(r)] = (steps[-1].step or 0) if steps else 0
-        took = max([e.steps or 0 for e in events_of(evs, EndEvent)] + [len(steps)])
+        ends = events_of(evs, EndEvent)
+        took = max([e.steps or 0 for e in ends] + [len(steps)])
         logged = any(e.number("loss") is not None or e.number("global_loss") is not None for e in steps)
-        if took and not logged:
+        # Early stopping can end a run before train.log_every asked for a line: its eval said the loss.
+        stopped_early = any(e.stopped_early is not None for e in ends)
+        if took and not logged and not stopped_early:
             silent.append((r, took))
     if not silent:
         return None
