@@ -13,7 +13,7 @@ from pathlib import Path
 SUPPORTED: dict[str, tuple[str, str]] = {
     "torch": ("2.13", "3"),
     "transformers": ("5.24", "6"),
-    "trl": ("1.15", "2"),
+    "trl": ("1.16", "2"),
     "peft": ("0.19", "1"),
     "accelerate": ("1.13", "2"),
     "datasets": ("4.7", "6"),
@@ -21,9 +21,10 @@ SUPPORTED: dict[str, tuple[str, str]] = {
 """{distribution: (lowest supported, first unsupported)}: the one table of ranges. pyproject.toml's dependencies
 say the same (a test ties them), preflight refuses a version outside (runner.plan.versioncheck), and CI runs the
 engine-facing tests at each lower bound (.ci/oldest.txt) and at the newest release. Lower bounds are measured:
-trl before 1.15 logs no loss through the TRL engine (1.1 to 1.6 do not start it); datasets before 4.7 cannot be
-installed beside trl 1.15; transformers 5.23 and older (5.5, 5.17 tried) pack qwen3_next inexactly under the TRL
-engine, and 5.17 and older llama4_text too."""
+trl before 1.15 logs no loss through the TRL engine (1.1 to 1.6 do not start it) and 1.15 packs qwen3_next
+inexactly under it (1.16 exact, the rest of .ci/oldest.txt the same); datasets before 4.7 cannot be installed beside
+trl 1.16; transformers 5.24 is the lowest tested (5.5 and 5.17 fail the packing check on llama4_text, gemma3 or
+qwen3_5)."""
 
 NUMERIC = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "flash-attn", "flash-attn-4",
            "flash-linear-attention", "causal-conv1d", "kernels", "liger-kernel", "triton", "tokenizers", "safetensors")

@@ -44,8 +44,8 @@ def test_an_old_trl_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(versioncheck, "imported_version", lambda n: "1.14.0" if n == "trl" else real(n))
     with pytest.raises(SpecError) as e:
         preflight(load_spec("tiny-gpt-oss-cpu"))
-    assert str(e.value) == ("preflight found problems: trl: 1.14.0 is installed; supported: >=1.15,<2 "
-                            "(fix: pip install 'trl>=1.15,<2')")
+    assert str(e.value) == ("preflight found problems: trl: 1.14.0 is installed; supported: >=1.16,<2 "
+                            "(fix: pip install 'trl>=1.16,<2')")
 
 
 @pytest.mark.parametrize("found, ok", [("2.13.0+cpu", True), ("2.14.0.dev20261201", True), ("3.0.0", False),
