@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-newest lint setup clean runner
+.PHONY: demo test test-fast test-newest test-oldest lint setup clean runner
 
 setup: $(STAMP)
 
@@ -52,10 +52,14 @@ lint: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not dist"
 
-# The family matrix and the packing check against the newest transformers release (installed into .venv-newest/,
-# first on the path of .venv): fails on a release that breaks a family; skipped when PyPI cannot be reached.
-test-newest: $(STAMP)
-	@VENV_PYTHON=$(PY) .ci/newest.sh
+# The engine-facing tests (families, packing, both engines, replay) in fresh venvs at the newest releases
+# (.venv-newest/, no constraints) and at the lowest supported versions (.venv-oldest/, .ci/oldest.txt); skipped when
+# PyPI cannot be reached.
+test-newest:
+	@PYTHON=$(PYTHON) .ci/newest.sh
+
+test-oldest:
+	@PYTHON=$(PYTHON) .ci/oldest.sh
 
 clean:
-	rm -rf $(VENV) .venv-newest runs .pytest_cache
+	rm -rf $(VENV) .venv-newest .venv-oldest runs .pytest_cache

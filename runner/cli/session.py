@@ -18,7 +18,7 @@ from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
 from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
                            PredictedNotToFit, UserError)
 from runner.launch.replay import prepare_replay
-from runner.record.replay import CPU_PIN, compare, pinned_decisions, tolerance
+from runner.record.replay import CPU_PIN, compare, folds, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 
@@ -327,8 +327,13 @@ def print_drift(console: Console, rows: list[dict[str, Any]]) -> None:
     table = Table(title=f"{len(rows)} pin(s) differ from the record", title_justify="left")
     for col in ("pin", "recorded", "current", "strict"):
         table.add_column(col)
+    folded = [r for r in rows if folds(r)]
     for r in rows:
-        table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
+        if not folds(r):
+            table.add_row(r["pin"], str(r["recorded"]), str(r["current"]), "yes" if r["strict"] else "")
+    if folded:
+        # Packages that do not change the numbers: a count, the names in `--json`'s drift rows.
+        table.add_row(f"{len(folded)} other package(s)", "", "", "yes")
     console.print(table)
 
 

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from runner.events.lines import ErrorEvent, events_of, read_events, step_lines
+from runner.events.lines import EndEvent, ErrorEvent, events_of, read_events, step_lines
 
 if TYPE_CHECKING:
     from runner.events.paths import RunPaths
@@ -139,6 +139,34 @@ def _last_line_matching(text: str, pattern: re.Pattern[str]) -> str:
 
 def any_error_event(paths: RunPaths, world_size: int) -> bool:
     return any(events_of(read_events(paths.rank_events(r)), ErrorEvent) for r in range(world_size))
+
+
+def missing_loss(paths: RunPaths, world_size: int, exit_code: int) -> Failure | None:
+    """Why a run that exited cleanly still failed: a rank took steps but logged no loss (an engine whose library
+    changed what it reports writes steps without the loss, or no step line at all); None when every rank that took
+    steps logged one."""
+    last_steps: dict[str, int] = {}
+    silent: list[tuple[int, int]] = []
+    for r in range(world_size):
+        evs = read_events(paths.rank_events(r))
+        steps = step_lines(evs)
+        last_steps[str(r)] = (steps[-1].step or 0) if steps else 0
+        ends = events_of(evs, EndEvent)
+        took = max([e.steps or 0 for e in ends] + [len(steps)])
+        logged = any(e.number("loss") is not None or e.number("global_loss") is not None for e in steps)
+        # Early stopping can end a run before train.log_every asked for a line: its eval said the loss.
+        stopped_early = any(e.stopped_early is not None for e in ends)
+        if took and not logged and not stopped_early:
+            silent.append((r, took))
+    if not silent:
+        return None
+    rank, took = silent[0]
+    ranks = ", ".join(str(r) for r, _ in silent)
+    return {"rank": rank, "cause": "no_loss",
+            "message": f"rank{'s' if len(silent) > 1 else ''} {ranks} took {took} steps but logged no loss: the "
+                       "engine never reported one, so what the run learned is unknown",
+            "last_step": last_steps[str(rank)], "last_steps": last_steps, "exit_codes": {},
+            "launcher_exit": exit_code, "log": str(paths.rank_log(rank))}
 
 
 def diagnose(paths: RunPaths, world_size: int, exit_code: int) -> Failure:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from runner.record import pins as pins_mod
 from runner.record import records
 from runner.facts.catalog import load_arch
-from runner.events.failure import any_error_event, diagnose  # noqa: F401 (diagnose: runner.launch.run.diagnose for callers)
+from runner.events.failure import any_error_event, diagnose, missing_loss  # noqa: F401 (diagnose: runner.launch.run.diagnose for callers)
 from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_token
 from runner.facts.gpus import ceiling_tflops_here
 from runner.launch.process import Launcher, ranks_alive
@@ -103,7 +103,10 @@ class ActiveRun:
             # The run's exit as its supervisor and view end (torchrun's own, whatever a signal made it, kept above).
             exit_code = EXIT_STOPPED if self.launcher.graceful else EXIT_CANCELLED
         elif exit_code == 0 and not any_error_event(self.paths, self.spec.world_size):
-            rec["status"] = "succeeded"
+            silent = missing_loss(self.paths, self.spec.world_size, exit_code)
+            rec["status"] = "failed" if silent else "succeeded"
+            if silent:
+                rec["failure"] = silent
         else:
             rec["status"] = "failed"
             rec["failure"] = disk_full_failure(diagnose(self.paths, self.spec.world_size, exit_code), self.paths,

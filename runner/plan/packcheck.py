@@ -145,7 +145,7 @@ def _versions() -> dict[str, str | None]:
     from runner.versions import package_versions
 
     return package_versions(("torch", "transformers", "trl", "peft", "flash-attn", "flash-attn-4",
-                             "flash-linear-attention", "causal-conv1d"))
+                             "flash-linear-attention", "causal-conv1d", "kernels"))
 
 
 def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, device: str, dtype: str,

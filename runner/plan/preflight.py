@@ -1,6 +1,6 @@
 """Preflight: what would make a run fail or train on wrong data, found before any rank starts (all at once).
 
-Checks: every line of a local JSONL file parses; the dataset's format is detected (or the asked one fits) and a
+Checks: the installed libraries are in their supported ranges; every line of a local JSONL file parses; the dataset's format is detected (or the asked one fits) and a
 few rows convert; the chat template yields assistant tokens on a sample; train.seq_len suits the attention kernels
 and holds a sampled prompt with its first trained token; a pretrained model has weights to load; the model
 can keep packed documents apart with the installed kernels, and split its blocks over hardware.sequence_parallel
@@ -28,6 +28,7 @@ from runner.engines import engine_for
 from runner.spec import RunSpec, resolve_embedded
 from runner.events.tracking import tracker_problems
 from runner.facts.tiling import tiled_mlp_problems
+from runner.plan.versioncheck import version_problems
 
 SAMPLE_ROWS = 16
 TEMPLATE_ROWS = 8  # rows rendered through the chat template (each trained turn costs two renders of its prefix)
@@ -44,7 +45,10 @@ def preflight(spec: RunSpec) -> None:
 
 
 def preflight_problems(spec: RunSpec) -> list[Problem]:
-    out: list[Problem] = []
+    # A library outside its supported range is the one answer: the checks below run that library's code.
+    out: list[Problem] = version_problems()
+    if out:
+        return out
     out += _seq_len_problems(spec)
     rows, data_problems = _sample_rows(spec)
     out += data_problems

@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.facts.nvml import driver_pins
 from runner.spec import RunSpec, resolve_embedded
+from runner.versions import NUMERIC, dist_name, imported_version
 
 # Environment variables that change numerics or communication; their values are recorded (redacted).
 ENV_PREFIXES = ("NCCL_", "CUDA_", "PYTORCH_", "TORCH_", "HF_", "CUBLAS_", "OMP_", "MKL_", "TOKENIZERS_")
@@ -48,12 +49,29 @@ def relevant_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def packages() -> dict[str, str]:
+    """{distribution: version} of what the run imports: the first copy on the path (the one `import` finds), and for
+    a distribution installed twice, or one that changes the numbers, the copy beside the module's file."""
     out: dict[str, str] = {}
-    for dist in metadata.distributions():
+    twice: set[str] = set()
+    for dist in metadata.distributions():  # in sys.path order
         name = dist.metadata.get("Name")
-        if name:
-            out[name.lower().replace("_", "-")] = dist.version
+        if not name:
+            continue
+        name = dist_name(name)
+        if name in out:
+            twice.add(name)
+        else:
+            out[name] = dist.version
+    for name in sorted(twice | (set(NUMERIC) & set(out))):
+        out[name] = imported_version(name) or out[name]
     return dict(sorted(out.items()))
+
+
+def interpreter_pins(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The interpreter that runs the ranks and the PYTHONPATH they inherit (which copy of a package loads)."""
+    env = dict(os.environ if env is None else env)
+    return {"interpreter": sys.executable, "pythonpath": redact_text(env["PYTHONPATH"]) if env.get("PYTHONPATH")
+            else None}
 
 
 def torch_pins() -> dict[str, Any]:
@@ -197,6 +215,7 @@ def capture(spec: RunSpec, repo_dir: Path) -> dict[str, Any]:
     """All pins at launch. The git diff goes beside the record, not inside it (it can be large)."""
     return {
         "python": sys.version.split()[0],
+        **interpreter_pins(),
         "packages": packages(),
         **torch_pins(),
         "gpus": gpu_pins(),

@@ -10,6 +10,7 @@ from runner.errors import UserError
 from runner.record.records import compare_curves
 from runner.record.schema import schema1_decisions
 from runner.spec import ModelSpec, RunSpec, TrainSpec, validate
+from runner.versions import NUMERIC
 
 SECTIONS = {"model": ModelSpec, "train": TrainSpec}
 
@@ -74,17 +75,25 @@ def drift(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, A
         if a != b:
             rows.append({"pin": name, "recorded": a, "current": b, "strict": strict})
 
+    # What changes the numbers first (the interpreter, torch and CUDA, the model libraries, the kernels, the
+    # tokenizer, model and data), then every other package, then where it ran.
     add("python", recorded.get("python"), current.get("python"), True)
     for key in ("torch", "cuda", "cudnn", "nccl"):
         add(key, recorded.get(key), current.get(key), key in STRICT_KEYS)
     ra, ca = recorded.get("packages", {}), current.get("packages", {})
-    for name in sorted(set(ra) | set(ca)):
+    numeric = [n for n in NUMERIC if n != "torch"]
+    for name in numeric:
         add(f"package {name}", ra.get(name), ca.get(name), True)
+    add("tokenizer_sha256", recorded.get("tokenizer_sha256"), current.get("tokenizer_sha256"), True)
     for src in ("model", "dataset"):
         r, c = recorded.get(src, {}), current.get(src, {})
         for k in ("commit", "content_sha256"):
             add(f"{src} {k}", r.get(k), c.get(k), True)
-    add("tokenizer_sha256", recorded.get("tokenizer_sha256"), current.get("tokenizer_sha256"), True)
+    for name in sorted((set(ra) | set(ca)) - set(numeric)):
+        add(f"package {name}", ra.get(name), ca.get(name), True)
+    for key in ("interpreter", "pythonpath"):
+        if key in recorded:  # recorded since the record pins which copy of a package ran
+            add(key, recorded.get(key), current.get(key), False)
     rg, cg = recorded.get("git", {}), current.get("git", {})
     add("git commit", rg.get("commit"), cg.get("commit"), False)
     add("git dirty", rg.get("dirty"), cg.get("dirty"), False)
@@ -93,6 +102,11 @@ def drift(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, A
     add(CPU_PIN, recorded.get("system", {}).get("cpu"), current.get("system", {}).get("cpu"), False)
     add("driver", recorded.get("gpus", {}).get("driver"), current.get("gpus", {}).get("driver"), False)
     return rows
+
+
+def folds(row: dict[str, Any]) -> bool:
+    """Whether a drift row is one of the packages that do not change the numbers (shown as a count)."""
+    return row["pin"].startswith("package ") and row["pin"].removeprefix("package ") not in NUMERIC
 
 
 def current_pins(spec: RunSpec, repo_dir: Path) -> dict[str, Any]:

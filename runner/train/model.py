@@ -163,6 +163,11 @@ def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) ->
     """
     forward = layer.forward
     extra: dict[str, Any] = {} if recompute_attention else {"context_fn": keep_attention_context}
+    # transformers ≥ 5.25 with the `kernels` package wraps attention forwards in a context variable that is set and
+    # reset around each call: a Python side effect, which dynamo refuses inside a checkpoint region, so it left
+    # every such layer uncompiled without a word (0 compiled matmuls). Skipping that set-and-reset when backward
+    # recomputes the region changes nothing (it is undone before the forward returns).
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
     def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)

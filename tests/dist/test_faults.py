@@ -116,3 +116,25 @@ def test_ctrl_c_cancels_with_130_and_leaves_nothing(dirs):
     ends = [e for r in (0, 1) for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if e.get("event") == "end"]
     assert {e["reason"] for e in ends} == {"cancelled"} and len({e["step"] for e in ends}) == 1
 
+
+
+def test_run_that_logs_no_loss_fails(dirs, tmp_path: Path):
+    # An engine that takes its steps and never reports a loss (TRL before 1.15 under the TRL engine did): planted by
+    # a sitecustomize on the ranks' path that turns the step line into nothing. Exit 0, and still not `succeeded`.
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / "sitecustomize.py").write_text(
+        "import os\n"
+        "if 'RANK' in os.environ:\n"
+        "    from runner.events import lines\n"
+        "    lines.EventWriter.step = lambda self, *a, **kw: None\n")
+    env = {**os.environ, "PYTHONPATH": str(plant)}
+    proc = start_runner(["run", "tiny-cpu", "--set", "train.max_steps=3", "--json", "--plain", *dir_args(dirs)],
+                        env=env)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, out + err
+    rec = records.load(Path(last_json(out)["record"]))
+    f = rec["failure"]
+    assert rec["status"] == "failed" and f["cause"] == "no_loss" and rec["exit_code"] == 0
+    assert f["message"].startswith("ranks 0, 1 took 3 steps but logged no loss"), f
+    assert records.verify(Path(last_json(out)["record"]))[0]

@@ -121,3 +121,28 @@ def test_a_killed_launcher_is_named_with_its_signal_not_a_log_line(tmp_path):
     paths.launcher_log.write_text(LAUNCHER_SIGTERM, encoding="utf-8")
     failure = diagnose(paths, world_size=2, exit_code=1)
     assert (failure["rank"], failure["cause"]) == (0, "exception") and "SignalException" in failure["message"]
+
+
+def test_a_rank_that_took_steps_without_a_loss_fails_the_run(tmp_path):
+    from runner.events.failure import missing_loss
+
+    def ranks(name: str, lines: dict[int, list[dict]]) -> RunPaths:
+        paths = RunPaths(tmp_path / name)
+        for rank, rows in lines.items():
+            events = EventWriter(paths.events / f"rank{rank}.jsonl", rank)
+            for row in rows:
+                events.write(**row)
+            events.close()
+        return paths
+
+    end = {"event": "end", "steps": 4}
+    logged = ranks("logged", {0: [{"step": 4, "loss": 2.0}, end], 1: [{"step": 4, "loss": None, "global_loss": 2.0},
+                                                                       end]})
+    assert missing_loss(logged, 2, 0) is None  # rank 1 had no target of its own: the global loss is its loss
+    silent = ranks("silent", {0: [{"step": 4, "loss": 2.0}, end], 1: [end]})
+    f = missing_loss(silent, 2, 0)
+    assert f is not None and f["rank"] == 1 and f["cause"] == "no_loss"
+    assert f["message"].startswith("rank 1 took 4 steps but logged no loss")
+    assert missing_loss(ranks("none", {0: [{"event": "end", "steps": 0}]}), 1, 0) is None  # no step, nothing owed
+    early = ranks("early", {0: [{**end, "stopped_early": 4}]})
+    assert missing_loss(early, 1, 0) is None  # stopped by its eval before a line was due
