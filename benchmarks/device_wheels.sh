@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The wheels a GPU machine's image lacks (python 3.12, torch 2.11, transformers 5.17, peft, accelerate,
+# The wheels a GPU machine's image lacks or has too old (python 3.12, torch 2.11, transformers 5.17, peft, accelerate,
 # nvidia-ml-py, psutil, pyarrow are there), downloaded here into .whl/ at the versions .ci/constraints.txt pins,
 # for a machine with no package registry. Usage, from the repository root:
-#   benchmarks/device_wheels.sh            # trl, datasets and their needs, liger-kernel (about 12 MB)
+#   benchmarks/device_wheels.sh            # trl, datasets, transformers and their needs, liger-kernel (about 25 MB)
 #   benchmarks/device_wheels.sh --fa4      # also flash-attn-4, its needs and the CuTe DSL for CUDA 13 into
 #                                          # .whl-fa4/ (the DSL's CUDA 13 library wheel is ~92 MB: split it, below)
 # There, before the first command (the same line in every call: the install goes to /tmp/site, kept while warm):
@@ -29,6 +29,11 @@ specs=()
 for n in "${names[@]}"; do v=$(pin "$n"); [ -n "$v" ] || { echo "no pin for $n in .ci/constraints.txt" >&2; exit 2; }
   specs+=("$n==$v"); done
 specs+=("liger-kernel==0.8.5")
+# transformers at the supported lower bound or above (runner/versions.py; the image has 5.17, which preflight
+# refuses) with what it needs newer than the image: huggingface_hub 1.31 is the lowest transformers 5.24 takes (its
+# own needs are older than 2.x's).
+specs+=("transformers==$(pin transformers)" "tokenizers==$(pin tokenizers)" "safetensors==$(pin safetensors)"
+        "huggingface_hub==1.31.0" "click==$(pin click)" "hf-xet==$(pin hf-xet)")
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 \
          manylinux_2_34_x86_64 manylinux_2_35_x86_64; do plat+=(--platform "$p"); done

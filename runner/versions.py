@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 SUPPORTED: dict[str, tuple[str, str]] = {
-    "torch": ("2.13", "3"),
+    "torch": ("2.11", "3"),
     "transformers": ("5.24", "6"),
     "trl": ("1.16", "2"),
     "peft": ("0.19", "1"),

@@ -49,7 +49,7 @@ def test_an_old_trl_is_refused_in_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("found, ok", [("2.13.0+cpu", True), ("2.14.0.dev20261201", True), ("3.0.0", False),
-                                       ("2.12.1", False)])
+                                       ("2.11.0+cu130", True), ("2.10.1", False)])
 def test_versions_compare_by_release(monkeypatch, found, ok):
     monkeypatch.setattr(versioncheck, "imported_version", lambda n: found if n == "torch" else imported_version(n))
     assert (versioncheck.version_problems() == []) is ok
