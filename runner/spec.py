@@ -98,10 +98,17 @@ class LoraSpec(_Section):
 
 
 class MethodSpec(_Section):
-    kind: Literal["full", "lora"] = "full"
-    """full = every weight trains; lora = low-rank adapters on a frozen base."""
+    kind: Literal["full", "lora", "qlora"] = "full"
+    """full = every weight trains; lora = low-rank adapters on a frozen base; qlora = the same adapters on a base
+    whose frozen Linear weights are stored in 4-bit NF4 (block 64, double-quantized scales) and dequantized to
+    bf16 for compute."""
     lora: LoraSpec = Field(default_factory=LoraSpec)
-    """LoRA settings (used when kind is lora)."""
+    """LoRA settings (used when kind is lora or qlora)."""
+
+    @property
+    def adapters(self) -> bool:
+        """Whether low-rank adapters train on a frozen base (lora and qlora)."""
+        return self.kind in ("lora", "qlora")
 
 
 class HardwareSpec(_Section):
@@ -409,8 +416,8 @@ def cross_field_problems(spec: RunSpec) -> list[Problem]:
     if spec.dataset.path is None and not spec.dataset.id:
         out.append(Problem("dataset.id", "neither dataset.id nor dataset.path is set", "set one of them"))
     out += hardware_problems(spec)
-    if spec.output.save == "adapter" and spec.method.kind != "lora":
-        out.append(Problem("output.save", "'adapter' needs method.kind=lora",
+    if spec.output.save == "adapter" and not spec.method.adapters:
+        out.append(Problem("output.save", "'adapter' needs method.kind=lora or qlora",
                            "use output.save=full or method.kind=lora"))
     out += lever_problems(spec)
     out += eval_problems(spec)

@@ -174,11 +174,19 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
     lora_left_out: list[str] = []
-    if spec.method.kind == "lora":
-        from runner.train.lora import apply_lora, lora_notes
+    quantization = None
+    if spec.method.adapters:
+        from runner.train.lora import apply_lora, base_dtype, lora_notes
 
         lora_left_out = lora_notes(model, spec)
         model = apply_lora(model, spec)
+    if spec.method.kind == "qlora":
+        from runner.train.qlora import not_quantized_notes, quantize_base
+
+        # Shards as FSDP2 cuts them: over every rank, or none when one rank trains the plain module.
+        quantization = quantize_base(model, rt.world_size, "bfloat16" if rt.device == "cuda"
+                                     else str(base_dtype(model)).removeprefix("torch."))
+        lora_left_out += not_quantized_notes(quantization)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
@@ -206,7 +214,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
-            "lora_left_out": lora_left_out,
+            "lora_left_out": lora_left_out, "quantization": quantization,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
             "sequence_parallel": sp.size, "offloaded_layers": hosted,
