@@ -173,3 +173,15 @@ def test_trl_qlora_on_cpu_is_refused_before_launch_with_the_fix():
     problems = trl_problems(spec, AutoConfig.from_pretrained(str(QWEN)), "cpu", lora=False)
     assert len(problems) == 1 and problems[0].field == "method.kind"
     assert "CUDA GPU" in problems[0].message and "engine=native" in problems[0].fix
+
+
+def test_the_method_comparison_and_the_suggestion_name_qlora_for_70b_on_one_h100(llama_70b):
+    from runner.plan import method_comparison
+
+    spec = load_spec("tiny-cpu", [f"model.path={llama_70b}", "method.kind=lora", "hardware.device=cuda",
+                                  "hardware.gpu=H100-80GB", "hardware.nproc_per_node=1", "train.seq_len=8192"])
+    rows = {r["method"]: r for r in method_comparison(spec)}
+    assert list(rows) == ["full", "lora", "qlora"]
+    assert not rows["full"]["fits"] and not rows["lora"]["fits"] and rows["qlora"]["fits"]
+    assert rows["full"]["per_gpu_gib"] > rows["lora"]["per_gpu_gib"] > rows["qlora"]["per_gpu_gib"]
+    assert estimate(spec).suggestion.startswith("QLoRA (a 4-bit base) (--set method.kind=qlora): predicted")

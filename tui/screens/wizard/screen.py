@@ -290,7 +290,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
         self.query_one("#help", Static).update(event.doc)
 
     def _show_lora(self) -> None:
-        lora = get_path(self.data, "method.kind") == "lora"
+        lora = get_path(self.data, "method.kind") in ("lora", "qlora")
         for field in self.query(".lora-only"):
             field.display = lora
 
