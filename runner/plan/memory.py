@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from runner.facts.catalog import LAYER_LINEAR, Arch
+from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.decisions import ULYSSES
 from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers, regenerated_layers
 from runner.engines import engine_for
@@ -38,6 +38,7 @@ from runner.plan.constants import (
     gib,
 )
 from runner.plan.lora import lora_params
+from runner.plan.quant import dequant_bytes, gathered_layer_bytes, quantized_params
 from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.spec import RunSpec
 
@@ -186,34 +187,6 @@ def model_states(s: Step) -> ModelStates:
                        quantized * NF4_BYTES_PER_PARAM / n, quantized * NF4_SCALE_BYTES_PER_PARAM / n)
 
 
-def quantized_params(arch: Arch) -> int:
-    """Weights QLoRA stores in NF4: every Linear of the decoder layers and the vision tower (runner.train.qlora
-    quantizes each frozen Linear but the output head). 3-D expert stacks stay: torchao's NF4 is 2-D only."""
-    layers = sum(x.in_features * x.out_features for i in range(arch.layers) for x in arch.linears(i))
-    return layers + sum(x.in_features * x.out_features for x in arch.vision_linears)
-
-
-def dequant_bytes(s: Step) -> float:
-    """qlora: the bf16 copy of one Linear weight while its matmul runs (torchao's linear dequantizes in forward
-    and again in backward, one weight at a time): the largest one's."""
-    if not s.quant:
-        return 0.0
-    arch = s.plan.arch
-    largest = max((x.in_features * x.out_features for i in range(arch.layers) for x in arch.linears(i)), default=0)
-    return largest * s.cb
-
-
-def gathered_layer_bytes(s: Step) -> float:
-    """One decoder layer's unsharded copy as FSDP2 gathers it: in the compute dtype, or (qlora) its Linear weights
-    as NF4 codes and scales beside the rest in the compute dtype."""
-    arch, layer = s.plan.arch, s.plan.arch.max_layer_params
-    if not s.quant:
-        return layer * s.cb
-    big = max(range(arch.layers), key=arch.layer_params)
-    linear = sum(x.in_features * x.out_features for x in arch.linears(big))
-    return linear * (NF4_BYTES_PER_PARAM + NF4_SCALE_BYTES_PER_PARAM) + (layer - linear) * s.cb
-
-
 @dataclass(frozen=True)
 class FsdpWorkingSet:
     """FSDP2's unsharded copies and the gradients on their way to be reduce-scattered (bytes)."""
@@ -259,7 +232,7 @@ def fsdp_working_set(s: Step) -> FsdpWorkingSet:
         root_grad_shard=root_u * tb / n if reduced else 0.0,
         layer_grad_shard=layer_u * tb / n if reduced else 0.0,
         # FSDP2 gathers the layer being run (and prefetches the next) into buffers of their own.
-        gathered=gathered_layer_bytes(s) if sharded else 0.0,
+        gathered=(gathered_layer_bytes(arch, cb) if s.quant else layer_u * cb) if sharded else 0.0,
         root_reduce_output=0.0 if s.lora else root_u * rb / n)
 
 
@@ -545,7 +518,8 @@ def memory_model(plan: Plan) -> Memory:
     if plan.device == "cpu":
         reasons.append("CPU run: host RAM per rank, fp32 throughout; allocator behaviour differs from CUDA")
     parts = Parts(states, fsdp, act, loss_memory(s, fsdp.head_grad), expert_merges(s, states.expert_stack),
-                  autocast_weight_copies(s, states.trainable), plan.sharded, dequant_bytes(s))
+                  autocast_weight_copies(s, states.trainable), plan.sharded,
+                  dequant_bytes(plan.arch, s.cb) if s.quant else 0.0)
     root = root_reduce_phase(parts)
     phases = {"loss": loss_phase(parts), "backward_start": backward_start_phase(parts),
               "backward_end": max(first_layer_phase(parts), root, key=lambda x: x.total),

@@ -25,7 +25,8 @@ from runner.plan.constants import (
     UNWRAPPED_STEP_OVERHEAD_S,
 )
 from runner.plan.data_size import DataSize
-from runner.plan.memory import Memory, quantized_params
+from runner.plan.memory import Memory
+from runner.plan.quant import quantized_params
 from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.facts.flops import hardware_flops
 from runner.engines import engine_for

@@ -173,20 +173,9 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
-    lora_left_out: list[str] = []
-    quantization = None
-    if spec.method.adapters:
-        from runner.train.lora import apply_lora, base_dtype, lora_notes
+    from runner.train.qlora import with_adapters
 
-        lora_left_out = lora_notes(model, spec)
-        model = apply_lora(model, spec)
-    if spec.method.kind == "qlora":
-        from runner.train.qlora import not_quantized_notes, quantize_base
-
-        # Shards as FSDP2 cuts them: over every rank, or none when one rank trains the plain module.
-        quantization = quantize_base(model, rt.world_size, "bfloat16" if rt.device == "cuda"
-                                     else str(base_dtype(model)).removeprefix("torch."))
-        lora_left_out += not_quantized_notes(quantization)
+    model, lora_left_out, quantization = with_adapters(model, spec, rt.world_size, rt.device)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \

@@ -65,14 +65,15 @@ def frozen_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
             if isinstance(m, nn.Linear) and m is not head and not m.weight.requires_grad]
 
 
-def quantize_base(model: nn.Module, shards: int, compute_dtype: str = "bfloat16") -> dict[str, Any]:
+def quantize_base(model: nn.Module, shards: int, compute_dtype: str = "bfloat16", device: str | None = None
+                  ) -> dict[str, Any]:
     """Replace each frozen Linear weight by its NF4 form (in place, before FSDP2 shards the model over `shards`
     ranks); returns what was done, for the record: type, block sizes, library version, counts, and what stayed in
     its own dtype and why.
 
     The weight is quantized from bf16 (QLoRA's storage dtype); its forward dequantizes it to the input's dtype
     (torchao's F.linear override): bf16 on GPU; a CPU run still computes in fp32 (`compute_dtype`) and stays exact
-    on replay.
+    on replay. With `device` each weight is quantized there, by that device's kernels, and stays there.
     """
     lib = nf4_library()
     quantized, weights, scaler_sizes, kept = 0, 0, set(), []
@@ -82,7 +83,8 @@ def quantize_base(model: nn.Module, shards: int, compute_dtype: str = "bfloat16"
         if size is None:
             kept.append(f"{name} {tuple(w.shape)}: not whole NF4 blocks per shard")
             continue
-        nf4 = lib.to_nf4(w.detach().to(torch.bfloat16).contiguous(), NF4_BLOCK, size)
+        nf4 = lib.to_nf4(w.detach().to(device=device or w.device, dtype=torch.bfloat16).contiguous(), NF4_BLOCK,
+                         size)
         module.weight = nn.Parameter(nf4, requires_grad=False)
         quantized += 1
         weights += w.numel()
@@ -96,6 +98,25 @@ def quantize_base(model: nn.Module, shards: int, compute_dtype: str = "bfloat16"
             "double_quantized": True, "library": f"torchao {torchao_version()}", "compute_dtype": compute_dtype,
             "quantized_layers": quantized, "quantized_params": weights, "frozen_params_not_quantized": kept_params,
             "not_quantized": kept}
+
+
+def with_adapters(model: nn.Module, spec: Any, shards: int, device: str
+                  ) -> tuple[nn.Module, list[str], dict[str, Any] | None]:
+    """The native engine's method on the loaded model, before FSDP2 shards it over `shards` ranks: peft's adapters
+    for lora and qlora and, for qlora, the NF4 base; with what they leave out (said at launch) and the quantization
+    for the record (None unless qlora)."""
+    if not spec.method.adapters:
+        return model, [], None
+    from runner.train.lora import apply_lora, base_dtype, lora_notes
+
+    notes = lora_notes(model, spec)
+    model = apply_lora(model, spec)
+    if spec.method.kind != "qlora":
+        return model, notes, None
+    # A CPU run computes in its weights' dtype (fp32: exact replays); a GPU run in bf16.
+    compute = "bfloat16" if device == "cuda" else str(base_dtype(model)).removeprefix("torch.")
+    quantization = quantize_base(model, shards, compute, device if device == "cuda" else None)
+    return model, notes + not_quantized_notes(quantization), quantization
 
 
 def not_quantized_notes(info: dict[str, Any], limit: int = 3) -> list[str]:

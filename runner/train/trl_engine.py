@@ -153,10 +153,12 @@ def bnb_4bit_problems(spec: RunSpec, device: str) -> list[Problem]:
     return []
 
 
-def bnb_4bit_record() -> dict[str, Any]:
-    """What the record pins of the bitsandbytes quantization."""
+def bnb_4bit_record(spec: RunSpec) -> dict[str, Any] | None:
+    """What the record pins of the bitsandbytes quantization (None unless qlora)."""
     from runner.versions import package_versions
 
+    if spec.method.kind != "qlora":
+        return None
     return {"type": "nf4", "block_size": 64, "double_quantized": True, "compute_dtype": "bfloat16",
             "storage_dtype": "bfloat16", "library": f"bitsandbytes {package_versions(('bitsandbytes',))['bitsandbytes']}"}
 
@@ -566,14 +568,13 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     begin = dict(max_steps=t.max_steps, engine="trl", params=n_params, trainable_params=n_trainable,
                  model_type=getattr(config, "model_type", None), init=spec.model.init, lora_left_out=lora_left_out,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
-                 quantization=bnb_4bit_record() if spec.method.kind == "qlora" else None,
                  **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
                  packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
                  levers=lever_values(spec, len(decoder_layers(model)), "trl-fused"),
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
-                 fsdp_sharded=bool(fsdp),
+                 fsdp_sharded=bool(fsdp), quantization=bnb_4bit_record(spec),
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  optimizer_precision=t.optimizer_precision,
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,

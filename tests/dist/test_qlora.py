@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +16,11 @@ import pytest
 from runner.cli.main import main as runner_main
 from runner.train.qlora import torchao_version
 from tests.conftest import dir_args, last_json, run_cli
+from tests.dist.test_ulysses import _free_port
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["--set", "train.max_steps=40", "--set", "train.warmup_steps=5"]
 
 
@@ -65,3 +70,13 @@ def test_a_qlora_run_replays_bit_for_bit(runs, capsys):
     replay = json.loads(Path(result["record"]).read_text())
     assert replay["decisions"]["quantization"] == runs["qlora"]["decisions"]["quantization"]
     assert replay["metrics"]["loss_curve"] == runs["qlora"]["metrics"]["loss_curve"]
+
+
+def test_the_dequantized_base_gathered_from_fsdp2_shards_is_the_whole_models():
+    """What a merged export of a QLoRA run starts from (runner.train.qlora.base_state_dict), on 2 gloo ranks."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", str(_free_port()),
+                          str(ROOT / "tests" / "dist" / "qlora_ranks.py")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=220)
+    assert out.returncode == 0 and "qlora base ok" in out.stdout, (out.stdout + out.stderr)[-3000:]

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from runner.cli.main import main
 from runner.plan import estimate
 from runner.plan.constants import GIB, NF4_BYTES_PER_PARAM, NF4_SCALE_BYTES_PER_PARAM
-from runner.plan.memory import quantized_params
+from runner.plan.quant import quantized_params
 from runner.spec import load_spec
 from runner.train.lora import apply_lora
 from runner.train.qlora import (
