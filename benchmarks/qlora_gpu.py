@@ -68,17 +68,27 @@ def run_spec(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     }
 
 
-def estimate_of(record: dict[str, Any]) -> dict[str, Any]:
-    """What the record says was predicted before launch, in the columns the table compares."""
-    est = record.get("estimate") or {}
+def estimate_json(spec_path: Path, method: str) -> dict[str, Any]:
+    """`runner estimate --json` for the row's spec, as a user would run it before launch (the planner's levers)."""
+    out = subprocess.run([sys.executable, "-m", "runner", "estimate", str(spec_path), "--json", "--set",
+                          f"method.kind={method}"], cwd=REPO, capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (out.stderr or out.stdout).strip()[-500:]}
+
+
+def estimate_of(est: dict[str, Any]) -> dict[str, Any]:
+    """The estimate in the columns the table compares."""
     step_s, tokens = est.get("step_s"), est.get("tokens_per_step")
     return {"per_gpu_gib": est.get("per_gpu_gib"), "allocated_gib": est.get("per_gpu_allocated_gib"),
             "reserved_gib": est.get("per_gpu_reserved_gib"), "step_s": step_s,
             "tokens_per_s": round(tokens / step_s, 1) if step_s and tokens else None,
-            "fits": est.get("fits"), "levers": est.get("levers"), "breakdown": est.get("breakdown")}
+            "fits": est.get("fits"), "levers": est.get("levers"), "breakdown": est.get("breakdown"),
+            **({"error": est["error"]} if est.get("error") else {})}
 
 
-def rows_with_estimates(bench: dict[str, Any]) -> list[dict[str, Any]]:
+def rows_with_estimates(bench: dict[str, Any], spec_path: Path) -> list[dict[str, Any]]:
     rows = []
     for r in bench.get("rows", []):
         try:
@@ -91,7 +101,8 @@ def rows_with_estimates(bench: dict[str, Any]) -> list[dict[str, Any]]:
                      "peak_alloc_gib": r.get("peak_alloc_gib"), "peak_reserved_gib": r.get("peak_reserved_gib"),
                      "last_loss": r.get("last_loss"), "last_step": r.get("last_step"),
                      "step_s_median": r.get("step_s_median"), "doc_tokens": r.get("doc_tokens"),
-                     "quantization": quant, "failure": r.get("failure"), "estimate": estimate_of(record),
+                     "quantization": quant, "failure": r.get("failure"),
+                     "estimate": estimate_of(estimate_json(spec_path, r.get("method"))),
                      "record": r.get("record")})
     return rows
 
@@ -109,7 +120,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"- GPU: {gpu.get('name')} × {gpu.get('count')}, driver {gpu.get('driver')}",
              f"- versions: {', '.join(f'{k} {v}' for k, v in (result.get('versions') or {}).items() if v)}",
              f"- {result['warmup']} warm-up steps, then {result['steps']} measured; tokens/s per GPU; "
-             "est. = the estimate the record kept from before launch", "",
+             "est. = `runner estimate` of the same spec", "",
              "| method | seq_len | tokens/s | est. tokens/s | peak allocated GiB | est. allocated | peak reserved GiB "
              "| est. needed | loss (step) | status |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python3", "benchmarks/qlora_gpu.py", *(argv or sys.argv[1:])]),
               "model": f"Llama-3.1-70B width, {args.layers} of 80 layers, random init", "gpu": bench.get("gpu"),
               "versions": bench.get("versions"), "warmup": args.warmup, "steps": args.steps,
-              "rows": rows_with_estimates(bench), "bench": bench_file.name}
+              "rows": rows_with_estimates(bench, spec_path), "bench": bench_file.name}
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / f"{name}.md").write_text(markdown(result))
     print(markdown(result))

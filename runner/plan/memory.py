@@ -181,7 +181,7 @@ def model_states(s: Step) -> ModelStates:
         notes.append(f"qlora: {quantized / 1e9:.2f}B Linear weights in NF4 ({NF4_BYTES_PER_PARAM} B each and "
                      f"{NF4_SCALE_BYTES_PER_PARAM:.3f} B of scales), the other {(text + vision - quantized) / 1e9:.2f}B"
                      f" (embeddings, norms, lm_head{', expert stacks' if arch.num_experts else ''}) in "
-                     f"{'bf16' if b == 2 else 'fp32'}")
+                     f"{'bf16' if b == 2 else 'fp32'}; not yet measured on a GPU (benchmarks/qlora_gpu.py)")
     return ModelStates(params_b, grads_b, opt_b, lora_b, lora_no_grads, grads_b if accumulating else 0.0,
                        lora_b if accumulating else lora_no_grads, trainable, expert_stack, tuple(notes),
                        quantized * NF4_BYTES_PER_PARAM / n, quantized * NF4_SCALE_BYTES_PER_PARAM / n)
