@@ -41,7 +41,6 @@ for s in "${specs[@]}"; do
 done
 du -sh .whl
 if [ "${1:-}" = "--bnb" ]; then
-  grep -qx '/.whl-bnb/' .git/info/exclude 2>/dev/null || echo '/.whl-bnb/' >> .git/info/exclude
   mkdir -p .whl-bnb
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
       -d .whl-bnb bitsandbytes==0.50.2

@@ -201,6 +201,10 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
         model_mod.disable_cache(model)
         return model
     if spec.method.kind == "qlora":  # bnb_4bit_problems refused the rest before launch
+        from runner.train.attention import VARLEN, register_varlen
+
+        if attn == VARLEN:
+            register_varlen(varlen_kernel or None)
         src, rev = model_mod.model_source(spec)
         model = model_mod.model_class(spec, config).from_pretrained(
             src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn, quantization_config=bnb_4bit_config(),
