@@ -173,9 +173,12 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
-    from runner.train.qlora import with_adapters
+    from runner.train.qlora import not_quantized_notes, with_adapters
 
     model, lora_left_out, quantization = with_adapters(model, spec, rt.world_size, rt.device)
+    if quantization and rt.rank == 0:  # the rank log says it too, beside the train_begin event
+        print(f"[native] qlora: {quantization['quantized_layers']} Linear layers in NF4 ({quantization['library']})"
+              + "".join(f"; {n}" for n in not_quantized_notes(quantization)), flush=True)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
