@@ -145,7 +145,7 @@ class ModelStates:
     grads: float
     optimizer: float
     lora: float
-    """Adapter weights, gradients and AdamW states."""
+    """Adapter weights and gradients (their AdamW states are `optimizer`)."""
     lora_no_grads: float
     grads_accumulated: float
     """Gradients kept from one micro-batch to the next (train.grad_accum > 1)."""
@@ -166,9 +166,9 @@ def model_states(s: Step) -> ModelStates:
     quantized = quantized_params(arch) if s.quant else 0
     if s.lora:
         trainable = lora_n
-        params_b, grads_b, opt_b = (text + vision - quantized) * b / n, 0.0, 0.0
-        lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n
-        lora_no_grads = trainable * tb * (1 + ADAM_STATES_PER_PARAM) / n
+        params_b, grads_b = (text + vision - quantized) * b / n, 0.0
+        opt_b = trainable * tb * ADAM_STATES_PER_PARAM / n
+        lora_b, lora_no_grads = trainable * tb * 2 / n, trainable * tb / n
     else:
         trainable = text
         # The vision tower gets no gradient in text-only training: no grads, no optimizer state (AdamW skips it).
@@ -492,7 +492,7 @@ def state_holes(s: Step, p: Parts) -> float:
     an MLP weight's state, about 0.3. Without liger the loss's and autocast's buffers were taken too (1.72B at 32k:
     25.9 GiB reserved after step 1, 38.7 from step 2 on, trl_reserved_steps.py), which TRL's best settings no
     longer leave."""
-    if not (s.trl and not p.sharded and s.cuda and p.states.optimizer):
+    if not (s.trl and not p.sharded and s.cuda and p.states.optimizer) or s.lora:  # adapters' states: small
         return 0.0
     a = p.act
     state_tensor = s.tb * s.plan.arch.hidden * s.plan.arch.intermediate

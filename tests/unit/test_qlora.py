@@ -143,7 +143,7 @@ def test_llama_70b_qlora_fits_one_h100_at_8k_and_lora_does_not(llama_70b):
     assert b["quantized"] == pytest.approx(n * NF4_BYTES_PER_PARAM / GIB, abs=0.006)  # the breakdown rounds to 0.01 GiB
     assert b["quant_scales"] == pytest.approx(n * NF4_SCALE_BYTES_PER_PARAM / GIB, abs=0.006)  # the breakdown rounds to 0.01 GiB
     assert b["dequant"] == pytest.approx(8192 * 28672 * 2 / GIB, abs=0.006)  # the breakdown rounds to 0.01 GiB  # the MLP's largest weight, in bf16
-    assert b["lora"] == lora.breakdown["lora"] > 0
+    assert b["lora"] == lora.breakdown["lora"] > 0 and b["optimizer"] == lora.breakdown["optimizer"] > 0  # adapters
     # what stays unquantized: the embedding and lm_head (bf16) and the norms
     assert b["params"] == pytest.approx((2 * 128256 * 8192 + 8192 * 161) * 2 / GIB, abs=0.006)  # the breakdown rounds to 0.01 GiB
     assert "quantized" not in lora.breakdown
