@@ -2,7 +2,10 @@
 # The wheels a GPU machine's image lacks or has too old (python 3.12, torch 2.11, transformers 5.17, peft, accelerate,
 # nvidia-ml-py, psutil, pyarrow are there), downloaded here into .whl/ at the versions .ci/constraints.txt pins,
 # for a machine with no package registry. Usage, from the repository root:
-#   benchmarks/device_wheels.sh            # trl, datasets, transformers and their needs, liger-kernel (about 25 MB)
+#   benchmarks/device_wheels.sh            # trl, datasets, transformers and their needs, torchao, liger-kernel
+#                                          # (about 28 MB)
+#   benchmarks/device_wheels.sh --bnb      # also bitsandbytes (the trl engine's QLoRA) into .whl-bnb/ (43 MB:
+#                                          # carry ".whl-bnb" in a call of its own, then install it as .whl)
 #   benchmarks/device_wheels.sh --fa4      # also flash-attn-4, its needs and the CuTe DSL for CUDA 13 into
 #                                          # .whl-fa4/ (the DSL's CUDA 13 library wheel is ~92 MB: split it, below)
 # There, before the first command (the same line in every call: the install goes to /tmp/site, kept while warm):
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 pin() { grep -i "^$1==" .ci/constraints.txt | head -n1 | cut -d= -f3; }
 names=(trl datasets dill multiprocess xxhash GitPython gitdb smmap pydantic pydantic_core typing-inspection
-       annotated-types)
+       annotated-types torchao)
 specs=()
 for n in "${names[@]}"; do v=$(pin "$n"); [ -n "$v" ] || { echo "no pin for $n in .ci/constraints.txt" >&2; exit 2; }
   specs+=("$n==$v"); done
@@ -43,6 +46,13 @@ for s in "${specs[@]}"; do
       -d .whl "$s"
 done
 du -sh .whl
+if [ "${1:-}" = "--bnb" ]; then
+  mkdir -p .whl-bnb
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+      -d .whl-bnb bitsandbytes==0.50.2
+  du -sh .whl-bnb
+  exit 0
+fi
 [ "${1:-}" = "--fa4" ] || exit 0
 # flash-attn-4 and what it needs that the image lacks; the CuTe DSL's libraries for the image's CUDA 13.
 grep -qx '/.whl-fa4/' .git/info/exclude 2>/dev/null || echo '/.whl-fa4/' >> .git/info/exclude

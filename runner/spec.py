@@ -98,10 +98,17 @@ class LoraSpec(_Section):
 
 
 class MethodSpec(_Section):
-    kind: Literal["full", "lora"] = "full"
-    """full = every weight trains; lora = low-rank adapters on a frozen base."""
+    kind: Literal["full", "lora", "qlora"] = "full"
+    """full = every weight trains; lora = low-rank adapters on a frozen base; qlora = the same adapters on a base
+    whose frozen Linear weights are stored in 4-bit NF4 (block 64, double-quantized scales) and dequantized to
+    bf16 for compute."""
     lora: LoraSpec = Field(default_factory=LoraSpec)
-    """LoRA settings (used when kind is lora)."""
+    """LoRA settings (used when kind is lora or qlora)."""
+
+    @property
+    def adapters(self) -> bool:
+        """Whether low-rank adapters train on a frozen base (lora and qlora)."""
+        return self.kind in ("lora", "qlora")
 
 
 class HardwareSpec(_Section):

@@ -14,6 +14,8 @@ from runner.spec import RunSpec
 # The Plan screen's what-if table: tokens per block × these GPU types (plus the spec's own type).
 SWEEP_SEQ_LENS = (2048, 8192, 32768)
 SWEEP_GPU_TYPES = ("H100-80GB", "H200", "B300")
+# ... and beneath it the same run as each method, on the run's own GPU type and block length.
+SWEEP_METHODS = ("full", "lora", "qlora")
 
 
 class EstimatorUnavailable(Exception):

@@ -137,10 +137,14 @@ class TrainBeginEvent(Event):
     """KV-head groups a tiled layer's attention ran its backward in (runner.facts.tiling.attention_head_groups; 1 =
     the kernel's own backward); absent from engines that never group. Follows the block length and the GPU, not pinned."""
 
+    quantization: dict[str, Any] | None = None
+    """method.kind=qlora: how the frozen base was stored (type, block sizes, library and version, what stayed in its
+    own dtype); absent otherwise."""
+
     DECISIONS: ClassVar[tuple[str, ...]] = (
         "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
         "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel",
-        "offloaded_layers", "regenerated_layers", "attention_head_groups")
+        "offloaded_layers", "regenerated_layers", "attention_head_groups", "quantization")
     """The train_begin keys that say what the engine decided (rather than what it counted)."""
 
     def decisions(self) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from runner.plan.choices import (
 from runner.plan.result import Estimate
 from runner.plan.sweep import parse_sweep, sweep
 from runner.plan.timing import calibration, flops_per_step
-from runner.plan.whatif import estimate, suggestion
+from runner.plan.whatif import estimate, method_comparison, suggestion
 
 __all__ = [
     "DataSize", "Estimate", "Plan", "_load_arch_cached", "backward_transient_bytes", "calibration", "dataset_size",
     "estimate", "flops_per_step", "predict", "fused_chunk_tokens", "gdn_kernels_installed", "layer_activation_bytes",
-    "lora_params", "make_plan", "memory_model", "offloads_activations", "parse_sweep",
+    "lora_params", "make_plan", "memory_model", "method_comparison", "offloads_activations", "parse_sweep",
     "planned_attention", "planned_loss", "recomputed_layers", "suggestion", "sweep",
 ]

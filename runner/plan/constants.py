@@ -18,6 +18,11 @@ def gib(x: float) -> float:
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 ADAM_STATES_PER_PARAM = 2
 """torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype."""
+NF4_BYTES_PER_PARAM = 0.5
+"""method.kind=qlora: a frozen Linear weight in NF4 is one 4-bit code."""
+NF4_SCALE_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
+"""Its scales: one int8 absmax per block of 64 weights (double-quantized), and per 256 of those one 4-byte factor
+(torchao: a bf16 factor; bitsandbytes: an fp32 one; the larger is counted)."""
 NATIVE_REDUCE_BYTES = 4
 """runner/train/model.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): reduce-scatter input in fp32."""
 TRL_REDUCE_BYTES = 2
@@ -123,6 +128,10 @@ steps the ranks run (runner.plan.timing.shard_steps). About a second for the emb
 PARAMWRAPPER_TRAFFIC = 3.0
 """Bytes moved per byte of a layer's expert stack each time ParamWrapper merges it (write B·A, read W and the delta,
 write W + delta); it happens in the forward, in the recompute and once more for the merged weight's gradient."""
+NF4_DEQUANT_TRAFFIC = 8.0
+"""Bytes moved per NF4 weight each time it is dequantized for a matmul (read the codes and scales, look the codes
+up, scale, write the bf16 copy: torchao's unfused ops), in the forward, the recompute and the backward. Not yet
+measured (benchmarks/qlora_gpu.py measures the step time it feeds)."""
 HBM_EFFICIENCY = 0.7
 """Share of the datasheet memory bandwidth that large elementwise kernels reach."""
 EAGER_ATTENTION_EFFICIENCY = 0.5
@@ -192,9 +201,12 @@ KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 PHASES = ("loss", "backward_start", "backward_end", "optimizer")
-BREAKDOWN_KEYS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "logits_loss", "lora",
-                  "cuda_context_nccl", "fragmentation")
-"""The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`."""
+BREAKDOWN_KEYS = ("params", "quantized", "quant_scales", "dequant", "grads", "optimizer", "fsdp_buffers",
+                  "activations", "logits_loss", "lora", "cuda_context_nccl", "fragmentation")
+"""The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`.
+QUANT_KEYS appear only in a QLoRA estimate: there `params` is what stays unquantized (embeddings, norms, lm_head)."""
+QUANT_KEYS = ("quantized", "quant_scales", "dequant")
+"""QLoRA's parts: the NF4 codes, their scales, and one Linear weight's bf16 copy while it is dequantized."""
 
 
 ATTENTION_RATE_FACTOR = {"flash-attn-4": 1.2}

@@ -7,6 +7,7 @@ from runner.engines import engine_for
 
 from runner.plan.constants import (
     BREAKDOWN_KEYS,
+    QUANT_KEYS,
     DEFAULT_DOC_LEN,
     GIB,
     TIGHT_FRACTION,
@@ -58,7 +59,8 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         reasons.append("MoE step time assumes dense-matmul efficiency for the experts (not calibrated)")
     dev = device_memory(plan, mem)
     per_gpu = mem.allocated + dev.fragmentation + dev.context
-    breakdown = {k: gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS}
+    breakdown = {k: gib(mem.breakdown.get(k, 0.0)) for k in BREAKDOWN_KEYS
+                 if k not in QUANT_KEYS or spec.method.kind == "qlora"}
     breakdown["cuda_context_nccl"] = gib(dev.context)
     breakdown["fragmentation"] = gib(dev.fragmentation)
     if plan.device != "cuda":  # no CUDA context, no NCCL: the rank process itself

@@ -27,6 +27,8 @@ from runner.plan.constants import (
     FUSED_LOSS_COMPILED_BYTES_PER_ELEM,
     LOGITS_BYTES_PER_ELEM,
     NATIVE_REDUCE_BYTES,
+    NF4_BYTES_PER_PARAM,
+    NF4_SCALE_BYTES_PER_PARAM,
     PARAMWRAPPER_MERGED_COPIES,
     SDPA_MASK_BYTES_PER_ELEM,
     SDPA_CPU_MASK_COPIES_PER_LAYER,
@@ -36,6 +38,7 @@ from runner.plan.constants import (
     gib,
 )
 from runner.plan.lora import lora_params
+from runner.plan.quant import dequant_bytes, gathered_layer_bytes, quantized_params
 from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.spec import RunSpec
 
@@ -51,11 +54,14 @@ class Phase:
     activations: float = 0.0
     logits_loss: float = 0.0
     lora: float = 0.0
+    quantized: float = 0.0
+    quant_scales: float = 0.0
+    dequant: float = 0.0
 
     @property
     def total(self) -> float:
         return (self.params + self.optimizer + self.grads + self.fsdp_buffers + self.activations + self.logits_loss
-                + self.lora)
+                + self.lora + self.quantized + self.quant_scales + self.dequant)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -106,7 +112,10 @@ class Step:
     reduce_bytes: int
     tokens: int
     lora: bool
+    """Adapters train on a frozen base (lora and qlora)."""
     trl: bool
+    quant: bool = False
+    """The frozen Linear weights are stored in NF4 (qlora)."""
 
     @property
     def spec(self) -> RunSpec:
@@ -125,7 +134,7 @@ def step_sizes(plan: Plan) -> Step:
     prec = plan.precision  # compute dtype and the trainable weights' dtype, as the engine decides
     reduce_bytes = (TRL_REDUCE_BYTES if trl else NATIVE_REDUCE_BYTES) if cuda else b
     return Step(plan, b, DTYPE_BYTES[prec.compute], DTYPE_BYTES[prec.master], reduce_bytes, plan.tokens_per_rank,
-                spec.method.kind == "lora", trl)
+                spec.method.adapters, trl, spec.method.kind == "qlora")
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ class ModelStates:
     grads: float
     optimizer: float
     lora: float
-    """Adapter weights, gradients and AdamW states."""
+    """Adapter weights and gradients (their AdamW states are `optimizer`)."""
     lora_no_grads: float
     grads_accumulated: float
     """Gradients kept from one micro-batch to the next (train.grad_accum > 1)."""
@@ -144,17 +153,22 @@ class ModelStates:
     trainable: int
     expert_stack: int
     notes: tuple[str, ...]
+    quantized: float = 0.0
+    """qlora: the frozen Linear weights' NF4 codes."""
+    quant_scales: float = 0.0
+    """qlora: their double-quantized scales."""
 
 
 def model_states(s: Step) -> ModelStates:
     arch, n, b, tb = s.plan.arch, s.plan.world, s.b, s.tb
     text, vision = arch.text_params, arch.vision_params
     lora_n, expert_stack, notes = lora_params(arch, s.spec.method.lora) if s.lora else (0, 0, [])
+    quantized = quantized_params(arch) if s.quant else 0
     if s.lora:
         trainable = lora_n
-        params_b, grads_b, opt_b = (text + vision) * b / n, 0.0, 0.0
-        lora_b = trainable * tb * (2 + ADAM_STATES_PER_PARAM) / n
-        lora_no_grads = trainable * tb * (1 + ADAM_STATES_PER_PARAM) / n
+        params_b, grads_b = (text + vision - quantized) * b / n, 0.0
+        opt_b = trainable * tb * ADAM_STATES_PER_PARAM / n
+        lora_b, lora_no_grads = trainable * tb * 2 / n, trainable * tb / n
     else:
         trainable = text
         # The vision tower gets no gradient in text-only training: no grads, no optimizer state (AdamW skips it).
@@ -163,8 +177,14 @@ def model_states(s: Step) -> ModelStates:
         opt_b = text * tb * ADAM_STATES_PER_PARAM / n
         lora_b = lora_no_grads = 0.0
     accumulating = s.spec.train.grad_accum > 1
+    if quantized:
+        notes.append(f"qlora: {quantized / 1e9:.2f}B Linear weights in NF4 ({NF4_BYTES_PER_PARAM} B each and "
+                     f"{NF4_SCALE_BYTES_PER_PARAM:.3f} B of scales), the other {(text + vision - quantized) / 1e9:.2f}B"
+                     f" (embeddings, norms, lm_head{', expert stacks' if arch.num_experts else ''}) in "
+                     f"{'bf16' if b == 2 else 'fp32'}; not yet measured on a GPU (benchmarks/qlora_gpu.py)")
     return ModelStates(params_b, grads_b, opt_b, lora_b, lora_no_grads, grads_b if accumulating else 0.0,
-                       lora_b if accumulating else lora_no_grads, trainable, expert_stack, tuple(notes))
+                       lora_b if accumulating else lora_no_grads, trainable, expert_stack, tuple(notes),
+                       quantized * NF4_BYTES_PER_PARAM / n, quantized * NF4_SCALE_BYTES_PER_PARAM / n)
 
 
 @dataclass(frozen=True)
@@ -212,7 +232,7 @@ def fsdp_working_set(s: Step) -> FsdpWorkingSet:
         root_grad_shard=root_u * tb / n if reduced else 0.0,
         layer_grad_shard=layer_u * tb / n if reduced else 0.0,
         # FSDP2 gathers the layer being run (and prefetches the next) into buffers of their own.
-        gathered=layer_u * cb if sharded else 0.0,
+        gathered=(gathered_layer_bytes(arch, cb) if s.quant else layer_u * cb) if sharded else 0.0,
         root_reduce_output=0.0 if s.lora else root_u * rb / n)
 
 
@@ -392,6 +412,7 @@ class Parts:
     merges: ExpertMerges
     cast_cache: float
     sharded: bool
+    dequant: float = 0.0
 
 
 def loss_phase(p: Parts) -> Phase:
@@ -419,7 +440,7 @@ def backward_start_phase(p: Parts) -> Phase:
     last_layer = Phase(st.params, st.optimizer, grads=st.grads_accumulated + grads_at_last,
                        fsdp_buffers=f.root_in_layers_bwd + held_at_last + 2 * f.gathered,
                        activations=a.kept + a.recompute_last + a.transient + a.mask + a.score_transient,
-                       logits_loss=0.0, lora=st.lora + p.merges.last)
+                       logits_loss=0.0, lora=st.lora + p.merges.last, dequant=p.dequant)
     return max(loss_back, last_layer, key=lambda x: x.total)
 
 
@@ -432,7 +453,7 @@ def first_layer_phase(p: Parts) -> Phase:
                  grads=max(st.grads_accumulated, st.grads - f.root_grad_shard - f.layer_grad_shard),
                  fsdp_buffers=f.root_in_layers_bwd + held_at_last + f.gathered + f.layer_reduce_input,
                  activations=a.kept_first + a.recompute_first + a.transient + a.mask + a.score_transient,
-                 logits_loss=0.0, lora=st.lora + p.merges.at_backward)
+                 logits_loss=0.0, lora=st.lora + p.merges.at_backward, dequant=p.dequant)
 
 
 def root_reduce_phase(p: Parts) -> Phase:
@@ -471,7 +492,7 @@ def state_holes(s: Step, p: Parts) -> float:
     an MLP weight's state, about 0.3. Without liger the loss's and autocast's buffers were taken too (1.72B at 32k:
     25.9 GiB reserved after step 1, 38.7 from step 2 on, trl_reserved_steps.py), which TRL's best settings no
     longer leave."""
-    if not (s.trl and not p.sharded and s.cuda and p.states.optimizer):
+    if not (s.trl and not p.sharded and s.cuda and p.states.optimizer) or s.lora:  # adapters' states: small
         return 0.0
     a = p.act
     state_tensor = s.tb * s.plan.arch.hidden * s.plan.arch.intermediate
@@ -497,11 +518,14 @@ def memory_model(plan: Plan) -> Memory:
     if plan.device == "cpu":
         reasons.append("CPU run: host RAM per rank, fp32 throughout; allocator behaviour differs from CUDA")
     parts = Parts(states, fsdp, act, loss_memory(s, fsdp.head_grad), expert_merges(s, states.expert_stack),
-                  autocast_weight_copies(s, states.trainable), plan.sharded)
+                  autocast_weight_copies(s, states.trainable), plan.sharded,
+                  dequant_bytes(plan.arch, s.cb) if s.quant else 0.0)
     root = root_reduce_phase(parts)
     phases = {"loss": loss_phase(parts), "backward_start": backward_start_phase(parts),
               "backward_end": max(first_layer_phase(parts), root, key=lambda x: x.total),
               "optimizer": optimizer_phase(parts)}
+    # The NF4 weights and their scales stay through every phase of the step.
+    phases = {k: replace(v, quantized=states.quantized, quant_scales=states.quant_scales) for k, v in phases.items()}
     setup = setup_phase(s, states)
     if setup is not None:
         phases["setup"] = setup

@@ -149,7 +149,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, device: str, dtype: str,
-              seq_len: int) -> str:
+              seq_len: int, quantized: bool = False) -> str:
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for k in ("_name_or_path", "transformers_version", "_commit_hash", "architectures"):
         cfg.pop(k, None)
@@ -158,7 +158,7 @@ def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, 
     windows = _window_regime(config, seq_len)
     data = {"v": CHECK_VERSION, "config": cfg, "path": path, "kernel": kernel, "engine": engine, "loss": loss_impl,
             "device": _device_name(device), "dtype": dtype, "windows": windows, "versions": _versions(),
-            "code": _source_digest()}
+            "code": _source_digest(), **({"quantized": "nf4"} if quantized else {})}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -216,6 +216,8 @@ class Setup:
     seq_len: int
     trust_remote_code: bool = False
     loader: str = "auto"
+    quantized: bool = False
+    """method.kind=qlora: the copy's Linear weights are frozen in NF4 (runner.train.qlora) as the run's are."""
 
 
 def documents(vocab: int) -> list[tuple[list[int], list[bool]]]:
@@ -354,7 +356,24 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
         expose_backbone(model)
         model.eval()  # no dropout, no router jitter: the two sides must see the same function
         keep_documents_apart(model, True, dtype)
+        if setup.quantized:
+            how += ", Linear weights in NF4"
+            _quantize(model, setup.dtype)
         yield model, f"{_layers(small)} layers, {how}, {params / 1e6:.1f}M parameters"
+
+
+def _quantize(model: Any, dtype: str) -> None:
+    """Freeze every Linear but the output head and store it in NF4, as a QLoRA run's base (its adapters aside):
+    the gradients compared are then the embeddings' and norms', behind the dequantized matmuls."""
+    from torch import nn
+
+    from runner.train.qlora import quantize_base
+
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module is not head:
+            module.weight.requires_grad_(False)
+    quantize_base(model, 1, dtype)
 
 
 def _construct(cls: Any, config: Any, setup: Setup, **kwargs: Any) -> Any:
@@ -491,13 +510,14 @@ def setup_for(spec: Any, config: Any, device: str, path: str | None = None) -> S
     # dtype on CPU.
     dtype = "bfloat16" if device == "cuda" or spec.model.dtype == "bfloat16" else "float32"
     return Setup(spec.engine, path or choice.impl, choice.kernel if (path or choice.impl) == "varlen" else "",
-                 loss_impl, device, dtype, spec.train.seq_len, spec.model.trust_remote_code, spec.model.loader)
+                 loss_impl, device, dtype, spec.train.seq_len, spec.model.trust_remote_code, spec.model.loader,
+                 spec.method.kind == "qlora")
 
 
 def checked(config: Any, setup: Setup, use_cache: bool = True) -> Verdict:
     """The verdict for this setup: from the cache when this model, config, path and versions were checked before."""
     key = cache_key(config, setup.path, setup.kernel, setup.engine, setup.loss_impl, setup.device, setup.dtype,
-                    setup.seq_len)
+                    setup.seq_len, setup.quantized)
     if use_cache:
         hit = _read_cache().get(key)
         if isinstance(hit, dict):

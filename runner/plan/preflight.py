@@ -78,7 +78,7 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
     out += _hardware_problems(spec)
     out += tiled_mlp_problems(spec.engine, spec.train.tiled_mlp, spec.train.compile)
     out += tracker_problems(list(spec.report.to))
-    if spec.method.kind == "lora" and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
+    if spec.method.adapters and spec.output.save == "full" and not engine_for(spec.engine).exports_full_lora:
         out.append(Problem("output.save", f"full export of a LoRA run is not supported by the {spec.engine} engine",
                            "use output.save=merged (the LoRA folded into the base, a standalone model) or adapter"))
     prompts = spec.train.eval_prompts
@@ -375,7 +375,7 @@ def _packing_problems(spec: RunSpec, config: Any) -> list[Problem]:
 
 
 def _lora_problems(spec: RunSpec, config: Any) -> list[Problem]:
-    if spec.method.kind != "lora":
+    if not spec.method.adapters:
         return []
     try:
         from runner.train import lora

@@ -17,6 +17,7 @@ from runner.plan.constants import (
     HOST_LINK_GB_S,
     LOAD_GB_PER_S,
     PARAMWRAPPER_TRAFFIC,
+    NF4_DEQUANT_TRAFFIC,
     SETUP_BASE_S,
     TRL_STEP_OVERHEAD_S,
     TRL_UNWRAPPED_RATE_FACTOR,
@@ -25,6 +26,7 @@ from runner.plan.constants import (
 )
 from runner.plan.data_size import DataSize
 from runner.plan.memory import Memory
+from runner.plan.quant import quantized_params
 from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
 from runner.facts.flops import hardware_flops
 from runner.engines import engine_for
@@ -49,7 +51,7 @@ def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[floa
     """(hardware FLOPs of one optimizer step over all ranks, the attention part of it): runner/facts/flops.py."""
     spec, arch = plan.spec, plan.arch
     flops, attn_flops = hardware_flops(arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
-                                       lora=spec.method.kind == "lora",
+                                       lora=spec.method.adapters,
                                        recomputed=recomputed_layers(spec, arch.layers),
                                        not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
                                        packing=spec.train.packing,
@@ -182,11 +184,15 @@ def step_time(plan: Plan, mem: Memory, flops: float, attn_flops: float) -> tuple
     step_s += flops / rate * mem.regenerated / (4 * arch.layers)
     if plan.head_groups > 1:
         step_s += attn_flops / rate / 4.5
-    if spec.method.kind == "lora" and mem.expert_stack:
+    if spec.method.adapters and mem.expert_stack:
         uses = (3 if t.activation_checkpointing else 2) * t.grad_accum
         moved = PARAMWRAPPER_TRAFFIC * uses * mem.expert_stack * 2 * sum(
             1 for i in range(arch.layers) if arch.is_moe_layer(i))
         step_s += moved / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+    if spec.method.kind == "qlora":
+        # Every rank dequantizes every layer it runs (FSDP2 gathers the NF4 form): each use of each weight.
+        uses = (3 if t.activation_checkpointing else 2) * t.grad_accum * t.micro_batch
+        step_s += NF4_DEQUANT_TRAFFIC * uses * quantized_params(arch) / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
     if mem.host_offload:
         # Each offloaded input comes back over the host link on the compute stream, just before its recompute, and
         # a regenerated input's source once more (the forward copies run on a side stream, overlapped).

@@ -22,6 +22,8 @@ def _candidates(spec: RunSpec, nproc: int, loss_impl: str) -> list[tuple[str, li
         s //= 2
     if spec.method.kind == "full":
         out.append(("LoRA", ["method.kind=lora"]))
+    if spec.method.kind != "qlora":
+        out.append(("QLoRA (a 4-bit base)", ["method.kind=qlora"]))
     if hw.device != "cpu":
         n = 1
         while n <= nproc:
@@ -55,7 +57,26 @@ def suggestion(spec: RunSpec, est: Estimate, doc_len: int) -> str:
     more = (f"raise hardware.memory_gib ({cap:g} GiB per {'rank' if spec.hardware.device == 'cpu' else 'GPU'} now)"
             if cap is not None else "give each rank more memory" if spec.hardware.device == "cpu"
             else "plan for a larger GPU")
-    return f"no single change fits: combine them (e.g. LoRA with fewer tokens per block) or {more}"
+    return f"no single change fits: combine them (e.g. QLoRA with fewer tokens per block) or {more}"
+
+
+METHODS = ("full", "lora", "qlora")
+"""What the method comparison sets side by side (method.kind)."""
+
+
+def method_comparison(spec: RunSpec) -> list[dict]:
+    """The estimate of the same run as a full fine-tune, LoRA and QLoRA (same model, GPU and block length): one
+    row each, with `method` and the estimate's dict; a method this spec cannot plan gets its `error`."""
+    base = spec.to_dict()
+    rows = []
+    for kind in METHODS:
+        try:
+            est = predict(load_spec(base, [f"method.kind={kind}"]))
+        except UserError as e:
+            rows.append({"method": kind, "error": str(e)})
+            continue
+        rows.append({"method": kind, **est.to_dict()})
+    return rows
 
 
 # =============================================================================================

@@ -183,7 +183,7 @@ def expert_notes(model: nn.Module, spec: RunSpec) -> list[str]:
 
 def lora_notes(model: nn.Module, spec: RunSpec) -> list[str]:
     """What the LoRA settings leave out of this model, one line each (empty for a full fine-tune)."""
-    if spec.method.kind != "lora":
+    if not spec.method.adapters:
         return []
     lo = spec.method.lora
     notes = all_linear_modules(model)[1] if lo.target_modules == ALL_LINEAR else []
@@ -216,7 +216,7 @@ def lora_problems(model: nn.Module, spec: RunSpec) -> list[Problem]:
     cannot wrap), target parameters naming tensors that do not exist, rank_pattern keys that match no target,
     and lora_dropout with tensor targets (peft's ParamWrapper cannot apply dropout).
     """
-    if spec.method.kind != "lora":
+    if not spec.method.adapters:
         return []
     lo = spec.method.lora
     problems: list[Problem] = []
@@ -310,6 +310,6 @@ def meta_model(config: Any, spec: RunSpec | None = None) -> nn.Module:
 
 def lora_problems_from_config(config: Any, spec: RunSpec) -> list[Problem]:
     """lora_problems on a meta-device model built from the config alone (for preflight: no weights, no memory)."""
-    if spec.method.kind != "lora":
+    if not spec.method.adapters:
         return []
     return lora_problems(meta_model(config, spec), spec)

@@ -149,12 +149,12 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
-    lora_left_out: list[str] = []
-    if spec.method.kind == "lora":
-        from runner.train.lora import apply_lora, lora_notes
+    from runner.train.qlora import not_quantized_notes, with_adapters
 
-        lora_left_out = lora_notes(model, spec)
-        model = apply_lora(model, spec)
+    model, lora_left_out, quantization = with_adapters(model, spec, rt.world_size, rt.device)
+    if quantization and rt.rank == 0:  # the rank log says it too, beside the train_begin event
+        print(f"[native] qlora: {quantization['quantized_layers']} Linear layers in NF4 ({quantization['library']})"
+              + "".join(f"; {n}" for n in not_quantized_notes(quantization)), flush=True)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
@@ -182,7 +182,7 @@ def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
-            "lora_left_out": lora_left_out,
+            "lora_left_out": lora_left_out, "quantization": quantization,
             "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
             else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
             "sequence_parallel": sp.size, "offloaded_layers": hosted,

@@ -130,9 +130,49 @@ def trl_problems(spec: RunSpec, config: Any = None, device: str | None = None, l
                                     "install a transformers with MXFP4 support and the packages it names, or use a "
                                     "bf16 checkpoint"))
     problems += attention_problems(spec, device, config)
-    if lora and spec.method.kind == "lora":
+    if spec.method.kind == "qlora":
+        problems += bnb_4bit_problems(spec, device)
+    if lora and spec.method.adapters:
         problems += lora_problems_from_config(config, spec)
     return problems
+
+
+def bnb_4bit_problems(spec: RunSpec, device: str) -> list[Problem]:
+    """QLoRA here loads the base through bitsandbytes' 4-bit layers: refused before launch where they cannot run
+    (its NF4 kernels need a CUDA GPU), or where quantizing needs a checkpoint that a random init does not have."""
+    fix = "use --set engine=native (torchao's NF4, which runs on CPU too)"
+    if spec.output.save == "full":
+        return [Problem("output.save", "a full export of a qlora run would merge the adapters into a 4-bit base",
+                        "use output.save=adapter")]
+    if device != "cuda":
+        return [Problem("method.kind", f"qlora on the trl engine needs bitsandbytes' 4-bit kernels, which need a "
+                                       f"CUDA GPU (this run is on {device})", fix)]
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return [Problem("method.kind", "qlora on the trl engine needs bitsandbytes, which is not installed",
+                        "pip install bitsandbytes, or " + fix)]
+    if spec.model.init == "random":
+        return [Problem("model.init", "qlora on the trl engine quantizes the checkpoint as it loads; "
+                                      "model.init=random has none", fix)]
+    return []
+
+
+def bnb_4bit_record(spec: RunSpec) -> dict[str, Any] | None:
+    """What the record pins of the bitsandbytes quantization (None unless qlora)."""
+    from runner.versions import package_versions
+
+    if spec.method.kind != "qlora":
+        return None
+    return {"type": "nf4", "block_size": 64, "double_quantized": True, "compute_dtype": "bfloat16",
+            "storage_dtype": "bfloat16", "library": f"bitsandbytes {package_versions(('bitsandbytes',))['bitsandbytes']}"}
+
+
+def bnb_4bit_config() -> Any:
+    """QLoRA through bitsandbytes as TRL documents it for FSDP: NF4 with double quantization, computing in bf16, the
+    4-bit codes stored in bf16 tensors so that FSDP2 shards them with the rest."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
 
 
 def check(spec: RunSpec, config: Any = None, device: str | None = None) -> None:
@@ -162,6 +202,18 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
                                     quantization_config=Mxfp4Config(dequantize=True),
                                     trust_remote_code=spec.model.trust_remote_code)
         model_mod.disable_cache(model)
+        return model
+    if spec.method.kind == "qlora":  # bnb_4bit_problems refused the rest before launch
+        from runner.train.attention import VARLEN, register_varlen
+
+        if attn == VARLEN:
+            register_varlen(varlen_kernel or None)
+        src, rev = model_mod.model_source(spec)
+        model = model_mod.model_class(spec, config).from_pretrained(
+            src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn, quantization_config=bnb_4bit_config(),
+            device_map={"": torch.cuda.current_device()}, trust_remote_code=spec.model.trust_remote_code)
+        model_mod.disable_cache(model)
+        model_mod.expose_backbone(model)
         return model
     return model_mod.load_model(spec, attn, seed=spec.train.seed, device=device, varlen_kernel=varlen_kernel)
 
@@ -497,7 +549,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
     lora_left_out = lora_notes(model, spec)  # before the adapters: what 'all-linear' and LoRA leave out
-    model = apply_lora(model, spec) if spec.method.kind == "lora" else model
+    model = apply_lora(model, spec) if spec.method.adapters else model
     n_params = sum(p.numel() for p in model.parameters())
     from runner.facts.decisions import fsdp_wrapped, precision
 
@@ -537,7 +589,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",
-                 fsdp_sharded=bool(fsdp),
+                 fsdp_sharded=bool(fsdp), quantization=bnb_4bit_record(spec),
                  precision=prec.describe() if bf16 else str(next(model.parameters()).dtype),
                  optimizer_precision=t.optimizer_precision,
                  lr_scheduler=lr_scheduler_type(spec), warmup=warmup(spec), rows=own_rows, rows_padded_to=n_rows,

@@ -144,6 +144,8 @@ def test_the_what_if_of_gpu_types_is_for_gpu_plans(tmp_path: Path) -> None:
         assert shown and title.startswith("what-if: GiB needed per GPU, 2 GPU(s) per node"), (sweep, title)
         lines = text.splitlines()
         assert max(map(len, lines)) <= width  # whole in the pane
+        # beneath the grid, the run (on its H100 at 512 tokens) as each method, its own marked
+        assert lines.pop() == "by method: full• 21.9 ✓ · LoRA 21.9 ✓ · QLoRA 21.9 ✓"  # the fake plans all alike
         grid = [line.split() for line in lines]
         # the spec's own 512 (marked •), then 2,048 / 8,192 / 32,768 tokens per block
         assert grid[0] == ["GPU", "512", "•", "2,048", "8,192", "32,768"]

@@ -87,6 +87,10 @@ def test_lora_fields_show_only_for_lora(tmp_path: Path) -> None:
             screen.query_one("#f-output-save Select").value = "adapter"
             await wait_for(pilot, lambda: screen.data["output"]["save"] == "adapter", 10, "output.save=adapter")
             assert screen.problems == []
+            # QLoRA, offered beside them, takes the same LoRA settings and adapter export
+            screen.query_one("#f-method-kind Select").value = "qlora"
+            await wait_for(pilot, lambda: screen.data["method"]["kind"] == "qlora", 10, "method.kind=qlora")
+            assert r_field.display and screen.problems == []
             screen.query_one("#f-method-kind Select").value = "full"
             await wait_for(pilot, lambda: not r_field.display, 10, "the LoRA fields hidden")
             assert [p.field for p in screen.problems] == ["output.save"]

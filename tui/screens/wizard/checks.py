@@ -17,7 +17,7 @@ from textual.worker import get_current_worker
 
 from runner.errors import Problem, UserError
 from runner.spec import RunSpec, validate
-from tui.backends import SWEEP_GPU_TYPES, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
+from tui.backends import SWEEP_GPU_TYPES, SWEEP_METHODS, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.screens.wizard.fields import ARCH_INPUTS, DATA_INPUTS, spec_key
 from tui.screens.wizard.render import (render_arch, render_detect, render_packing, render_plan, render_sweep,
                                        render_tokens)
@@ -310,7 +310,16 @@ class WizardChecks(Screen):
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title
             return {"error": str(e) if isinstance(e, (UserError, EstimatorUnavailable)) else
                     f"{type(e).__name__}: {e}"}
-        return {"axes": axes, "grid": sweep_grid(rows, axes), "ranks": target.hardware.nproc_per_node}
+        return {"axes": axes, "grid": sweep_grid(rows, axes), "ranks": target.hardware.nproc_per_node,
+                "methods": self._methods(target)}
+
+    def _methods(self, target: RunSpec) -> list[dict[str, Any]]:
+        """The run as a full fine-tune, LoRA and QLoRA, for the line under the grid; none when they cannot be
+        planned (the grid's title says what failed)."""
+        try:
+            return self.app.backends.sweep(target, [("method.kind", list(SWEEP_METHODS))])
+        except Exception:  # noqa: BLE001 - see above
+            return []
 
     def on_wizard_checks_plan_ready(self, message: PlanReady) -> None:
         if message.key != self._keys.get("plan"):

@@ -326,7 +326,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
             self.app.push_screen(TextScreen("the focused field", self.full_help))
 
     def _show_lora(self) -> None:
-        lora = get_path(self.data, "method.kind") == "lora"
+        lora = get_path(self.data, "method.kind") in ("lora", "qlora")
         for field in self.query(".lora-only"):
             field.display = lora
 
