@@ -52,6 +52,12 @@ def export(kind: str, model: nn.Module, tokenizer: Any, run_dir: Path, rank: int
     out_dir = RunPaths(run_dir).export
     # For an adapter, peft keeps only the adapter tensors of the state dict it is given, under its own key names.
     state = _gather(model, trainable_only=kind == "adapter")
+    quantized = kind == "merged" and spec is not None and spec.method.kind == "qlora"
+    if quantized:
+        # The base is stored in NF4: a merged model is the adapters folded into its dequantized bf16 weights.
+        from runner.train.qlora import base_state_dict
+
+        state = {**base_state_dict(model), **{k: v for k, v in state.items() if ".lora_" in k}}
     if rank != 0:
         return None
     if kind == "merged":
@@ -61,7 +67,8 @@ def export(kind: str, model: nn.Module, tokenizer: Any, run_dir: Path, rank: int
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(str(out_dir))
-    return {"dir": str(out_dir), "kind": kind, "files": file_hashes(out_dir)}
+    out = {"dir": str(out_dir), "kind": kind, "files": file_hashes(out_dir)}
+    return {**out, "base": "nf4 dequantized to bf16"} if quantized else out
 
 
 def adapter_config(peft_model: nn.Module) -> dict[str, Any]:
