@@ -1,11 +1,69 @@
-"""Names: a model's or dataset's id that follows its local path, a run's name and description that follow what the
-run is, and the revision names the hub accepts."""
+"""Names: recipe names and the spec files they name, a model's or dataset's id that follows its local path, a run's
+name and description that follow what the run is, and the revision names the hub accepts."""
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from runner.errors import Problem, SpecError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def find_spec_file(spec: str) -> Path:
+    """A recipe name (recipes/<name>.yaml) or a path to a YAML/JSON file."""
+    path = Path(spec)
+    if path.suffix in {".yaml", ".yml", ".json"} or os.sep in spec:
+        if not path.is_file():
+            raise SpecError(f"spec file not found: {spec}", [Problem("SPEC", f"no file at {path}", "check the path")])
+        return path
+    candidate = RECIPES_DIR / f"{spec}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = recipe_names()
+    close = difflib.get_close_matches(spec, names, n=1)
+    fix = f"did you mean '{close[0]}'?" if close else f"known recipes: {', '.join(names) or 'none'}"
+    raise SpecError(f"unknown recipe '{spec}'", [Problem("SPEC", f"no recipe named '{spec}'", fix)])
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        elif isinstance(e, json.JSONDecodeError):
+            where = f" at line {e.lineno}, column {e.colno}"
+        problem = str(getattr(e, 'problem', None) or e.msg)
+        # YAML refuses a tab where it expects indentation; "fix the syntax" would not say so.
+        fix = "indent with spaces, not tabs" if "'\\t'" in problem else "fix the syntax"
+        raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
+                        [Problem("SPEC", problem, fix)]) from None
+    if data is None or data == {}:
+        # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
+        raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
+                                                    "write the fields to change (see `runner fields`), or give a "
+                                                    "recipe name such as tiny-cpu")])
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a mapping of fields, got {type(data).__name__}")
+    return data
 
 
 def path_name(path: str) -> str:

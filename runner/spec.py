@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,12 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from runner.engines import lever_problems, save_problems, saved_as
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
-from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections, revision_problems
+from runner.naming import (  # noqa: F401 - recipe files are found by name: re-exported for the spec's callers
+    RECIPES_DIR, find_spec_file, follow_paths, follow_run, overridden_fields, overridden_sections, read_spec_file,
+    recipe_names, revision_problems)
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
 EMBEDDED_PREFIX = "embedded:"
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 class _Section(BaseModel):
@@ -286,55 +286,6 @@ class RunSpec(_Section):
 
 # ---------------------------------------------------------------------------------------------
 # Loading, overrides and validation
-
-
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def find_spec_file(spec: str) -> Path:
-    """A recipe name (recipes/<name>.yaml) or a path to a YAML/JSON file."""
-    path = Path(spec)
-    if path.suffix in {".yaml", ".yml", ".json"} or os.sep in spec:
-        if not path.is_file():
-            raise SpecError(f"spec file not found: {spec}", [Problem("SPEC", f"no file at {path}", "check the path")])
-        return path
-    candidate = RECIPES_DIR / f"{spec}.yaml"
-    if candidate.is_file():
-        return candidate
-    names = recipe_names()
-    close = difflib.get_close_matches(spec, names, n=1)
-    fix = f"did you mean '{close[0]}'?" if close else f"known recipes: {', '.join(names) or 'none'}"
-    raise SpecError(f"unknown recipe '{spec}'", [Problem("SPEC", f"no recipe named '{spec}'", fix)])
-
-
-def read_spec_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        elif isinstance(e, json.JSONDecodeError):
-            where = f" at line {e.lineno}, column {e.colno}"
-        problem = str(getattr(e, 'problem', None) or e.msg)
-        # YAML refuses a tab where it expects indentation; "fix the syntax" would not say so.
-        fix = "indent with spaces, not tabs" if "'\\t'" in problem else "fix the syntax"
-        raise SpecError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}{where}",
-                        [Problem("SPEC", problem, fix)]) from None
-    if data is None or data == {}:
-        # An empty file is a mistake (a failed save, the wrong path), not a request for the defaults.
-        raise SpecError(f"{path} is empty", [Problem("SPEC", "the file holds no fields",
-                                                    "write the fields to change (see `runner fields`), or give a "
-                                                    "recipe name such as tiny-cpu")])
-    if not isinstance(data, dict):
-        raise SpecError(f"{path} must hold a mapping of fields, got {type(data).__name__}")
-    return data
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
