@@ -92,6 +92,7 @@ def follow(run: SupervisedRun, console: Console, plain: bool, skip_existing: boo
                     console.print(f"{what} run {run.run_id} at the next step boundary…", highlight=False)
                 time.sleep(POLL_S)
             view.poll()
+            display.lost = run.lost
             return Followed(code)
     finally:
         try:
