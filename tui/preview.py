@@ -25,7 +25,7 @@ def detect(spec: RunSpec) -> dict[str, Any]:
     from runner.data.formats import FormatError, RowFormat, samples
     from runner.data.formats import detect as detect_format
     from runner.data.datafiles import data_suffix, is_gzip
-    from runner.plan.preflight import data_file, read_rows
+    from runner.gate.preflight import data_file, read_rows
 
     d = spec.dataset
     if not d.path:
@@ -53,7 +53,7 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     tokenisation (runner.train.data) and tokenizer loading (runner.train.model)."""
     from runner.data.formats import RowFormat, RowReader
     from runner.data.formats import detect as detect_format
-    from runner.plan.preflight import read_rows
+    from runner.gate.preflight import read_rows
     from runner.train.data import PackStats, has_generation_markers, pack, tokenize_sample
     from runner.train.model import load_tokenizer
 

@@ -28,12 +28,12 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
     fit unless forced and warns when it is tight. With runs_dir, a run whose checkpoints and export cannot fit
     in its free space is refused too (after `from_step`, a resume's checkpoint), unless forced."""
-    from runner.plan.disk import check_disk
+    from runner.gate.disk import check_disk
 
     from runner.plan import estimate
     from runner.errors import SpecError
-    from runner.plan.hub import hub_problems
-    from runner.plan.preflight import packing_check, precision_advice, preflight
+    from runner.gate.hub import hub_problems
+    from runner.gate.preflight import packing_check, precision_advice, preflight
 
     unreachable = hub_problems(spec)
     if unreachable:

@@ -134,7 +134,7 @@ class Supervisor:
         from runner.spec import validate
 
         from runner.launch.reserve import DiskReserve
-        from runner.plan.disk import free_bytes
+        from runner.gate.disk import free_bytes
 
         r = self.request
         self.write_state()

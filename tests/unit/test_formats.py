@@ -12,7 +12,7 @@ import trl
 from transformers import AutoTokenizer
 
 from runner.data.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
-from runner.plan.preflight import read_rows
+from runner.gate.preflight import read_rows
 from runner.spec import load_spec
 from runner.train.data import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
 
