@@ -54,7 +54,8 @@ def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     from runner.data.formats import RowFormat, RowReader
     from runner.data.formats import detect as detect_format
     from runner.gate.preflight import read_rows
-    from runner.train.data import PackStats, has_generation_markers, pack, tokenize_sample
+    from runner.data.tokens import has_generation_markers, tokenize_sample
+    from runner.train.data import PackStats, pack
     from runner.train.model import load_tokenizer
 
     d = spec.dataset
@@ -118,7 +119,7 @@ def token_texts(tok: Any, ids: list[int], mask: list[int]) -> list[tuple[str, bo
 
 
 def _mask_method(tok: Any, markers: bool) -> str:
-    from runner.train.data import generation_prompt_is_prefix
+    from runner.data.tokens import generation_prompt_is_prefix
 
     if markers:
         return "generation markers"

@@ -271,7 +271,7 @@ def _token_id_problems(spec: RunSpec, config: Any) -> list[Problem]:
 
 
 def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
-    from runner.train.data import tokenize_sample
+    from runner.data.tokens import tokenize_sample
 
     try:
         AutoTokenizer = from_transformers("AutoTokenizer")

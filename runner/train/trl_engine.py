@@ -45,7 +45,8 @@ from runner.events.lines import EventWriter, read_events
 from runner.engines import lever_values, saved_as
 from runner.spec import RunSpec
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
-from runner.train.data import PackStats, has_generation_markers
+from runner.data.tokens import has_generation_markers
+from runner.train.data import PackStats
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.samples import with_samples
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params

@@ -232,7 +232,7 @@ def test_fields_takes_a_prefix(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_long_documents_tokenise_without_the_indexing_warning(capfd: pytest.CaptureFixture[str]) -> None:
     from runner.spec import load_spec
-    from runner.train.data import tokenize_text
+    from runner.data.tokens import tokenize_text
     from runner.train.model import load_tokenizer
 
     tok = load_tokenizer(load_spec("tiny-cpu"))

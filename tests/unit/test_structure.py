@@ -130,8 +130,8 @@ def test_no_stage_imports_a_later_stage():
 
 
 def test_the_stage_check_would_catch_an_upward_import():
-    graph = {"runner.train.native": {"runner.plan.core"}, "runner.plan.core": {"runner.train.packing"},
-             "runner.train.packing": set()}
+    graph = {"runner.train.native": {"runner.plan.core"}, "runner.plan.core": {"runner.data.packing"},
+             "runner.data.packing": set()}
     assert upward_imports(graph) == [("runner.train.native", "runner.plan.core")]
 
 
