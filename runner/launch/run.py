@@ -132,9 +132,7 @@ def _wait_ranks_gone(paths: RunPaths, timeout_s: float) -> None:
 
 def resume_hint(run_dir: Path) -> dict[str, Any]:
     """Whether a stopped run can be resumed, from which checkpoint, and the command that does it."""
-    from runner.train.checkpoint import complete_checkpoints
-
-    done = complete_checkpoints(run_dir)
+    done = RunPaths(run_dir).complete_checkpoints()
     if not done:
         return {"resumable": False, "checkpoint_step": None, "checkpoint": None, "resume": None}
     step, path = done[-1]

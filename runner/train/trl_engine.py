@@ -53,7 +53,6 @@ from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config,
 from runner.train.runtime import Runtime
 from runner.train.schedule import lr_at
 from runner.train.trl_qlora import bnb_4bit_config, bnb_4bit_problems, bnb_4bit_record
-from runner.train.checkpoint import latest_checkpoint
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
     CountingCollator,
@@ -237,7 +236,7 @@ def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
 
 def _resume_from(run_dir: Path) -> str | None:
     """The latest complete checkpoint, named: the trainer's own pick is the newest folder, finished or not."""
-    last = latest_checkpoint(run_dir)
+    last = RunPaths(run_dir).latest_checkpoint()
     return str(last) if last is not None else None
 
 
