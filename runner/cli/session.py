@@ -13,6 +13,7 @@ from rich.table import Table
 
 from runner.events.paths import RunPaths
 from runner.record import records
+from runner.writes import atomic_write_json
 from runner.launch.command import check_run_target
 from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
 from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
@@ -157,7 +158,7 @@ def _hung_up_json(paths: RunPaths, result: dict[str, Any]) -> None:
     where that is a pipe or a file that outlives the terminal."""
     import sys
 
-    records.atomic_write_json(paths.view_result, result)
+    atomic_write_json(paths.view_result, result)
     try:
         if not sys.stdout.isatty():
             print(json.dumps(result), flush=True)

@@ -14,13 +14,13 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem
+from runner.writes import atomic_write_text
 
 CHECK_VERSION = 1
 """Bumped when the check's method changes: cached verdicts of another version are not reused."""
@@ -191,10 +191,7 @@ def _write_cache(key: str, verdict: Verdict) -> None:
     data = _read_cache()
     data[key] = {k: v for k, v in verdict.to_dict().items() if k != "cached"}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:  # a read-only home: the check still ran, it is only not remembered
         pass
 
