@@ -517,6 +517,13 @@ def resolve_embedded(path: str) -> Path:
     return Path(path).expanduser()
 
 
+def model_source(spec: RunSpec) -> tuple[str, str | None]:
+    """(what from_pretrained loads, revision): a local path wins over the hub id."""
+    if spec.model.path:
+        return str(resolve_embedded(spec.model.path)), None
+    return spec.model.id, spec.model.revision
+
+
 def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,
             machine: Machine | None = None) -> RunSpec:
     """Fill the `auto` values that depend on the machine the run will see (runner.machine; here by default, or

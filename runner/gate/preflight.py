@@ -197,7 +197,8 @@ def _local_files_only(spec: RunSpec) -> bool:
 
 
 def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
-    from runner.train.model import has_weights, model_source
+    from runner.spec import model_source
+    from runner.train.model import has_weights
 
     src, rev = model_source(spec)
     problems: list[Problem] = []
@@ -276,7 +277,8 @@ def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
     try:
         AutoTokenizer = from_transformers("AutoTokenizer")
 
-        from runner.train.model import model_source, quiet_length_warning
+        from runner.spec import model_source
+        from runner.train.model import quiet_length_warning
 
         src, rev = model_source(spec)
         tok = quiet_length_warning(AutoTokenizer.from_pretrained(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.facts.nvml import driver_pins
-from runner.spec import RunSpec, resolve_embedded
+from runner.spec import RunSpec, model_source, resolve_embedded
 from runner.versions import NUMERIC, dist_name, imported_version
 from runner.writes import redact, redact_text
 
@@ -179,8 +179,6 @@ def source_pins(spec: RunSpec) -> dict[str, Any]:
 
 
 def tokenizer_hash(spec: RunSpec) -> str | None:
-    from runner.train.model import model_source
-
     src, _ = model_source(spec)
     p = Path(src)
     files = [p / n for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja") if (p / n).is_file()]

@@ -221,6 +221,14 @@ def find_record(ref: str, records_dir: Path) -> Path:
     raise RecordError(f"'{ref}' matches {len(hits)} records in {records_dir}: give more of the id")
 
 
+def load_record(ref: str, records_dir: Path) -> dict[str, Any]:
+    """A record by path or id, as `runner` commands take it."""
+    try:
+        return dict(load(find_record(ref, records_dir)))
+    except RecordError as e:
+        raise UserError(str(e)) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # Metrics from the event files
 

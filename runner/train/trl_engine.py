@@ -43,7 +43,7 @@ from runner.facts.decisions import AttentionChoice
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
 from runner.engines import lever_values, saved_as
-from runner.spec import RunSpec
+from runner.spec import RunSpec, model_source
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.data.tokens import has_generation_markers
 from runner.train.data import PackStats
@@ -158,7 +158,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
     if is_mxfp4(config) and spec.model.init != "random":
         from transformers import Mxfp4Config
 
-        src, rev = model_mod.model_source(spec)
+        src, rev = model_source(spec)
         cls = model_mod.model_class(spec, config)
         model = cls.from_pretrained(src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn,
                                     quantization_config=Mxfp4Config(dequantize=True),
@@ -170,7 +170,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
 
         if attn == VARLEN:
             register_varlen(varlen_kernel or None)
-        src, rev = model_mod.model_source(spec)
+        src, rev = model_source(spec)
         model = model_mod.model_class(spec, config).from_pretrained(
             src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn, quantization_config=bnb_4bit_config(),
             device_map={"": torch.cuda.current_device()}, trust_remote_code=spec.model.trust_remote_code)

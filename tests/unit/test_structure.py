@@ -13,7 +13,7 @@ SIZED = (RUNNER, REPO / "tui")
 # the spec and its errors; the rank's code (train) sits below plan because preflight runs the rank's own packer and
 # model; the launcher sits above record because the supervisor writes the record.
 STAGES = ("root", "facts", "data", "events", "train", "plan", "gate", "record", "launch", "cli")
-ROOT_MODULES_MAX = 9
+ROOT_MODULES_MAX = 10
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Nothing is excepted: a module or function that grows past the limit is split, not listed here.
