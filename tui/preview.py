@@ -50,7 +50,7 @@ def detect(spec: RunSpec) -> dict[str, Any]:
 
 def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     """One conversation as (token text, trained?) pairs and PackStats over a sample, through the trainer's own
-    tokenisation (runner.train.data) and tokenizer loading (runner.train.model)."""
+    tokenisation (runner.data.tokens) and tokenizer loading (runner.train.model)."""
     from runner.data.formats import RowFormat, RowReader
     from runner.data.formats import detect as detect_format
     from runner.gate.preflight import read_rows

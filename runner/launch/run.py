@@ -23,6 +23,7 @@ from runner.launch.sampler import NodeSampler
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
+from runner.writes import atomic_write_text
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -191,8 +192,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         if diff:
             # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.
             diff_path = records_dir / f"{run_id}.diff"
-            records_dir.mkdir(parents=True, exist_ok=True)
-            diff_path.write_text(diff)
+            atomic_write_text(diff_path, diff)
             pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,

@@ -9,7 +9,7 @@ Rules, in the order the data meets them:
   text; detected on the stream's first row unless dataset.format says) as messages with a trained flag each, or
   as text segments.
 * Tokenisation: templates with `{% generation %}` markers give ids and mask in one render when exactly the
-  assistant turns train; otherwise turns are bracketed one by one (the prefix method, below); text is tokenised
+  assistant turns train; otherwise turns are bracketed one by one (runner.data.tokens); text is tokenised
   as it is, ending in EOS. Examples without a trained token are skipped and counted (`skipped_no_assistant`).
 * Packing (`train.packing=true`, `train.packing_strategy=wrapped`; `bfd` keeps conversations whole and is
   laid out by runner.data.packing): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
