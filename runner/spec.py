@@ -225,13 +225,12 @@ class TrainSpec(_Section):
     data_workers: int = Field(0, ge=0)
     """DataLoader worker processes per rank for tokenising and packing (0 = in the training process)."""
     fsdp_one_rank: bool | Literal["auto"] = "auto"
-    """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there
-    is nothing to shard, and FSDP's per-layer copies and hooks only cost time (native: 11-28% of the step at 8k
-    tokens on an H200, 3% at 32k). The native engine keeps FSDP2 on one rank when the weights need its mixed
-    precision (fp32 weights computed in bf16); the TRL engine casts its trainable weights to fp32 and computes in
-    bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does the same cast). Measured for
-    TRL's full fine-tune on an H200: unwrapped 13-44% faster at 8k tokens, wrapped 6-12% faster and 2.6-4.2 GiB
-    less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
+    """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there is
+    nothing to shard, and FSDP's per-layer copies and hooks only cost time. The native engine keeps FSDP2 on one rank
+    when the weights need its mixed precision (fp32 weights computed in bf16); the TRL engine casts its trainable
+    weights to fp32 and computes in bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does
+    the same cast). Which is faster depends on the engine and the block length (docs/levers.md); with LoRA, unwrapped
+    needs far less memory."""
 
 
 TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
