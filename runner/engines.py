@@ -4,7 +4,7 @@ picked by runner.plan.autotune within what the engine honours).
 
 Spec validation, the estimator, preflight, bench and the rank entry point read an engine's capabilities from its
 record, so what an engine can do is written once, here, and nowhere else compares engine names
-(`tests/unit/test_engines.py` checks it). What a run saves at its end (`output.save`, `saved_as`) is decided here too.
+(`tests/unit/test_registries.py` checks it). What a run saves at its end (`output.save`, `saved_as`) is decided here too.
 """
 
 from __future__ import annotations
