@@ -191,10 +191,6 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     return out, []
 
 
-def _local_files_only(spec: RunSpec) -> bool:
-    return bool(spec.model.path)
-
-
 def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
     from runner.train.model import has_weights, model_source
 
