@@ -195,7 +195,6 @@ KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
         "source": "dataset card: 1,000 rows, 8.9 MB of which about half is the messages column; 4 chars per token"},
 }
 
-PHASES = ("loss", "backward_start", "backward_end", "optimizer")
 BREAKDOWN_KEYS = ("params", "quantized", "quant_scales", "dequant", "grads", "optimizer", "fsdp_buffers",
                   "activations", "logits_loss", "lora", "cuda_context_nccl", "fragmentation")
 """The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`.

@@ -21,8 +21,6 @@ from runner.facts.flops import utilisation
 from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
 
-STATUSES = ("running", "succeeded", "failed", "cancelled")
-
 
 class RankMetrics(TypedDict, total=False):
     """One rank's figures, from its event file."""

@@ -36,7 +36,7 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,10 +173,6 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 def has_generation_markers(tokenizer: Any) -> bool:
     template = getattr(tokenizer, "chat_template", None) or ""
     return isinstance(template, str) and bool(_GENERATION_TAG.search(template))
-
-
-def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[list[int], list[bool]]]:
-    return tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
 
 
 def tokenize_sample(tokenizer: Any, sample: Sample, markers: bool | None = None) -> tuple[list[int], list[bool]]:

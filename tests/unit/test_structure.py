@@ -10,9 +10,10 @@ REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "runner"
 SIZED = (RUNNER, REPO / "tui")
 # runner/'s stages, lowest first: each may import its own and the ones before it, never one after it. The root holds
-# the spec and its errors; the rank's code (train) sits below plan because preflight runs the rank's own packer and
-# model; the launcher sits above record because the supervisor writes the record.
-STAGES = ("root", "facts", "data", "events", "train", "plan", "record", "launch", "cli")
+# the errors and the helpers the facts build on; the spec sits above the facts and data, whose registries (engines,
+# dataset formats) give its fields their allowed values; the rank's code (train) sits below plan because preflight
+# runs the rank's own packer and model; the launcher sits above record because the supervisor writes the record.
+STAGES = ("root", "facts", "data", "spec", "events", "train", "plan", "record", "launch", "cli")
 ROOT_MODULES_MAX = 8
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
@@ -112,7 +113,7 @@ def stage_of(module: str) -> str:
     parts = module.split(".")
     if parts[1] == "__main__":
         return "cli"  # `python -m runner` is the CLI
-    return parts[1] if parts[1] in STAGES else "root"
+    return parts[1] if parts[1] in STAGES else "root"  # `runner.spec` is its own stage
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
