@@ -44,8 +44,7 @@ def detect(spec: RunSpec) -> dict[str, Any]:
         samples(rows, fmt, found)
     except FormatError as e:
         return {**info, "messages_ok": False, "detected": f"{e} (fix: {e.fix})", "chat": False}
-    return {**info, "messages_ok": True, "detected": found.describe(), "chat": found.format != "text" and
-            found.variant != "standard"}
+    return {**info, "messages_ok": True, "detected": found.describe(), "chat": found.chat}
 
 
 def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:

@@ -8,7 +8,6 @@ ranks' stream, preflight and the wizard's preview tokenise the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from runner.data.formats import Sample
@@ -137,10 +136,6 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 def has_generation_markers(tokenizer: Any) -> bool:
     template = getattr(tokenizer, "chat_template", None) or ""
     return isinstance(template, str) and bool(_GENERATION_TAG.search(template))
-
-
-def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[list[int], list[bool]]]:
-    return tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
 
 
 def tokenize_sample(tokenizer: Any, sample: Sample, markers: bool | None = None) -> tuple[list[int], list[bool]]:

@@ -64,9 +64,9 @@ FLEX_SHAPES = "eager"
 """How the check runs flex attention. "static": compiled as transformers compiles it, specialised to each new
 length (the packed block and each document alone); "dynamic": compiled once for every length (dynamo's
 assume_static_by_default off while the check runs); "eager": flex's reference implementation, the same mask_mod,
-block mask and positions evaluated densely, no compiled kernel. Measured in a new process with a cold compile
-cache on an H100 (benchmarks/packcheck-h200.md, its last table), the shrunk Llama's check took 32 s static, 30 s dynamic (the
-first compile in a process is the cost, not the recompiles) and 5 s eager, all exact; eager is the default: what
+block mask and positions evaluated densely, no compiled kernel. In a new process with a cold compile cache
+on an H100 the compiled checks took several times the eager one, all exact (the first compile in a process is the
+cost, not the recompiles: benchmarks/packcheck-h200.md, its last table); eager is the default: what
 keeps documents apart (masks, positions) is the same in both, and the fused kernel's agreement with the reference
 is PyTorch's own test. What eager cannot see is a block the compiled kernel skips or keeps wrongly by its sparse
 block map."""

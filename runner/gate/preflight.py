@@ -22,7 +22,7 @@ from runner.data.datafiles import (  # noqa: F401 - re-exported
     read_rows,
 )
 from runner.errors import Problem, SpecError
-from runner.data.formats import FormatError, RowFormat, Sample, detect, samples
+from runner.data.formats import FORMATS, FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
 from runner.engines import engine_for
 from runner.spec import RunSpec, resolve_embedded
@@ -183,17 +183,12 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     except FormatError as e:
         return [], [Problem(e.field, f"{f.name}: {e}", e.fix)]
     if not any(s.has_targets for s in out):
-        what = ("no assistant turn" if detected.format not in ("text", "prompt_completion")
-                else "nothing to train on")
+        what = "no assistant turn" if FORMATS[detected.format].roles_train else "nothing to train on"
         return out, [Problem("dataset.roles", f"{what} in the first {len(rows)} rows of {f.name} "
                                               f"({detected.describe()})",
                              "SFT trains on assistant turns: map the dataset's role names with dataset.roles, "
                              "e.g. {bot: assistant}")]
     return out, []
-
-
-def _local_files_only(spec: RunSpec) -> bool:
-    return bool(spec.model.path)
 
 
 def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:

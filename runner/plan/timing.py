@@ -80,7 +80,7 @@ def tokens_per_step(spec: RunSpec, world: int, doc_len: int) -> int:
     """Tokens of one optimizer step over all ranks: whole blocks when packed, one document per sequence when not."""
     t = spec.train
     per_rank_seqs = t.micro_batch * t.grad_accum
-    if engine_for(spec.engine).packs(t.packing):
+    if t.packing:
         return t.seq_len * per_rank_seqs * world
     return min(doc_len, t.seq_len) * per_rank_seqs * world
 
@@ -98,7 +98,7 @@ def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
     exact = shard_steps(spec, data, world)
     if exact is not None:
         return exact
-    packs = engine_for(spec.engine).packs(t.packing)
+    packs = t.packing
     if packs and data.tokens:
         trained = data.tokens * (1.0 - spec.dataset.eval_fraction) * t.epochs
         return max(1, math.ceil(trained / (tokens * (packing_efficiency or 1.0))))
@@ -128,7 +128,7 @@ def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     for rank in range(world):
         n = 0
         for lengths in shards[rank * workers:(rank + 1) * workers]:
-            if engine.packs(t.packing):
+            if t.packing:
                 n += packing_preview(lengths, t.seq_len, t.packing_strategy)["blocks"]
             else:
                 n += sum(math.ceil(x / t.seq_len) for x in lengths)

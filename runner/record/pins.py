@@ -69,10 +69,6 @@ def gpu_pins() -> dict[str, Any]:
     return driver_pins()
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def system_pins() -> dict[str, Any]:
     return {
         "os": platform.platform(),

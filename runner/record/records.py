@@ -20,8 +20,6 @@ from runner.facts.flops import utilisation
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
 from runner.writes import atomic_write_json, redact
 
-STATUSES = ("running", "succeeded", "failed", "cancelled")
-
 
 class RankMetrics(TypedDict, total=False):
     """One rank's figures, from its event file."""

@@ -23,7 +23,6 @@ COMMON_PARTS = ("conv1d", "A_log", "dt_bias", "norm", "out_proj")
 LAYOUTS = {"qwen3_5": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
            "qwen3_next": ("in_proj_qkvz", "in_proj_ba")}
 """The projections of each layout: Qwen3.5 projects q/k/v, z, b and a apart; Qwen3-Next fuses them per key head."""
-LAYER_PARTS = LAYOUTS["qwen3_5"] + COMMON_PARTS
 SIZES = ("key_dim", "value_dim", "head_k_dim", "head_v_dim", "num_k_heads", "num_v_heads")
 CHUNK = 64
 

@@ -38,10 +38,10 @@ from runner.train.ulysses import SequenceParallel
 
 
 GC_FREEZE_AFTER_STEPS = 2
-"""Steps after which every live object (the model, compiled graphs and their guards: millions of them) is frozen
-out of Python's garbage collector. A full collection over them took 330-420 ms on the H200 host (measured with
-gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again. (The run-to-run
-spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
+"""Steps after which every live object (the model, compiled graphs and their guards: millions of them) is frozen out
+of Python's garbage collector. A full collection over them took about two steps' worth of time at 8k-token blocks on
+the H200 host (gc.callbacks; benchmarks/README.md); frozen, they are never traversed again. (The run-to-run spread at
+8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:

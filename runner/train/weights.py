@@ -35,10 +35,6 @@ class RunWeights:
     state: dict[str, torch.Tensor] | None = None
     adapter: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
 
-    @property
-    def is_adapter(self) -> bool:
-        return self.adapter is not None
-
 
 def record_spec(record: dict[str, Any]) -> RunSpec:
     return RunSpec.model_validate(record["spec"])
