@@ -515,6 +515,13 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
     return validate(data)
 
 
+def model_source(spec: RunSpec) -> tuple[str, str | None]:
+    """(what from_pretrained loads, revision): a local path wins over the hub id."""
+    if spec.model.path:
+        return str(resolve_embedded(spec.model.path)), None
+    return spec.model.id, spec.model.revision
+
+
 def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,
             machine: Machine | None = None) -> RunSpec:
     """Fill the `auto` values that depend on the machine the run will see (runner.machine; here by default, or

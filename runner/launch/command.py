@@ -12,8 +12,8 @@ from pathlib import Path
 
 from runner.errors import UserError
 from runner.events.paths import RunPaths
-from runner.record.pins import redact
-from runner.record.records import atomic_write_json
+from runner.writes import redact
+from runner.writes import atomic_write_json
 from runner.spec import RunSpec
 
 # Variables a rank needs for reproducible numerics; set for every run, recorded in the record.

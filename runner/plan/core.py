@@ -78,7 +78,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
     if packs and data.lengths:
-        from runner.train.packing import packing_preview
+        from runner.data.packing import packing_preview
 
         packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),
                    "sampled_rows": len(data.lengths)}

@@ -109,7 +109,7 @@ def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
 
 def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     """The steps a run of one epoch makes when every row's length is known (`DataSize.row_lengths`): each rank's
-    shard, read by the rank's own reader (runner.train.data.load_examples: shuffled, then every n-th row; a reader
+    shard, read by the rank's own reader (runner.data.shard.load_examples: shuffled, then every n-th row; a reader
     is a rank, or a rank's DataLoader worker), cut into blocks as the rank's packer cuts them, then the engine's
     rule for ranks with unequal blocks. None when it cannot be exact: other than one epoch, held-out rows, or
     lengths not all known."""
@@ -117,7 +117,7 @@ def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     if not data.row_lengths or t.epochs != 1 or spec.dataset.eval_fraction or not spec.dataset.path:
         return None
     from runner.plan.data_size import reader_lengths
-    from runner.train.packing import packing_preview
+    from runner.data.packing import packing_preview
 
     engine = engine_for(spec.engine)
     workers = max(1, t.data_workers) if engine.data_workers else 1

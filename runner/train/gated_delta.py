@@ -5,7 +5,7 @@ It reads only the layer's parameters (its input projections, conv1d, A_log, dt_b
 its sizes, which checkpoints pin, not the module functions transformers' forward calls: a
 release that moves or renames those cannot take packing away from the family. The math is the gated delta rule
 (DeltaNet with a per-token decay), computed chunk by chunk as transformers' and flash-linear-attention's PyTorch
-references compute it; the packing check (runner.plan.packcheck) compares it with transformers' own forward of each
+references compute it; the packing check (runner.gate.packcheck) compares it with transformers' own forward of each
 document alone, tests/unit/test_packcheck.py with flash-linear-attention's reference of the rule where that is
 installed, and where flash-linear-attention and causal-conv1d are installed the layer's own forward runs instead
 (those kernels read cu_seqlens themselves).

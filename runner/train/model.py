@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
+from runner.spec import model_source
 # Where callers look for them:
 from runner.train.loader import WEIGHT_FILES, has_weights, is_vlm_config, model_class  # noqa: F401
 
@@ -19,15 +20,6 @@ if TYPE_CHECKING:
     from runner.spec import RunSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def model_source(spec: RunSpec) -> tuple[str, str | None]:
-    """(what from_pretrained loads, revision): a local path wins over the hub id."""
-    from runner.spec import resolve_embedded
-
-    if spec.model.path:
-        return str(resolve_embedded(spec.model.path)), None
-    return spec.model.id, spec.model.revision
 
 
 def load_tokenizer(spec: RunSpec) -> Any:

@@ -26,6 +26,7 @@ from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_d
 from runner.train.loss import loss_sum
 from runner.train.samples import with_samples
 from runner.engines import saved_as
+from runner.events.paths import RunPaths
 
 if TYPE_CHECKING:
     from runner.events.lines import EventWriter
@@ -198,9 +199,9 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
     """Load the latest checkpoint and replay the blocks it had consumed: (step, blocks consumed, checkpoint)."""
     from runner.train import checkpoint as ckpt
 
-    path = ckpt.latest_checkpoint(run_dir)
+    path = RunPaths(run_dir).latest_checkpoint()
     if path is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint under {ckpt.checkpoints_root(run_dir)}")
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {RunPaths(run_dir).checkpoints}")
     saved = ckpt.load(path, model, opt, rt.rank, rt.world_size, rt.device)
     step = saved["step"]
     blocks_consumed = 0
@@ -277,7 +278,7 @@ def _checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.opt
 
     ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device, {"blocks_consumed": blocks_consumed},
               group=control)
-    events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
+    events.checkpoint(step=step, path=str(RunPaths(run_dir).step_checkpoint(step)))
     return step
 
 
