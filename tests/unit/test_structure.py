@@ -12,9 +12,13 @@ SIZED = (RUNNER, REPO / "tui")
 # runner/'s stages, lowest first: each may import its own and the ones before it, never one after it. The root holds
 # the errors and the helpers the facts build on; the spec sits above the facts and data, whose registries (engines,
 # dataset formats) give its fields their allowed values; the rank's code (train) sits below plan because preflight
-# runs the rank's own packer and model; the launcher sits above record because the supervisor writes the record.
-STAGES = ("root", "facts", "data", "spec", "events", "train", "plan", "record", "launch", "cli")
+# runs the rank's own packer and model; the launcher sits above record because the supervisor writes the record;
+# runner/api.py, the faces' door, sits above everything it calls and below the CLI that calls it.
+STAGES = ("root", "facts", "data", "spec", "events", "train", "plan", "record", "launch", "api", "cli")
 ROOT_MODULES_MAX = 8
+# What tui/ may import from runner/: the faces' door and the types it speaks in (the spec, its errors, the live view
+# model of a run's events). The CLI is the other face, never a library of tui/'s.
+TUI_ALLOWED = ("runner.api", "runner.spec", "runner.errors", "runner.events.monitor")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Nothing is excepted: a module or function that grows past the limit is split, not listed here.
@@ -137,8 +141,29 @@ def test_the_stage_check_would_catch_an_upward_import():
 
 
 def test_runner_root_holds_only_a_few_modules():
-    root = sorted(p.name for p in RUNNER.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    root = sorted(p.name for p in RUNNER.glob("*.py")
+                  if p.name not in ("__init__.py", "__main__.py") and p.stem not in STAGES)
     assert len(root) <= ROOT_MODULES_MAX, root
+
+
+def tui_import_graph() -> dict[str, set[str]]:
+    known = set(modules())
+    return {str(p.relative_to(REPO)): imports_of(p, known) for p in sorted((REPO / "tui").rglob("*.py"))}
+
+
+def past_the_door(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((f, m) for f, deps in graph.items() for m in deps if m not in TUI_ALLOWED)
+
+
+def test_tui_imports_only_the_api_and_its_types():
+    assert past_the_door(tui_import_graph()) == []
+
+
+def test_the_door_check_sees_imports_at_the_top_and_inside_functions():
+    graph = tui_import_graph()
+    assert "runner.api" in graph["tui/app.py"] and "runner.api" in graph["tui/backends.py"]
+    assert past_the_door({"tui/x.py": {"runner.api", "runner.cli.main", "runner.plan.disk"}}) == [
+        ("tui/x.py", "runner.cli.main"), ("tui/x.py", "runner.plan.disk")]
 
 
 def _sized_files() -> list[Path]:
