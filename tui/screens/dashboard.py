@@ -19,8 +19,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.events.paths import RunPaths
-from runner.events.failure import log_tail
+from runner import api
 from runner.events.monitor import RunView
 from tui import format as fmt
 from tui.widgets.chart import LossChart
@@ -276,7 +275,7 @@ class DashboardScreen(Screen):
         panel.update(Content("\n").join(lines))
 
     def _update_log(self) -> None:
-        path = RunPaths(self.run_dir).rank_log(self.log_rank)
+        path = api.run_paths(self.run_dir).rank_log(self.log_rank)
         try:
             size = path.stat().st_size
         except OSError:
@@ -286,7 +285,7 @@ class DashboardScreen(Screen):
         if (size, steps) == self._log_size and self._log_rank_shown == self.log_rank:
             return
         self._log_size, self._log_rank_shown = (size, steps), self.log_rank
-        text = log_tail(path, LOG_TAIL_BYTES) if size else ""
+        text = api.log_tail(path, LOG_TAIL_BYTES) if size else ""
         kept, hidden = training_lines(terminal_lines(text) if text else [])
         # The rank's steps come from its events (the log file holds no step lines), then what the rank printed
         # itself: its summary, our warnings, a traceback.
@@ -365,10 +364,7 @@ class DashboardScreen(Screen):
             code = active.wait()
             record = active.finish(code)
             if record is not None and self.original is not None:
-                from runner.record.replay import compare, drift, tolerance
-
-                rows = drift(self.original.get("pins") or {}, record.get("pins") or {})
-                replay = compare(self.original, record, tolerance(active.spec, rows))
+                replay = api.replay_result(self.original, record, active.spec)
         except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed
             error = f"{type(e).__name__}: {e}"
         self.post_message(RunEnded(record, code, replay, error))
