@@ -68,7 +68,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runner.record.generate import load_for_try, load_record
+    from runner.api import load_for_try
+    from runner.record.generate import load_record
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)
@@ -84,7 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from runner.record.generate import load_for_try, load_record
+    from runner.api import load_for_try
+    from runner.record.generate import load_record
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)
