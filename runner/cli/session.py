@@ -15,6 +15,7 @@ from runner import api
 from runner.events.paths import RunPaths
 from runner.record import records
 from runner.launch.command import check_run_target
+from runner.launch.handle import RunHandle
 from runner.launch.supervised import SupervisedRun, SupervisorFailed
 from runner.errors import EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, UserError
 from runner.record.replay import CPU_PIN, compare, folds, pinned_decisions, tolerance
@@ -60,11 +61,11 @@ def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
     return EXIT_FAILED
 
 
-def _report(console: Console, active: SupervisedRun) -> None:
+def _report(console: Console, active: RunHandle) -> None:
     from runner.cli.follow import say_resumable
 
     rec = active.record
-    if rec is None and active.state.get("state") != "finished":
+    if rec is None and not active.ended:
         return  # detached: the run goes on
     if rec is None:
         console.print(f"node finished; the record is written by node 0 ({active.run_id})")
@@ -85,7 +86,7 @@ def _report(console: Console, active: SupervisedRun) -> None:
     console.print(f"record: {active.record_path}", highlight=False)
 
 
-def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -> int:
+def _finish(console: Console, active: RunHandle, code: int, as_json: bool) -> int:
     """Report the run; with --json, the last stdout line is the result object (id, status, record, ...)."""
     _report(console, active)
     rec = active.record

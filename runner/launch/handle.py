@@ -14,7 +14,7 @@ from runner.events.paths import RunPaths
 
 @runtime_checkable
 class RunHandle(Protocol):
-    """What the wizard's dashboard and the headless session ask of a run: its state (`poll`, `cancelled`), its
+    """What the wizard's dashboard and the headless session ask of a run: its state (`poll`, `ended`, `cancelled`), its
     events and progress (`view`, over `paths`), `cancel`/`stop`, `wait`, and its result (`finish`, `record`)."""
 
     @property
@@ -35,6 +35,11 @@ class RunHandle(Protocol):
     @property
     def cancelled(self) -> bool:
         """Whether a cancel or a stop was asked for (the record then says `cancelled`)."""
+        ...
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run's process has said its last word, as last seen (no polling)."""
         ...
 
     def poll(self) -> int | None:

@@ -55,6 +55,10 @@ class ActiveRun:
     def cancelled(self) -> bool:
         return self.launcher.cancelled
 
+    @property
+    def ended(self) -> bool:
+        return self.launcher.poll() is not None
+
     def poll(self) -> int | None:
         return self.launcher.poll()
 

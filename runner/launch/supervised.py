@@ -61,6 +61,10 @@ class SupervisedRun:
             return True
         return self.state.get("status") == "cancelled" or "stopping" in self.state
 
+    @property
+    def ended(self) -> bool:
+        return self.state.get("state") == "finished"
+
     def refresh(self) -> dict[str, Any]:
         self.state = read_state(self.paths, self.node) or self.state
         return self.state

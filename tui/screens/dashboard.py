@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
@@ -23,6 +23,9 @@ from runner import api
 from runner.events.monitor import RunView
 from tui import format as fmt
 from tui.widgets.chart import LossChart
+
+if TYPE_CHECKING:
+    from runner.api import RunHandle
 
 POLL_S = 0.5  # new events reach the screen within this plus one frame
 LOG_TAIL_BYTES = 16_000
@@ -40,8 +43,9 @@ class RunEnded(Message):
 
 
 class DashboardScreen(Screen):
-    """Reads `run_dir/events` through a RunView polled on the app thread; with an `active` run (launched by this
-    process) it also watches the torchrun process, cancels it, and finishes the record when it exits."""
+    """Reads `run_dir/events` through a RunView polled on the app thread; with an `active` run (a RunHandle: launched
+    here, or attached to from the records browser) it also watches the run, cancels it, and takes its record at the
+    end."""
 
     BINDINGS = [
         Binding("c", "cancel_run", "Cancel"),
@@ -51,7 +55,7 @@ class DashboardScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, run_dir: Path, active: Any = None, estimate: dict[str, Any] | None = None,
+    def __init__(self, run_dir: Path, active: RunHandle | None = None, estimate: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
                  original: dict[str, Any] | None = None, attached: bool = False) -> None:
         super().__init__()
@@ -64,7 +68,7 @@ class DashboardScreen(Screen):
         self.clock = clock
         self.poll_s = poll_s
         self.original = original  # the record being replayed, if this run is a replay
-        self.view = RunView(self.run_dir, clock=clock)
+        self.view = active.view(clock) if active is not None else RunView(self.run_dir, clock=clock)
         self.log_rank = 0
         self.smoothed = False
         self.ending = False  # an end worker (cancel or finish) is running or has run
