@@ -3,7 +3,6 @@ preview and trying a trained model, as plain functions over `RunSpec`s and recor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,18 +13,19 @@ from runner.naming import follow_paths, follow_run, overridden_fields, overridde
 from runner.spec import RunSpec, load_spec, resolve
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from runner.events.paths import RunPaths
     from runner.launch.replay import PreparedReplay
     from runner.launch.supervised import SupervisedRun
     from runner.plan.disk import DiskPlan
+    from runner.plan.gate import Gate
     from runner.plan.result import Estimate
     from runner.record.generate import TryModel
 
 # Types a face names (in an annotation, an isinstance or an except), loaded on first use: importing this module
 # costs no more than the spec does, so a face's first screen is drawn before the estimator or torch is imported.
 _LAZY_TYPES = {
+    "Gate": "runner.plan.gate",
+    "Note": "runner.plan.gate",
     "RunHandle": "runner.launch.handle",
     "SupervisedRun": "runner.launch.supervised",
     "SupervisorFailed": "runner.launch.supervised",
@@ -36,7 +36,7 @@ _LAZY_TYPES = {
 }
 
 
-__all__ = ["Gate", "Machine", "RunSpec", "arch_summary", "attach", "dataset_name", "detect_gpus", "diff_records",
+__all__ = ["Machine", "RunSpec", "arch_summary", "attach", "dataset_name", "detect_gpus", "diff_records",
            "disk_plan", "estimate", "find_record", "follow_paths", "follow_run", "gate", "gpu_types", "has_weights",
            "hub_problems", "human_bytes", "is_live", "launch", "launch_commands", "list_records", "live_runs", "load",
            "load_for_try", "load_record", "log_tail", "origin", "overridden_fields", "overridden_sections",
@@ -172,21 +172,14 @@ def has_weights(model_dir: Path) -> bool:
 # -- gate --------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Gate:
-    """What passed the launch gate: the estimate the record keeps (None when none could be made)."""
+def gate(spec: RunSpec, force: bool = False, runs_dir: Path | None = None, from_step: int = 0) -> Gate:
+    """Everything checked before a resolved run starts, printing nothing: the hub, the estimate (PredictedNotToFit
+    for a run predicted not to fit, unless forced), the disk under runs_dir (after `from_step`, a resume's
+    checkpoint), preflight (SpecError listing every problem); the Gate holds the estimate the record keeps, the
+    packing check's verdict and the notes a face shows."""
+    from runner.plan.gate import check
 
-    estimate: dict[str, Any] | None
-
-
-def gate(spec: RunSpec, force: bool = False, runs_dir: Path | None = None, from_step: int = 0,
-         console: Console | None = None) -> Gate:
-    """Everything checked before a run starts, for a resolved spec: the hub, the estimate (PredictedNotToFit for a
-    run predicted not to fit, unless forced), the disk under runs_dir (after `from_step`, a resume's checkpoint),
-    preflight (SpecError listing every problem), the packing check; `console` gets the notes."""
-    from runner.plan.gate import preflight_estimate
-
-    return Gate(preflight_estimate(spec, force, console, runs_dir, from_step))
+    return check(spec, force, runs_dir, from_step)
 
 
 def preflight_problems(spec: RunSpec) -> list[Problem]:

@@ -22,6 +22,16 @@ from runner.record.replay import CPU_PIN, compare, folds, pinned_decisions, tole
 from runner.spec import RunSpec, resolve
 
 
+def gate_estimate(spec: RunSpec, force: bool, console: Console, runs_dir: Path,
+                  from_step: int = 0) -> dict[str, Any] | None:
+    """The launch gate (runner.api.gate: raises what refuses the run), its notes printed; returns the estimate
+    the record keeps."""
+    gate = api.gate(spec, force, runs_dir, from_step)
+    for note in gate.notes:
+        console.print(f"[yellow]{escape(note.text)}[/yellow]" if note.warning else escape(note.text), highlight=False)
+    return gate.estimate
+
+
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
                      run_id: str | None = None, resume: bool = False) -> tuple[SupervisedRun, int]:
@@ -121,7 +131,7 @@ def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
     check_run_target(runs_dir, records_dir, run_id)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    estimate = api.gate(spec, force, runs_dir, console=console).estimate
+    estimate = gate_estimate(spec, force, console, runs_dir)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
@@ -151,7 +161,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                         "(set train.checkpoint_every, or stop a run with SIGTERM, to get one)")
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     console.print(f"resuming {run_dir.name} from step {done[-1][0]}")
-    estimate = api.gate(spec, force, run_dir.parent, from_step=done[-1][0], console=console).estimate
+    estimate = gate_estimate(spec, force, console, run_dir.parent, from_step=done[-1][0])
     active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_dir.name, resume=True)
     return _finish(console, active, code, as_json)

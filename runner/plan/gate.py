@@ -1,30 +1,48 @@
-"""The pre-launch sequence shared by every face: hub reachability, the estimate (refusing a run predicted not to
-fit), disk room, preflight, the packing check and precision advice."""
+"""The pre-launch sequence both faces run: `check(spec, force)` makes every check before a run starts, in order, and
+returns a `Gate` (what the run keeps and what the faces show), or raises what refuses the run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
-
-from runner.errors import PredictedNotToFit, UserError
+from runner.errors import PredictedNotToFit, SpecError, UserError
 from runner.spec import RunSpec
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from runner.plan.packcheck import Verdict
 
 
-def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None, runs_dir: Path | None = None,
-                       from_step: int = 0) -> dict[str, Any] | None:
-    """Everything checked before a run starts: preflight (data, template, packing, LoRA targets, kernels; raises
-    SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
-    fit unless forced and warns when it is tight. With runs_dir, a run whose checkpoints and export cannot fit
-    in its free space is refused too (after `from_step`, a resume's checkpoint), unless forced."""
-    from runner.plan.disk import check_disk
+@dataclass(frozen=True)
+class Note:
+    """One line the gate has to say about a run it lets through."""
 
+    text: str
+    warning: bool = False
+    """True: a caution (no estimate, precision advice, tight memory) the faces set apart; False: information."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A run the gate let through: what it predicted and proved, and what to tell the user. Printing is the faces'."""
+
+    estimate: dict[str, Any] | None
+    """The estimate kept in the run's record (the packing check's verdict included); None when none could be made."""
+    packing: Verdict | None
+    """The packing check's verdict (runner.plan.packcheck), None when the run does not pack or has none."""
+    notes: tuple[Note, ...] = ()
+    """What to show before the run starts, in order."""
+
+
+def check(spec: RunSpec, force: bool, runs_dir: Path | None = None, from_step: int = 0) -> Gate:
+    """Every check made before a run starts, in order: the hub (model and dataset reachable), the estimate (a plan
+    predicted not to fit raises PredictedNotToFit unless forced), the disk (with runs_dir: checkpoints and export
+    must fit its free space after `from_step`, a resume's checkpoint, unless forced), preflight (data, template,
+    packing, LoRA targets, kernels: raises SpecError listing every problem), then the packing check, precision
+    advice and a tight-memory warning as notes."""
     from runner.plan import estimate
-    from runner.errors import SpecError
+    from runner.plan.disk import check_disk
     from runner.plan.hub import hub_problems
     from runner.plan.preflight import packing_check, precision_advice, preflight
 
@@ -43,25 +61,24 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
     if result is not None and result.get("fits") is False and not force:
         unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
         raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
-                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}")
+                                f"{result.get('gpu_memory_gib')} GiB; "
+                                f"{result.get('suggestion') or 'see runner estimate'}")
     if runs_dir is not None:
         check_disk(spec, runs_dir, (result or {}).get("steps"), force, from_step)
     preflight(spec)
-    if missed is not None and console is not None:
-        console.print(f"[yellow]no estimate: {missed}[/yellow]")
-    check = packing_check(spec)
-    if check is not None and console is not None:
-        console.print(escape(check.describe()), highlight=False)
+    notes: list[Note] = []
+    if missed is not None:
+        notes.append(Note(f"no estimate: {missed}", warning=True))
+    verdict = packing_check(spec)
+    if verdict is not None:
+        notes.append(Note(verdict.describe()))
     advice = precision_advice(spec)
-    if advice and console is not None:
-        console.print(f"[yellow]note: {advice}[/yellow]")
-    if result is None:
-        return None
-    if check is not None:
-        result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
-    if console is not None and result.get("verdict") == "tight":
+    if advice:
+        notes.append(Note(f"note: {advice}", warning=True))
+    if result is not None and verdict is not None:
+        result["packing_check"] = verdict.to_dict()  # kept in the record with what was predicted
+    if result is not None and result.get("verdict") == "tight":
         unit = "GPU" if spec.hardware.device == "cuda" else "rank"
-        console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "
-                      f"{result.get('gpu_memory_gib')} GiB predicted ({result.get('headroom_gib')} GiB headroom)"
-                      "[/yellow]")
-    return result
+        notes.append(Note(f"tight: {result.get('per_gpu_gib')} GiB needed per {unit} of {result.get('gpu_memory_gib')} "
+                          f"GiB predicted ({result.get('headroom_gib')} GiB headroom)", warning=True))
+    return Gate(result, verdict, tuple(notes))

@@ -48,7 +48,7 @@ def test_both_runs_implement_every_member_of_the_handle(tmp_path: Path) -> None:
 def test_the_api_types_load_on_first_use() -> None:
     from runner.record.records import RecordError
 
-    assert api.RecordError is RecordError and api.RunHandle is RunHandle
+    assert api.RecordError is RecordError and api.RunHandle is RunHandle and api.Gate.__name__ == "Gate"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         api.nothing  # noqa: B018
 
@@ -57,4 +57,6 @@ def test_the_gate_passes_the_embedded_run_with_its_estimate_and_packing_check(tm
     spec = api.resolve_for(api.load("tiny-cpu", ["train.max_steps=3"]), 0)[0]
     gate = api.gate(spec, runs_dir=tmp_path)
     assert gate.estimate is not None and gate.estimate["fits"] is True and gate.estimate["steps"] == 3
-    assert "packing_check" in gate.estimate  # kept in the record with what was predicted
+    # The packing check's verdict is kept in the record with what was predicted, and is a note a face shows.
+    assert gate.packing is not None and gate.estimate["packing_check"] == gate.packing.to_dict()
+    assert [n.text for n in gate.notes if not n.warning] == [gate.packing.describe()]
