@@ -20,12 +20,12 @@ PROMPTS = ["Name the capital city of Canada.", "Count the letters in garden."]
 EVAL_STEPS = (25, 50, 75)
 
 
-def _cli(args: list[str]) -> tuple[int, str]:
-    """`runner ARGS` in this process, stdout and stderr together (module fixtures cannot take capsys)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+def _cli(args: list[str]) -> tuple[int, str, str]:
+    """`runner ARGS` in this process, its stdout and stderr captured (module fixtures cannot take capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = runner_main(args)
-    return code, out.getvalue()
+    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +39,12 @@ def eval_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "report.to=[tensorboard, mlflow]", f"train.eval_prompts={json.dumps(PROMPTS)}", "output.save=full"]
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        code, out = _cli(["run", "tiny-cpu", *[a for s in sets for a in ("--set", s)], "--json", "--plain",
-                          *dir_args(d)])
-        assert code == 0, out
+        code, out, err = _cli(["run", "tiny-cpu", *[a for s in sets for a in ("--set", s)], "--json", "--plain",
+                               *dir_args(d)])
+        assert code == 0, out + err
         path = Path(last_json(out)["record"])
-        replay_code, replay_out = _cli(["replay", str(path), "--json", "--plain", *dir_args(d)])
-    return {"out": out, "path": path, "replay_code": replay_code, "replay": last_json(replay_out)}
+        replay_code, replay_out, _ = _cli(["replay", str(path), "--json", "--plain", *dir_args(d)])
+    return {"out": out + err, "path": path, "replay_code": replay_code, "replay": last_json(replay_out)}
 
 
 def test_eval_curve_falls_is_tracked_and_replays_exactly(eval_run, monkeypatch):
