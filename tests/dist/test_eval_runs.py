@@ -17,7 +17,7 @@ from tests.conftest import dir_args, last_json, run_cli
 pytestmark = pytest.mark.dist
 
 PROMPTS = ["Name the capital city of Canada.", "Count the letters in garden."]
-EVAL_STEPS = (25, 50, 75)
+EVAL_STEPS = (30, 60, 75)  # every train.eval_every steps, and at the end
 
 
 def _cli(args: list[str]) -> tuple[int, str, str]:
@@ -31,11 +31,11 @@ def _cli(args: list[str]) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One launch serves the eval, tracker and sample checks: the embedded default with 5% held out, evaluated
-    (and sampled on two prompts) every 25 steps, logged to TensorBoard and MLflow, the full model exported; and its
-    replay."""
+    (and sampled on two prompts) every 30 steps and at the end (75), logged to TensorBoard and MLflow, the full
+    model exported; and its replay."""
     base = tmp_path_factory.mktemp("eval_run")
     d = {"runs": base / "runs", "records": base / "records"}
-    sets = ["dataset.eval_fraction=0.05", "train.eval_every=25", "train.max_steps=75",
+    sets = ["dataset.eval_fraction=0.05", "train.eval_every=30", "train.max_steps=75",
             "report.to=[tensorboard, mlflow]", f"train.eval_prompts={json.dumps(PROMPTS)}", "output.save=full"]
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -49,13 +49,13 @@ def eval_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_eval_curve_falls_is_tracked_and_replays_exactly(eval_run, monkeypatch):
     out, path = eval_run["out"], eval_run["path"]
-    assert "eval at step 25: loss" in out  # the headless view
+    assert "eval at step 30: loss" in out  # the headless view
     rec = records.load(path)
     m = rec["metrics"]
-    curve = [m["eval_curve"][s] for s in ("25", "50", "75")]
-    assert set(m["eval_curve"]) == {"25", "50", "75"} and curve == sorted(curve, reverse=True), curve
+    curve = [m["eval_curve"][str(s)] for s in EVAL_STEPS]
+    assert set(m["eval_curve"]) == {str(s) for s in EVAL_STEPS} and curve == sorted(curve, reverse=True), curve
     assert curve[-1] < curve[0] - 1.0 and m["final_eval_loss"] == curve[-1]
-    assert 0 < m["eval_accuracy"]["25"] < m["eval_accuracy"]["75"] < 1
+    assert 0 < m["eval_accuracy"]["30"] < m["eval_accuracy"]["75"] < 1
     assert m["stopped_early"] is None and m["packing"]["split_documents"] == 0
     run_dir = Path(rec["run_dir"])
     evals = [[e for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if e.get("event") == "eval"]
@@ -72,9 +72,8 @@ def test_eval_curve_falls_is_tracked_and_replays_exactly(eval_run, monkeypatch):
     assert tb == str(run_dir / "tensorboard")
     acc = EventAccumulator(tb)
     acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("eval/loss")] == [(25, pytest.approx(curve[0])),
-                                                                     (50, pytest.approx(curve[1])),
-                                                                     (75, pytest.approx(curve[2]))]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/loss")] == [(s, pytest.approx(c))
+                                                                     for s, c in zip(EVAL_STEPS, curve)]
     assert len(acc.Scalars("train/loss")) == 75
     assert records.load(Path(tb) / path.name)["lock"] == rec["lock"]
     ml = rec["trackers"]["mlflow"]
