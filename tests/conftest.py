@@ -31,7 +31,9 @@ os.environ.setdefault("SFT_TUI_CACHE_DIR", tempfile.mkdtemp(prefix="sft-tui-cach
 
 # -- the fast tier starts no process -----------------------------------------------------------------
 # `make test-fast` is `-m "not launches"`: a test not marked `launches` (or `dist`, which implies it) that starts a
-# process (a subprocess, torchrun, tmux, a fork) fails here, so the fast tier stays free of them.
+# process (a subprocess, torchrun, tmux, a fork) at setup or call fails here, so the fast tier stays free of them.
+# Not at teardown: a module's or the session's shared launch (the SLURM cluster) ends in whichever test's teardown
+# comes last, launching or not.
 _SPAWNERS = [(os, "fork"), (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system"),
              (_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec")]
 
@@ -55,11 +57,6 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    return (yield from _no_process(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     return (yield from _no_process(item))
 
 
