@@ -42,15 +42,18 @@ demo: $(STAMP)
 runner: $(STAMP)
 	@$(VENV)/bin/runner $(ARGS)
 
-# The slowest tests are listed at the end of every run: the suite aims at 15 minutes on 2 cores.
+# Two tiers: `make test-fast` runs the tests that start no process (-m "not launches": no torchrun, subprocess, tmux
+# or SLURM; tests/conftest.py fails a test that starts one unmarked); `make test` runs every test. Both on two
+# pytest-xdist workers; tests that share a launch or a cluster run in one worker (--dist loadgroup). The slowest tests
+# are listed at the end of every run.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not dist"
+	$(PY) -m pytest -q -n 2 -m "not launches" --durations=10
 
 # The engine-facing tests (families, packing, both engines, replay) in fresh venvs at the newest releases
 # (.venv-newest/, no constraints) and at the lowest supported versions (.venv-oldest/, .ci/oldest.txt); skipped when

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import dir_args, run_cli
 
 
@@ -24,6 +26,7 @@ def _first_blocks(rank: int, n: int) -> list:
     return list(itertools.islice(BlockStream(source, tok, rank, 2), n))
 
 
+@pytest.mark.dist
 def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
     out = tmp_path / "bench"
     code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native,trl", "--sweep", "train.seq_len=128",
@@ -62,6 +65,7 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
     assert not list(out.glob(".*.tmp"))
 
 
+@pytest.mark.dist
 def test_bench_finds_the_largest_block_that_fits_with_real_runs(dirs, tmp_path):
     """On CPU nothing runs out of memory: every probe fits and the search says the limit is above the range."""
     out = tmp_path / "limits"
@@ -87,6 +91,7 @@ def test_bench_rejects_seq_len_sweep_with_max_seq_len(dirs, tmp_path, capsys):
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.dist
 def test_bench_repeats_interleave_and_report_their_spread(dirs, tmp_path):
     out = tmp_path / "rep"
     code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native", "--sweep", "train.seq_len=128,256",

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from runner.engines import SPEED_LEVERS as LEVERS
 from runner.spec import load_spec
 from tests.conftest import dir_args, run_cli
+
+pytestmark = pytest.mark.dist
 
 
 def test_tune_probes_the_two_best_candidates_and_writes_the_fastest(dirs, tmp_path, capsys):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
@@ -34,6 +36,7 @@ print(json.dumps(at_warm))
 """
 
 
+@pytest.mark.launches
 def test_the_first_screen_is_painted_before_torch_and_transformers_are_imported(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                          timeout=300)

@@ -96,6 +96,7 @@ def test_try_screen_80x24(snap_compare, try_records: Path, tmp_path: Path, monke
     assert snap_compare(app, terminal_size=(80, 24), run_before=_ask)
 
 
+@pytest.mark.launches
 def test_opening_the_try_screen_loads_no_torch_on_the_ui_thread() -> None:
     import subprocess
     import sys

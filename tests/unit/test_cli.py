@@ -29,6 +29,7 @@ def runner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, timeout=120)
 
 
+@pytest.mark.launches
 def test_piped_list_and_diff_are_never_cut(recs: Path) -> None:
     out = runner("list", cwd=recs.parent)
     assert out.returncode == 0, out.stderr
@@ -124,6 +125,7 @@ def test_max_steps_below_warmup_warns(tmp_path: Path) -> None:
     assert spec_warnings(load_spec("tiny-cpu", ["train.max_steps=50", "train.warmup_steps=20"])) == []
 
 
+@pytest.mark.launches
 def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
     out = runner("estimate", "tiny-cpu", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -150,6 +152,7 @@ def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: py
     assert runner.gate.hub.hub_problems(load_spec("tiny-cpu")) == []
 
 
+@pytest.mark.launches
 def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None:
     import tomllib
 
@@ -196,6 +199,7 @@ def test_cpu_estimate_says_gib_needed_per_rank(capsys: pytest.CaptureFixture[str
     assert "RSS" not in out and "per GPU" not in out and "per-GPU" not in out
 
 
+@pytest.mark.launches
 def test_list_marks_replays_and_resumed_runs(recs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = recs / f"{RUN_ID_B}.json"
     rec = json.loads(path.read_text())
@@ -311,6 +315,7 @@ def test_the_run_report_says_where_the_export_went() -> None:
     assert "export" not in cap.get()
 
 
+@pytest.mark.launches
 def test_bad_run_id_and_records_folder_are_refused_first(tmp_path: Path) -> None:
     """Refused before anything else is read: the recipe named here does not even exist."""
     (tmp_path / "recfile").write_text("")
@@ -322,6 +327,7 @@ def test_bad_run_id_and_records_folder_are_refused_first(tmp_path: Path) -> None
     assert not (tmp_path / "runs").exists() and not (tmp_path / "records").exists()
 
 
+@pytest.mark.launches
 def test_help_lists_every_exit_code(tmp_path: Path) -> None:
     out = runner("--help", cwd=tmp_path)
     text = " ".join(out.stdout.split())

@@ -413,6 +413,7 @@ def test_parse_sweep_types_values():
     assert [r["train.activation_checkpointing"] for r in rows] == [True, False]
 
 
+@pytest.mark.launches
 def test_cli_is_fast_offline_without_gpu():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     code = ("import sys, runner.cli.main; rc = runner.cli.main.main(['estimate', %r, '--json']); "

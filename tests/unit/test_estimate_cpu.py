@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from runner.plan import estimate
 from runner.spec import load_spec
 
@@ -20,6 +22,7 @@ def test_cpu_estimate_has_no_cuda_parts():
     assert "RSS" in e.per_gpu_basis
 
 
+@pytest.mark.launches
 def test_cpu_estimate_predicts_the_ranks_measured_rss(tiny_run):
     record = json.loads(tiny_run["record"].read_text())
     predicted = record["estimate"]["peak_mem_gib"]

@@ -258,6 +258,7 @@ def test_wizard_preview_names_what_does_not_fit(tmp_path):
     assert not info["messages_ok"] and "answer, question" in info["detected"] and "dataset.format" in info["detected"]
 
 
+@pytest.mark.launches
 def test_formats_imports_no_torch():
     """Preflight, the wizard and the estimator read rows through it without loading torch."""
     import subprocess

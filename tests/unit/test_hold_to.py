@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 HELD = """
 import pyarrow
 from runner.train.runtime import hold_to
@@ -14,6 +16,7 @@ print(pyarrow.default_memory_pool().backend_name)
 """
 
 
+@pytest.mark.launches
 def test_a_held_cpu_rank_gives_pyarrow_the_system_allocator():
     """pyarrow's default pool (mimalloc) reserves its first arena as 1 GiB of untouched writable memory, which the
     data limit counts whole: half of a 2 GiB cap went to it before the first step."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 CORE = ("runner", "runner.api", "runner.cli.main", "runner.cli.session", "runner.events.monitor", "runner.cli.headless",
         "runner.record.records", "runner.spec")
@@ -28,6 +30,7 @@ print("TEXTUAL:" + ",".join(loaded))
 """
 
 
+@pytest.mark.launches
 def test_core_and_cli_help_do_not_load_textual() -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -35,6 +38,7 @@ def test_core_and_cli_help_do_not_load_textual() -> None:
     assert line == "TEXTUAL:", f"textual was imported by the core: {line[8:]}"
 
 
+@pytest.mark.launches
 def test_python_m_runner_help_does_not_load_textual() -> None:
     """`python -m runner --help` as a user runs it, with an import hook that fails on textual."""
     guard = ("import sys\n"

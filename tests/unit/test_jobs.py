@@ -49,6 +49,7 @@ def test_sbatch_script_matches_expected():
            "--container-mounts=/shared/runs:/shared/runs,/shared/records:/shared/records bash -c" in with_image
 
 
+@pytest.mark.launches
 def test_slurm_job_for_two_nodes_of_eight(tmp_path):
     out, spec, run_id = _job(tmp_path, "slurm", "--time", "04:00:00", "--warn-s", "600")
     text = out.read_text()
@@ -63,6 +64,7 @@ def test_slurm_job_for_two_nodes_of_eight(tmp_path):
     assert spec["hardware"] | {"nodes": 2, "nproc_per_node": 8, "device": "cuda"} == spec["hardware"]
 
 
+@pytest.mark.launches
 def test_skypilot_task_for_two_nodes_of_eight(tmp_path):
     out, spec, run_id = _job(tmp_path, "skypilot", "--volume", "s3://bucket/sft", "--repo",
                              "https://example.com/sft-tui.git", "--commit", "a" * 40)
@@ -133,6 +135,7 @@ def test_a_local_folder_remote_is_refused_with_what_to_pass(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.launches
 def test_kubeflow_trainjob_for_two_nodes_of_eight(tmp_path):
     out, spec, run_id = _job(tmp_path, "kubeflow", "--image", "ghcr.io/x/sft-tui:1", "--volume", "sft-runs")
     doc = yaml.safe_load(out.read_text())
@@ -208,6 +211,7 @@ def _fake_job(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "job.sh", run_dir
 
 
+@pytest.mark.launches
 def test_sbatch_starts_fresh_then_resumes_from_a_checkpoint(tmp_path):
     script, run_dir = _fake_job(tmp_path)
     env = _script_env(tmp_path)
@@ -230,6 +234,7 @@ def test_sbatch_starts_fresh_then_resumes_from_a_checkpoint(tmp_path):
     assert all(f"--node-rank {ln[5]} " in ln and "hardware.rdzv_endpoint=127.0.0.1:29500" in ln for ln in lines)
 
 
+@pytest.mark.launches
 def test_a_requeued_trl_job_resumes_from_the_trainers_checkpoint(tmp_path):
     script, run_dir = _fake_job(tmp_path)
     env = _script_env(tmp_path)
@@ -242,6 +247,7 @@ def test_a_requeued_trl_job_resumes_from_the_trainers_checkpoint(tmp_path):
     assert [f"run --resume {run_dir} " in ln for ln in lines] == [False, False, True, True]
 
 
+@pytest.mark.launches
 def test_usr1_before_the_time_limit_reaches_every_node_and_requeues(tmp_path):
     script, _ = _fake_job(tmp_path)
     proc = subprocess.Popen(["bash", str(script)], env=_script_env(tmp_path, FAKE_WAIT="1"))
@@ -257,6 +263,7 @@ def test_usr1_before_the_time_limit_reaches_every_node_and_requeues(tmp_path):
     assert (tmp_path / "scontrol.log").read_text().splitlines()[-1] == "requeue 4242"
 
 
+@pytest.mark.launches
 def test_without_usr1_a_failed_node_fails_the_job_and_nothing_is_requeued(tmp_path):
     script, _ = _fake_job(tmp_path)
     broken = tmp_path / "fake-runner"

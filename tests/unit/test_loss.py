@@ -132,6 +132,7 @@ def test_chunk_gradient_written_for_the_compiler_equals_the_in_place_one(dtype):
     assert float(loss_b) == pytest.approx(float(ref), rel=1e-6)
 
 
+@pytest.mark.launches
 def test_fused_loss_with_the_compiled_chunk_matches_the_chunked_loss():
     """The GPU path (train.compile): each chunk's softmax and gradient from torch.compile (here inductor on CPU)."""
     model = _model(tied=True)

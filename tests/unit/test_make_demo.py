@@ -29,6 +29,7 @@ def _demo(tmp_path: Path, records_a_run: bool) -> subprocess.CompletedProcess[st
     return subprocess.run(["make", "-s", "demo"], cwd=work, capture_output=True, text=True, env=env, timeout=60)
 
 
+@pytest.mark.launches
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_demo_hint_names_the_recorded_run(tmp_path: Path) -> None:
     out = _demo(tmp_path, records_a_run=True)
@@ -36,6 +37,7 @@ def test_demo_hint_names_the_recorded_run(tmp_path: Path) -> None:
     assert "runner verify tiny-cpu-20260101-000000-abcd" in out.stdout and "<id>" not in out.stdout
 
 
+@pytest.mark.launches
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_demo_without_a_recorded_run_gives_no_next_step(tmp_path: Path) -> None:
     out = _demo(tmp_path, records_a_run=False)

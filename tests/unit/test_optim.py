@@ -209,6 +209,7 @@ print("same")
 """
 
 
+@pytest.mark.launches
 def test_the_kernel_update_equals_the_eager_one():
     """The update CUDA runs (one Triton kernel launch per dtype over all parameters, its noise hashed in 32-bit unsigned arithmetic) is the
     eager one, to the bit for bf16 weights and states, under Triton's interpreter on CPU: the same noise and arithmetic, so a GPU run differs from

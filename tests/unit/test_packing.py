@@ -373,6 +373,7 @@ def _answers(blocks, tok) -> list[str]:
     return sorted(t.split("<|im_end|>")[0] for t in text.split("answer ")[1:])
 
 
+@pytest.mark.launches
 def test_rank_and_worker_streams_are_disjoint_and_cover_the_data(tmp_path, tokenizer):
     from torch.utils.data import DataLoader
 

@@ -135,6 +135,7 @@ def assert_run_chose_the_plan(spec: RunSpec, events_dir: Path, levers: dict[str,
             assert begin["levers"] == levers, path.name
 
 
+@pytest.mark.launches
 def test_the_embedded_run_chose_what_was_planned(tiny_run):
     """The recipe's levers are auto: `runner estimate` of the recipe, the record's estimate and every rank's
     train_begin report the same levers, and the record's spec holds them (nothing auto left to choose again)."""

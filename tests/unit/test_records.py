@@ -83,6 +83,7 @@ while True:
 """
 
 
+@pytest.mark.launches
 def test_killed_writer_never_leaves_a_half_written_record(tmp_path: Path):
     path = tmp_path / "r.json"
     for attempt in range(5):

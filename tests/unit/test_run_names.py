@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runner.naming import follow_run, run_name
@@ -21,6 +22,7 @@ def runner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, timeout=120)
 
 
+@pytest.mark.launches
 def test_a_changed_model_names_and_describes_the_run(tmp_path: Path) -> None:
     model = tmp_path / "gemma2-small"
     shutil.copytree(REPO / "recipes" / "embedded" / "model", model)
@@ -39,6 +41,7 @@ def test_a_changed_model_names_and_describes_the_run(tmp_path: Path) -> None:
     assert typed["name"] == "mine" and typed["description"] == "lora fine-tune of sft-tui/tiny-qwen3 on sft-tui/tiny-chat"
 
 
+@pytest.mark.launches
 def test_runs_differing_only_in_train_on_differ_in_the_list(tmp_path: Path) -> None:
     ids = []
     for i, train_on in enumerate(("assistant", "assistant+tool_calls")):

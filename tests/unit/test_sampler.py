@@ -107,6 +107,7 @@ def test_nvml_init_failure(no_nvml: None) -> None:
     assert detect_gpus() == []
 
 
+@pytest.mark.launches
 def test_sample_node_without_gpus(no_nvml: None) -> None:
     me = os.getpid()
     line = sample_node(3, GpuSampler(), {0: me, 1: dead_pid()})
@@ -205,6 +206,7 @@ def test_node_sampler_survives_errors(tmp_path: Path, no_nvml: None, monkeypatch
     assert len(calls) >= 2 and json.loads(path.read_text().splitlines()[0]) == {"t": 0.0, "node": 0}
 
 
+@pytest.mark.launches
 def test_cli_once(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "runner.launch.sampler", "--once", "--node", "2"],

@@ -80,6 +80,7 @@ def test_mlflow_file_store_read_back(tmp_path, monkeypatch):
     assert [a.path for a in client.list_artifacts(ident["run_id"])] == [record.name]
 
 
+@pytest.mark.launches
 def test_wandb_offline_run_dir(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -118,6 +119,7 @@ print(json.dumps({"ident": trackers.idents["trackio"], "errors": trackers.errors
 """
 
 
+@pytest.mark.launches
 def test_trackio_local_run_read_back(tmp_path):
     pytest.importorskip("trackio")
     import os
