@@ -54,7 +54,7 @@ def lora_settings(config: Any) -> dict[str, Any]:
 
 def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, args: argparse.Namespace) -> Any:
     from runner.engines import with_plain_levers
-    from runner.facts.decisions import chunked_supported
+    from runner.decide.rules import chunked_supported
     from runner.spec import load_spec, resolve
     from tests.families import family_config
 

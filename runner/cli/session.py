@@ -76,15 +76,17 @@ def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = Non
 
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
-                     run_id: str | None = None, resume: bool = False) -> tuple[SupervisedRun, int]:
-    """Start the run's supervisor (apart from this process and its terminal) and follow it to its end."""
+                     run_id: str | None = None, resume: bool = False,
+                     decisions: Any = None) -> tuple[SupervisedRun, int]:
+    """Start the run's supervisor (apart from this process and its terminal) and follow it to its end; `decisions`:
+    a replay's recorded ones, which its ranks get whole."""
     from runner.cli.follow import ViewSignals, follow, say_detached
 
     # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
     with ViewSignals() as signals:
         try:
             active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
-                           node_rank=node_rank, run_id=run_id, resume=resume)
+                           node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
         except SupervisorFailed as e:
             raise UserError(str(e)) from None
         console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
@@ -279,6 +281,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
     pinned = pinned_decisions(original)
     console.print("engine decisions pinned from the record: " + (
+        "all (its decisions file)" if prepared.decisions is not None else
         ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
         "decide)"))
     print_drift(console, rows)
@@ -287,7 +290,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
         raise UserError(f"--strict: {len(strict_rows)} pin(s) differ from the record "
                         f"({', '.join(r['pin'] for r in strict_rows[:5])}{'…' if len(strict_rows) > 5 else ''})")
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, original.get("estimate"),
-                                    replay_of=original["id"])
+                                    replay_of=original["id"], decisions=prepared.decisions)
     if code == EXIT_DETACHED:
         return code
     _report(console, active)

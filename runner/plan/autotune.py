@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import Problem, UserError
-from runner.facts.decisions import chunked_supported
+from runner.decide.rules import chunked_supported
 from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
-from runner.facts.decisions import ULYSSES
+from runner.decide.rules import ULYSSES
 from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers, regenerated_layers
 from runner.engines import engine_for
 from runner.plan.activations import (

@@ -16,7 +16,7 @@ from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
@@ -352,19 +352,6 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
         # MFU (runner/facts/flops.py): model FLOPs + attention FLOPs (when the engine reports its documents' lengths).
         done = flops.model_per_token * tokens_total + flops.attention_per_doc_len_sq * (doc_len_sq or 0)
         out["mfu"] = round(utilisation(done, train_s, flops.ceiling_tflops, world_size), 4)
-    return out
-
-
-def decisions_from_events(events_dir: Path) -> dict[str, Any]:
-    """What the engine decided (rank 0's first train_begin: `TrainBeginEvent.decisions`, every rank decides the
-    same), with whether FSDP2 sharded the model from its end event when the train_begin line does not say (a run
-    resumed from events an older version wrote). Empty when rank 0 never began training."""
-    evs = read_events(events_dir / "rank0.jsonl")
-    begin: TrainBeginEvent | None = first_event(evs, TrainBeginEvent)
-    out = begin.decisions() if begin else {}
-    ends: list[EndEvent] = events_of(evs, EndEvent)
-    if begin and "fsdp_sharded" not in out and ends and ends[-1].fsdp_sharded is not None:
-        out["fsdp_sharded"] = ends[-1].fsdp_sharded
     return out
 
 

@@ -128,7 +128,7 @@ def offloaded_checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
 def hosted_layer_inputs(spec: Any, config: Any, layers: int, tokens: int, device: str) -> int | None:
     """How many of the recomputed layers (the first ones) offload their input on this node, `tokens` to a forward
     on this rank (runner.facts.gpus.offloaded_layers, from the node's host memory and its ranks); None where nothing
-    offloads. Native layers compute in bf16 on a GPU (runner.facts.decisions.precision): 2 bytes an element."""
+    offloads. Native layers compute in bf16 on a GPU (runner.decide.rules.precision): 2 bytes an element."""
     t = spec.train
     if not (t.offload_activations is True and t.activation_checkpointing is True and device == "cuda"):
         return None

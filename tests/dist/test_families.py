@@ -61,8 +61,8 @@ def test_both_ranks_see_one_global_loss_and_the_engines_agree_on_the_first_step(
 
 
 def test_what_a_plan_from_config_json_says_is_what_each_engine_chose(matrix):
-    """runner.facts.decisions.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
-    from runner.facts.decisions import plan_attention
+    """runner.decide.rules.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
+    from runner.decide.rules import plan_attention
     from runner.spec import RunSpec
 
     for r in matrix["rows"]:

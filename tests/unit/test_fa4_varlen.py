@@ -134,7 +134,7 @@ def test_packed_block_through_fa4_equals_documents_one_by_one(fa4_stand_in, reco
 
 
 def test_kernel_choice_and_refusal():
-    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+    from runner.decide.rules import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
 
     with_fa4, without = Kernels(varlen=True, fa4=True), Kernels(varlen=True)
     assert varlen_kernel("auto", with_fa4, 128) == FA4_KERNEL
@@ -177,7 +177,7 @@ def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(mon
 
 def test_heads_of_16_never_go_to_flash_attn_4():
     """Its SM90 backward returns wrong query gradients for heads of 16 (measured on an H100); 32 and up are right."""
-    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+    from runner.decide.rules import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
 
     with_fa4 = Kernels(varlen=True, fa4=True)
     assert varlen_kernel("auto", with_fa4, 16) == TORCH_KERNEL
@@ -197,7 +197,7 @@ def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_
     it); elsewhere small heads. The copy builds and runs."""
     from transformers import AutoConfig
 
-    from runner.facts.decisions import head_dim
+    from runner.decide.rules import head_dim
     from runner.plan.packcheck import Setup, _auto_class, _construct
     from runner.plan.shrink import shrunk_config
 

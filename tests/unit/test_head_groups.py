@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runner.train import attention
+from runner.train.apply import set_head_groups
 from runner.train.data import collate
 from runner.train.head_groups import HeadGroups, attend_in_groups
 from runner.train.loss import full_loss_sum
@@ -77,7 +78,6 @@ def reference_varlen():
     attention.register_varlen()
     yield
     attention.set_varlen_kernel(None)
-    attention.set_head_groups(1)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama"])
@@ -94,7 +94,7 @@ def test_a_tiled_recomputed_layer_attending_in_head_groups_trains_as_the_plain_o
     tile_layers(text_decoder_layers(grouped), 37)
     grouped.train()
     enable_recompute(grouped, None)
-    attention.set_head_groups(config.num_key_value_heads)
+    set_head_groups(text_decoder_layers(grouped), config.num_key_value_heads)
     backward_calls: list[int] = []
     backward = HeadGroups.backward
     monkeypatch.setattr(HeadGroups, "backward", staticmethod(lambda ctx, g: backward_calls.append(1) or backward(ctx, g)))

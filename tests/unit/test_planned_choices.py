@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runner.facts.decisions import (
+from runner.decide.rules import (
     Kernels,
     choose_loss,
     chunk_tokens_for,

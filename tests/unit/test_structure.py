@@ -12,7 +12,7 @@ SIZED = (RUNNER, REPO / "tui")
 # runner/'s stages, lowest first: each may import its own and the ones before it, never one after it. The root holds
 # the spec and its errors; the rank's code (train) sits below plan because preflight runs the rank's own packer and
 # model; the launcher sits above record because the supervisor writes the record.
-STAGES = ("root", "facts", "data", "events", "train", "plan", "record", "launch", "cli")
+STAGES = ("root", "facts", "data", "events", "decide", "train", "plan", "record", "launch", "cli")
 ROOT_MODULES_MAX = 8
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80

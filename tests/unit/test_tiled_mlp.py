@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runner.facts.catalog import parse_arch
-from runner.facts.decisions import Kernels, choose_attention, choose_loss
+from runner.decide.rules import Kernels, choose_attention, choose_loss
 from runner.facts.families import MATRIX
 from runner.facts.tiling import mlp_tile_tokens, tiled_mlp_choice
 from runner.train.attention import concrete_model_class, keep_documents_apart, supported_attention

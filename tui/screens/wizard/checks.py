@@ -122,7 +122,7 @@ class WizardChecks(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="weights")
     def check_weights(self, path: str) -> None:
         from runner.spec import resolve_embedded
-        from runner.train.loader import has_weights
+        from runner.decide.loader import has_weights
 
         folder = Path(resolve_embedded(path))
         self.post_message(self.WeightsChecked(path, has_weights(folder) if (folder / "config.json").is_file()

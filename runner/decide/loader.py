@@ -34,3 +34,19 @@ def model_class(spec: RunSpec, config: Any) -> Any:
     if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
+
+
+def model_source(spec: RunSpec) -> tuple[str, str | None]:
+    """(what from_pretrained loads, revision): a local path wins over the hub id."""
+    from runner.spec import resolve_embedded
+
+    if spec.model.path:
+        return str(resolve_embedded(spec.model.path)), None
+    return spec.model.id, spec.model.revision
+
+
+def load_config(spec: RunSpec) -> Any:
+    AutoConfig = from_transformers("AutoConfig")
+
+    src, rev = model_source(spec)
+    return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
