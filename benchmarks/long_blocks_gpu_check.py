@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from runner.facts.catalog import parse_arch  # noqa: E402
 from runner.facts.tiling import flash_backward_workspace_bytes  # noqa: E402
 from runner.train import attention  # noqa: E402
-from runner.train.model import enable_recompute, text_decoder_layers  # noqa: E402
+from runner.train.apply import enable_recompute  # noqa: E402
+from runner.train.model import text_decoder_layers  # noqa: E402
 from runner.train.apply import set_head_groups  # noqa: E402
 from runner.train.tiling import tile_layers  # noqa: E402
 

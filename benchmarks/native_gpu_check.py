@@ -151,7 +151,8 @@ def build(config: Any, attn: str, compile_layers: bool) -> tuple[Any, Any]:
 
     from runner.train.attention import VARLEN, install_document_reset, register_varlen
     from runner.train.loss import attach_chunked_loss
-    from runner.train.model import decoder_layers, disable_cache, enable_recompute
+    from runner.train.apply import enable_recompute
+    from runner.train.model import decoder_layers, disable_cache
 
     if attn == VARLEN:
         register_varlen()

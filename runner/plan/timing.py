@@ -35,7 +35,7 @@ from runner.spec import RunSpec
 
 def recompute_skipped_params(plan: Plan) -> int:
     """Matmul parameters per token that recomputation does not run again. The native engine's compiled layers hold
-    their checkpoint inside the compiled graph (runner.train.model.checkpoint_in_compile), and backward never reads
+    their checkpoint inside the compiled graph (runner.train.apply.checkpoint_in_compile), and backward never reads
     a dense MLP's output projection, so it is not recomputed; a MoE layer's expert outputs feed the routing
     weights' gradient and are. Offloaded layers keep transformers' eager checkpoint."""
     spec = plan.spec

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from runner.imports import from_transformers
 # Where callers look for them:
@@ -109,83 +108,6 @@ def text_decoder_layers(model: nn.Module) -> list[nn.Module]:
 
     base, _ = causal_lm_parts(model)
     return list(getattr(base, "language_model", base).layers)
-
-
-def _attention_ops() -> set[Any]:
-    ops = set()
-    for ns, name in (("sft_tui", "fa4_varlen_fwd"), ("torch_attn", "_varlen_attn")):
-        packet = getattr(getattr(torch.ops, ns, None), name, None)
-        if packet is not None:
-            ops.add(packet.default)
-    return ops
-
-
-def keep_attention_context() -> Any:
-    """Selective recompute: the attention kernel's outputs are kept from forward; everything else recomputes."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    keep = _attention_ops()
-
-    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
-
-
-def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) -> None:
-    """Make the layer's own forward a checkpoint region, so a later `layer.compile()` sees it.
-
-    `recompute_attention=False` keeps the attention kernel's output from forward (`keep_attention_context`).
-
-    Recomputing around a compiled layer (what transformers 5.17's GradientCheckpointingLayer does: checkpoint calls
-    the compiled `__call__`) reruns the whole compiled forward in backward, down_proj and the residual adds included,
-    although backward reads none of their outputs. With the checkpoint inside the compiled region, the partitioner
-    keeps only the layer's inputs and recomputes, within the compiled backward, just the operations whose results
-    backward reads: a dense decoder layer no longer recomputes its last projection (a third of the MLP's matmul
-    work; measured −5% step time on the 1.72B model at 32k). Later transformers releases checkpoint `forward`,
-    which comes to the same; this makes it so on every version.
-    """
-    forward = layer.forward
-    extra: dict[str, Any] = {} if recompute_attention else {"context_fn": keep_attention_context}
-    # transformers ≥ 5.25 with the `kernels` package wraps attention forwards in a context variable that is set and
-    # reset around each call: a Python side effect, which dynamo refuses inside a checkpoint region, so it left
-    # every such layer uncompiled without a word (0 compiled matmuls). Skipping that set-and-reset when backward
-    # recomputes the region changes nothing (it is undone before the forward returns).
-    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
-
-    def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
-
-    layer.gradient_checkpointing = False  # transformers' wrapper (outside the compiled region) stays out
-    layer.forward = recomputed_forward
-
-
-def enable_recompute(model: nn.Module, recompute_layers: int | None, offload: bool = False,
-                     inside_compile: bool = False, recompute_attention: bool = True,
-                     offload_layers: int | None = None, regenerate: bool = False) -> int:
-    """Non-reentrant activation checkpointing of the first `recompute_layers` decoder layers (None = all), for code
-    that builds a model without a run's decisions (tests, benchmarks): the per-layer plan runner.decide would make
-    (`offload`: the first `offload_layers` recomputed layers' inputs in host memory; `regenerate`: as many of the
-    others regenerated from the layer before's), put on by runner.train.apply.install_recompute. Returns how many
-    layers recompute."""
-    from runner.facts.gpus import layer_input_places, regenerated_layers
-    from runner.train.apply import install_recompute, layer_plans
-
-    n = len(text_decoder_layers(model))
-    k = n if recompute_layers is None else min(recompute_layers, n)
-    places: list[str] = []
-    if offload or regenerate:
-        hosted = k if offload_layers is None else min(offload_layers, k)
-        places = layer_input_places(k, hosted, regenerated_layers(k, hosted, regenerate))
-        if not offload:  # regenerated from a source kept on the GPU
-            places = ["gpu" if p == "host" else p for p in places]
-    plans = layer_plans(n, k, keep_attention=not recompute_attention and not offload, places=places)
-    return install_recompute(model, plans, inside_compile)
-
-
-def weights_bf16(model: nn.Module) -> bool:
-    """Whether every weight is already in the bf16 compute dtype (runner.decide.rules.fsdp_wrapped asks)."""
-    return all(p.dtype == torch.bfloat16 for p in model.parameters())
 
 
 def param_count(model: nn.Module) -> int:

@@ -285,8 +285,7 @@ def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[Pack
 
 def train(spec: RunSpec, rt: Runtime, events: EventWriter, decisions: Decisions, run_dir: Path | None = None,
           resume: bool = False) -> dict[str, Any]:
-    """Train to the end of the data or max_steps, as `decisions` say; returns the rank's summary for its end
-    event."""
+    """Train to the end of the data or max_steps as `decisions` say; returns the rank's summary for its end event."""
     from runner.train.evaluation import Evaluator
     from runner.train.export import export
     from runner.train.summary import end_summary

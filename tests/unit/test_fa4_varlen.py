@@ -120,7 +120,7 @@ def test_packed_block_through_fa4_equals_documents_one_by_one(fa4_stand_in, reco
     """A recomputed Qwen3 model through the wrapper: the loss and gradients of its documents one by one. With
     recompute_attention=False each layer's attention runs once per step (its output kept), else twice."""
     from runner.train.loss import chunked_loss_sum
-    from runner.train.model import enable_recompute
+    from runner.train.apply import enable_recompute
 
     model = _qwen3("varlen")
     docs = _documents()
@@ -252,7 +252,8 @@ def test_compiled_layers_compile_once_for_blocks_of_any_document_count(fa4_stand
     from torch._dynamo.utils import counters
 
     from runner.train.loss import full_loss_sum
-    from runner.train.model import decoder_layers, enable_recompute
+    from runner.train.apply import enable_recompute
+    from runner.train.model import decoder_layers
 
     # Three blocks alike, then a new longest document, then a new document count (each its own step).
     blocks = _blocks_of_one_length([(4, 40), (4, 40), (4, 40), (4, 50), (6, 50), (3, 70), (5, 30)])

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from runner.facts import decisions
+from runner.decide import rules as decisions
 from runner.facts import families
 from runner.decide.rules import Kernels, attention_refusal, choose_attention, choose_loss
 from runner.facts.families import MATRIX, family_of, lora_targets

@@ -14,7 +14,8 @@ from runner.train.apply import set_head_groups
 from runner.train.data import collate
 from runner.train.head_groups import HeadGroups, attend_in_groups
 from runner.train.loss import full_loss_sum
-from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.apply import enable_recompute
+from runner.train.model import text_decoder_layers
 from runner.train.tiling import tile_layers
 from tests.families import family_config
 from tests.unit.test_families import _assert_same, _documents, _grads, _packed_block

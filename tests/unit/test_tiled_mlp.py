@@ -17,7 +17,8 @@ from runner.facts.tiling import mlp_tile_tokens, tiled_mlp_choice
 from runner.train.attention import concrete_model_class, keep_documents_apart, supported_attention
 from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
-from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.apply import enable_recompute
+from runner.train.model import text_decoder_layers
 from runner.train.tiling import is_rms_norm, layer_mlp, recompute_outer_norms, tile_layers
 from tests.conftest import run_cli
 from tests.families import family_config
