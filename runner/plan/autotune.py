@@ -140,7 +140,7 @@ def lever_space(spec: RunSpec, plan: Plan, splits: tuple[tuple[int, int], ...]) 
             (layers if t.recompute_layers is None else min(t.recompute_layers, layers),)
     else:
         counts = (layers,)
-    # Kept attention outputs are varlen's (runner.plan.choices.keeps_attention_outputs); offloaded layers keep none.
+    # Kept attention outputs are varlen's (runner.decide.decisions.layer_plans); offloaded layers keep none.
     attention = _pick(t.recompute_attention, (True, False) if "recompute_attention" in can and plan.attn == "varlen"
                       else (True,))
     offload = _pick(t.offload_activations, (False, True) if "offload_activations" in can else (False,))

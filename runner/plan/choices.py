@@ -19,7 +19,8 @@ from runner.decide.rules import (
     precision,
 )
 from runner.decide.rules import fused_chunk_tokens_for as fused_chunk_tokens  # noqa: F401 (re-exported)
-from runner.decide.decisions import Decisions
+from runner.decide.decisions import Decisions, LayerPlan, layer_plans
+from runner.decide.decisions import Machine as DecideMachine
 from runner.errors import Problem, UserError
 from runner.engines import engine_for
 from runner.facts.gpus import GpuType
@@ -104,6 +105,33 @@ class Plan:
                                      self.gpu_bytes)
 
     @property
+    def layers(self) -> tuple[LayerPlan, ...]:
+        """Each decoder layer's plan (recompute, kept attention, where its input waits): the decisions', or for a
+        spec whose levers are still auto the plan runner.decide would make of them."""
+        if self.decisions is not None:
+            return self.decisions.layers
+        machine = DecideMachine(self.device, self.nproc, self.world, self.gpu_bytes, self.host_bytes)
+        return layer_plans(self.spec, self.attn, machine, self.arch.layers, self.arch.hidden, self.tokens_per_rank)
+
+    @property
+    def recomputed(self) -> int:
+        """Decoder layers that recompute their forward in backward (the first ones)."""
+        return sum(1 for layer in self.layers if layer.recompute)
+
+    @property
+    def offloads(self) -> bool:
+        """Recomputed layers' inputs go to host memory as far as it holds them (the native engine on a GPU with
+        train.offload_activations; `Decisions.offloads`)."""
+        t = self.spec.train
+        return t.offload_activations is True and engine_for(self.spec.engine).offloads_activations \
+            and self.device == "cuda" and self.recomputed > 0
+
+    @property
+    def keeps_attention(self) -> bool:
+        """Recomputed layers keep their varlen attention outputs (train.recompute_attention=false)."""
+        return any(layer.keep_attention for layer in self.layers)
+
+    @property
     def precision(self) -> Precision:
         """Compute dtype, the trainable weights' dtype and autocast, as the engine decides (runner.decide.rules)."""
         if self.decisions is not None:
@@ -161,26 +189,3 @@ def _load_arch_cached(model_id: str, revision: str | None, path: str | None) -> 
 def gdn_kernels_installed() -> bool:
     """flash-linear-attention importable (the gated-delta kernels); checked without importing it."""
     return importlib.util.find_spec("fla") is not None
-
-
-def offloads_activations(spec: RunSpec, device: str) -> bool:
-    """Recomputed layers' inputs go to host memory: the native engine on a GPU with train.offload_activations."""
-    t = spec.train
-    return t.offload_activations and t.activation_checkpointing and engine_for(spec.engine).offloads_activations \
-        and device == "cuda"
-
-
-def keeps_attention_outputs(spec: RunSpec, attn: str, device: str) -> bool:
-    """Recomputed layers keep their varlen attention outputs instead of running the kernel again
-    (train.recompute_attention=false; the native engine's selective checkpoint policy, runner.train.model)."""
-    t = spec.train
-    return (not t.recompute_attention and engine_for(spec.engine).selective_recompute and attn == "varlen" and device == "cuda"
-            and t.activation_checkpointing and not offloads_activations(spec, device))
-
-
-def recomputed_layers(spec: RunSpec, layers: int) -> int:
-    """Decoder layers that recompute their forward in backward (train.recompute_layers, the first ones)."""
-    t = spec.train
-    if not t.activation_checkpointing:
-        return 0
-    return layers if t.recompute_layers is None else min(t.recompute_layers, layers)
