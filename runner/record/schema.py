@@ -7,7 +7,7 @@ they migrate. A record saved again after a migration (a resumed run's) is writte
 Versions:
 1. the first: spec, pins, launch, estimate, metrics, failure.
 2. adds `decisions`: what the engine decided at run time (attention path and kernel, loss implementation, FSDP
-   wrapping, precision: rank 0's train_begin event, `TrainBeginEvent.DECISIONS`), which replay pins.
+   wrapping, precision: rank 0's train_begin event), which replay pins.
 3. `decisions` is the run's whole decisions file (runner.decide.Decisions, written once before launch and obeyed by
    every rank), which replay gives its ranks whole. A schema-2 record keeps the part its ranks reported.
 """

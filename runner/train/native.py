@@ -147,7 +147,7 @@ def build(spec: RunSpec, rt: Runtime, decisions: Decisions) -> dict[str, Any]:
     model.to(rt.device)
     model.train()
     if decisions.loss_impl in ("chunked", "fused"):
-        attach_chunked_loss(model, decisions.loss_impl, compiled=decisions.compile)
+        attach_chunked_loss(model, decisions.loss_impl, decisions.loss_chunk_tokens, compiled=decisions.compile)
     attach_eval(model)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], t.optimizer_precision, t.lr,
                           tuple(t.betas), t.weight_decay, rt.device, t.seed, rt.rank)
