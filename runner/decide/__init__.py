@@ -84,23 +84,26 @@ def model_config(spec: Any, config_json: dict[str, Any] | None) -> Any:
 
 
 def decide_run(spec: Any, loaded: Any = None, hardware: Hardware | None = None, probe: bool = False) -> Decisions:
-    """The decisions of a run of `spec` (levers resolved): its hardware resolved, the model's config and class read,
-    and with `probe` the attention kernels installed here (the launching node); else what a plan assumes."""
+    """The decisions of a run of `spec` (levers resolved). With `probe` (a launch, on its node): the attention
+    kernels installed here and the model class's declared support, read through transformers. Without (a plan,
+    which imports neither torch nor transformers): the kernels a plan assumes and the family's paths from
+    config.json (runner.facts.families lists what each class supports; tests/unit/test_decide.py checks both
+    agree)."""
     from runner.decide.rules import FA4_KERNEL, Kernels, fa4_installed
-    from runner.decide.support import available_kernels, concrete_model_class, supported_attention
-    from runner.decide.loader import model_class
     from runner.facts.catalog import load_arch
 
     hardware = hardware or resolve_hardware(spec)
     loaded = loaded or load_arch(spec)
+    device = hardware.device
+    if not probe:
+        vk = spec.model.varlen_kernel
+        kernels = Kernels.assumed(device, vk == FA4_KERNEL or (vk == "auto" and fa4_installed()))
+        return decide(spec, loaded.arch, hardware.machine(kernels), loaded.config or None)
+    from runner.decide.loader import model_class
+    from runner.decide.support import available_kernels, concrete_model_class, supported_attention
+
     config = model_config(spec, loaded.config)
     supported = None
     if config is not None and not isinstance(config, dict):
         supported = supported_attention(concrete_model_class(model_class(spec, config), config), spec.train.packing)
-    device = hardware.device
-    if probe:
-        kernels = available_kernels(device)
-    else:
-        vk = spec.model.varlen_kernel
-        kernels = Kernels.assumed(device, vk == FA4_KERNEL or (vk == "auto" and fa4_installed()))
-    return decide(spec, loaded.arch, hardware.machine(kernels), config, supported)
+    return decide(spec, loaded.arch, hardware.machine(available_kernels(device)), config, supported)

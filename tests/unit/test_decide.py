@@ -56,15 +56,21 @@ def offline(monkeypatch):
     _load_arch_cached.cache_clear()
 
 
-def check_decisions(spec: RunSpec) -> Decisions:
-    """The plan of `spec` with its levers resolved holds its decisions; they follow the rules and survive the file."""
+def check_decisions(spec: RunSpec, monkeypatch) -> Decisions:
+    """The plan of `spec` with its levers resolved holds its decisions, which are what a launch decides (the model
+    class's declared support read through transformers; the kernels a GPU machine has, the one edge that cannot run
+    here, assumed); they follow the rules and survive the file."""
+    from runner.decide import support
+    from runner.decide.rules import Kernels
+
+    monkeypatch.setattr(support, "available_kernels", lambda device: Kernels.assumed(device))
     plan = make_plan(resolve_levers(spec))
     d = plan.decisions
     assert d is not None
     assert (plan.attn, plan.loss_impl, plan.sharded, plan.loss_chunk_tokens, plan.head_groups) == \
         (d.attn, d.loss_impl, d.fsdp, d.loss_chunk_tokens, d.head_groups)
     assert Decisions.from_dict(json.loads(json.dumps(d.to_dict()))) == d
-    assert d == decide_run(plan.spec)  # deciding again gives the same: nothing depends on when
+    assert d == decide_run(plan.spec, probe=True)  # the launch decides what the estimate priced
     config = plan.loaded.config
     if d.attn != "ulysses" and plan.spec.model.attn_implementation == "auto":
         assert attention_refusal(d.attn, d.device, config, packed=plan.spec.train.packing) is None, d.attn
@@ -82,8 +88,8 @@ def check_decisions(spec: RunSpec) -> Decisions:
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_is_decided_once_and_priced(recipe):
-    check_decisions(load_spec(recipe, []))
+def test_every_recipe_is_decided_once_and_priced(recipe, monkeypatch):
+    check_decisions(load_spec(recipe, []), monkeypatch)
 
 
 MATRIX_CASES = [(name, engine, device, nproc, seq_len)
@@ -99,12 +105,13 @@ def family_folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name, engine, device, nproc, seq_len", MATRIX_CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}{c[3]}-{c[4]}" for c in MATRIX_CASES])
-def test_family_matrix_is_decided_once_and_priced(name, engine, device, nproc, seq_len, family_folders):
+def test_family_matrix_is_decided_once_and_priced(name, engine, device, nproc, seq_len, family_folders,
+                                                  monkeypatch):
     overrides = [f"model.path={family_folders[name]}", "model.init=random", f"engine={engine}",
                  f"hardware.device={device}", f"hardware.nproc_per_node={nproc}", f"train.seq_len={seq_len}"]
     if device == "cuda":
         overrides.append("hardware.gpu=H200")
-    d = check_decisions(load_spec("tiny-cpu", overrides))
+    d = check_decisions(load_spec("tiny-cpu", overrides), monkeypatch)
     if device == "cuda" and nproc == 8:
         assert d.fsdp and d.attn != "sdpa"  # 32k tokens a forward on a GPU: a kernel that reads cu_seqlens or flex
 
