@@ -169,7 +169,7 @@ class Pricer:
         base = self.plans[levers.micro_batch]
         fields = levers.train_fields(self.spec.engine, base.arch.layers)
         spec = self.spec.model_copy(update={"train": self.spec.train.model_copy(update=fields)})
-        plan = dataclasses.replace(base, spec=spec, loss_impl=levers.loss_impl)
+        plan = base.priced_with(spec)
         mem = memory_model(plan)
         dev = device_memory(plan, mem)
         per_gpu = mem.allocated + dev.fragmentation + dev.context

@@ -3,6 +3,7 @@ decisions the estimator plans with."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from dataclasses import dataclass
@@ -103,6 +104,17 @@ class Plan:
             return self.decisions.head_groups
         return attention_head_groups(self.arch, self.tiled_mlp.on, self.attn, self.device, self.tokens_per_rank,
                                      self.gpu_bytes)
+
+    def priced_with(self, spec: RunSpec) -> Plan:
+        """This plan for a candidate `spec` of the same model on the same hardware (its levers resolved): the
+        decisions made again for it, as a launch of it would be decided."""
+        from runner.decide import Hardware, decide_run
+
+        hardware = Hardware(self.device, self.gpu, self.nproc, self.world, self.host_bytes, self.reasons)
+        decisions = decide_run(spec, self.loaded, hardware)
+        return dataclasses.replace(self, spec=spec, decisions=decisions, attn=decisions.attn,
+                                   attn_reason=decisions.attn_reason, attn_kernel=decisions.attn_kernel,
+                                   loss_impl=decisions.loss_impl, loss_reason=decisions.loss_reason)
 
     @property
     def layers(self) -> tuple[LayerPlan, ...]:
