@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -116,14 +117,14 @@ def write_spec(paths: RunPaths, spec: RunSpec) -> None:
 def prepare_run(paths: RunPaths, spec: RunSpec, decisions: Any = None) -> tuple[RunSpec, Any]:
     """The run folder's spec (levers resolved) and decisions (runner.decide), each written once before launch: a
     folder that holds them already (the supervisor after `spawn`, a resumed run, another node on a shared
-    filesystem) keeps them. `decisions`: given whole (a replay's recorded ones), else decided here, probing this
+    filesystem) keeps them (a resumed spec that goes on past its train.max_steps is written again). `decisions`: given whole (a replay's recorded ones), else decided here, probing this
     node's attention kernels."""
     from runner.decide import Decisions, decide_run
     from runner.plan.autotune import resolve_levers
 
     spec = resolve_levers(spec)  # what the estimate planned; a recorded spec (replay, resume) has nothing left to pick
-    if not paths.spec.is_file():
-        write_spec(paths, spec)
+    if not paths.spec.is_file() or json.loads(paths.spec.read_text()) != redact(spec.to_dict()):
+        write_spec(paths, spec)  # a resume may carry on past the recorded train.max_steps
     if paths.decisions.is_file():
         return spec, Decisions.read(paths.decisions)
     decisions = decisions if decisions is not None else decide_run(spec, probe=True)

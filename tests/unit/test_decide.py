@@ -166,3 +166,21 @@ def test_the_embedded_run_obeyed_what_was_decided_and_planned(tiny_run):
     d = assert_ranks_obeyed(run_dir, planned_levers)
     assert records.load(tiny_run["record"])["decisions"] == d.to_dict()
     assert make_plan(spec).decisions == d
+
+
+def test_a_launch_writes_the_spec_and_its_decisions_once(tmp_path):
+    """The spawning view writes both files; the supervisor (and another node on a shared filesystem) finds them and
+    writes neither again; a resume that goes on past its steps rewrites the spec and keeps the decisions."""
+    from runner.launch.command import prepare_run
+    from runner.spec import resolve
+
+    paths = RunPaths(tmp_path / "run")
+    spec, decided = prepare_run(paths, resolve(load_spec("tiny-cpu", []), cuda_available=False, gpu_count=0))
+    written = {p: p.stat().st_ino for p in (paths.spec, paths.decisions)}
+    again, kept = prepare_run(paths, spec)
+    assert (again, kept) == (spec, decided) and {p: p.stat().st_ino for p in written} == written
+    assert Decisions.read(paths.decisions) == decided and decided.device == "cpu"
+    longer = spec.model_copy(update={"train": spec.train.model_copy(update={"max_steps": 999})})
+    prepare_run(paths, longer)
+    assert json.loads(paths.spec.read_text())["train"]["max_steps"] == 999
+    assert paths.decisions.stat().st_ino == written[paths.decisions]
