@@ -94,6 +94,9 @@ class ActiveRun:
         # A resumed run's wall time covers every launch, as its train_s does (each launch's end event adds its own).
         before = ((rec.get("resumes") or [{}])[-1]).get("wall_s_before") or 0.0
         rec["metrics"]["wall_s"] = round(time.time() - self.started + before, 3)
+        quantization = records.quantization_from_events(self.paths.events)
+        if quantization:
+            rec["quantization"] = quantization
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"

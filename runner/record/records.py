@@ -16,7 +16,7 @@ from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
 from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
@@ -80,7 +80,10 @@ class RunRecord(TypedDict, total=False):
     run_dir: str
     replay_of: str
     decisions: dict[str, Any]
-    """What the engine decided at run time (schema 2; runner.record.schema), pinned by replay."""
+    """The run's decisions file whole (schema 3; runner.decide), given whole to a replay's ranks; a schema-2 record's
+    are what its rank 0 reported, pinned field by field (runner.record.schema)."""
+    quantization: dict[str, Any]
+    """method.kind=qlora: how rank 0 stored the frozen base (its train_begin's `quantization`)."""
     migrated_from: str
     """The schema the record was stored in, when load() migrated it (never stored)."""
     exit_code: int
@@ -449,3 +452,10 @@ def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float
         s, r, la, lb = min(diverging)
         first = {"rank": r, "step": s, "original": la, "replay": lb}
     return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_steps}
+
+
+def quantization_from_events(events_dir: Path) -> dict[str, Any] | None:
+    """How rank 0 stored the frozen base of a QLoRA run (its train_begin's `quantization`: type, block sizes,
+    library and version, what stayed in its own dtype); None otherwise."""
+    begin = first_event(read_events(events_dir / "rank0.jsonl"), TrainBeginEvent)
+    return begin.quantization if begin is not None else None
