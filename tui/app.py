@@ -158,7 +158,7 @@ class SftApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch")
     def _launch(self, spec: RunSpec, original: dict[str, Any] | None, force: bool) -> None:
-        from runner.cli.session import preflight_estimate
+        from runner.gate import check
         from runner.launch.supervised import spawn
 
         try:
@@ -171,7 +171,7 @@ class SftApp(App):
                 try:
                     # The same preflight as `runner run`: refuses a run predicted not to fit (memory, disk) unless forced.
                     # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
-                    estimate = preflight_estimate(resolved, force, runs_dir=self.runs_dir)
+                    estimate = check(resolved, force, runs_dir=self.runs_dir).estimate
                 except PredictedNotToFit as e:
                     self.post_message(LaunchFailed(e.reason, spec=spec))  # the dialog asks "Launch anyway?" itself
                     return

@@ -44,11 +44,11 @@ class Backends:
         return estimate(spec).to_dict()
 
     def disk(self, spec: RunSpec, runs_dir: Path, steps: int | None) -> dict[str, Any] | None:
-        """The run's checkpoints and export in bytes against the free space of runs_dir (runner.plan.disk), or
+        """The run's checkpoints and export in bytes against the free space of runs_dir (runner.gate.disk), or
         None where the model's size cannot be read. With a pinned estimate, only a pinned answer."""
         if self.disk_fn is not None or self.estimate_fn is not None:
             return self.disk_fn(spec, runs_dir, steps) if self.disk_fn is not None else None
-        from runner.plan.disk import disk_plan
+        from runner.gate.disk import disk_plan
 
         try:
             return disk_plan(spec, runs_dir, steps).to_dict()
@@ -76,24 +76,24 @@ class Backends:
         return out
 
     def preflight(self, spec: RunSpec) -> list[Problem]:
-        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.plan.preflight
+        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.gate.preflight
         finds it; EstimatorUnavailable when that module is absent."""
         if self.preflight_fn is not None:
             return self.preflight_fn(spec)
         try:
-            from runner.plan.preflight import preflight_problems
+            from runner.gate.preflight import preflight_problems
         except ImportError as e:
             raise EstimatorUnavailable(f"preflight unavailable ({e})") from None
-        from runner.plan.hub import hub_problems
+        from runner.gate.hub import hub_problems
 
         return hub_problems(spec) + preflight_problems(spec)
 
     def packing_check(self, spec: RunSpec) -> str | None:
-        """The packing check's verdict line for a spec preflight passed (runner.plan.packcheck; the preflight that
+        """The packing check's verdict line for a spec preflight passed (runner.gate.packcheck; the preflight that
         passed it left it in the cache), or None. With a pinned preflight, only a pinned answer."""
         if self.packing_check_fn is not None or self.preflight_fn is not None:
             return self.packing_check_fn(spec) if self.packing_check_fn is not None else None
-        from runner.plan.preflight import packing_check
+        from runner.gate.preflight import packing_check
 
         verdict = packing_check(spec)
         return None if verdict is None else verdict.describe()

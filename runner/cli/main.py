@@ -284,7 +284,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _disk(spec: Any, runs_dir: Path, steps: int | None) -> Any:
-    from runner.plan.disk import disk_plan
+    from runner.gate.disk import disk_plan
 
     try:
         return disk_plan(spec, runs_dir, steps)

@@ -120,7 +120,8 @@ class Decisions:
         return bool(self.levers.get("offload_activations")) and self.device == "cuda" and self.recomputed > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As JSON holds it (the file, the train_begin event, the record): lists, not tuples."""
+        return {**dataclasses.asdict(self), "layers": [dataclasses.asdict(layer) for layer in self.layers]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decisions:

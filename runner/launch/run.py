@@ -23,6 +23,7 @@ from runner.launch.sampler import NodeSampler
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
+from runner.writes import atomic_write_text
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -94,6 +95,9 @@ class ActiveRun:
         # A resumed run's wall time covers every launch, as its train_s does (each launch's end event adds its own).
         before = ((rec.get("resumes") or [{}])[-1]).get("wall_s_before") or 0.0
         rec["metrics"]["wall_s"] = round(time.time() - self.started + before, 3)
+        quantization = records.quantization_from_events(self.paths.events)
+        if quantization:
+            rec["quantization"] = quantization
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
@@ -131,9 +135,7 @@ def _wait_ranks_gone(paths: RunPaths, timeout_s: float) -> None:
 
 def resume_hint(run_dir: Path) -> dict[str, Any]:
     """Whether a stopped run can be resumed, from which checkpoint, and the command that does it."""
-    from runner.train.checkpoint import complete_checkpoints
-
-    done = complete_checkpoints(run_dir)
+    done = RunPaths(run_dir).complete_checkpoints()
     if not done:
         return {"resumable": False, "checkpoint_step": None, "checkpoint": None, "resume": None}
     step, path = done[-1]
@@ -189,8 +191,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         if diff:
             # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.
             diff_path = records_dir / f"{run_id}.diff"
-            records_dir.mkdir(parents=True, exist_ok=True)
-            diff_path.write_text(diff)
+            atomic_write_text(diff_path, diff)
             pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,

@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,12 +15,10 @@ from runner.events.paths import RunPaths
 from runner.data import doclengths
 from runner.events.failure import Failure
 from runner.errors import UserError
-from runner.events.lines import EndEvent, Event, StartEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
+from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
-from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
-
-STATUSES = ("running", "succeeded", "failed", "cancelled")
+from runner.writes import atomic_write_json, redact
 
 
 class RankMetrics(TypedDict, total=False):
@@ -80,7 +77,10 @@ class RunRecord(TypedDict, total=False):
     run_dir: str
     replay_of: str
     decisions: dict[str, Any]
-    """What the engine decided at run time (schema 2; runner.record.schema), pinned by replay."""
+    """The run's decisions file whole (schema 3; runner.decide), given whole to a replay's ranks; a schema-2 record's
+    are what its rank 0 reported, pinned field by field (runner.record.schema)."""
+    quantization: dict[str, Any]
+    """method.kind=qlora: how rank 0 stored the frozen base (its train_begin's `quantization`)."""
     migrated_from: str
     """The schema the record was stored in, when load() migrated it (never stored)."""
     exit_code: int
@@ -93,45 +93,6 @@ def canonical(obj: Any) -> bytes:
 
 def compute_lock(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({k: v for k, v in record.items() if k != "lock"})).hexdigest()
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where Linux tells it (/proc), else by setting it back."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes 0600; a record is shared with a team, so it gets what open() would give (the umask's).
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -259,6 +220,14 @@ def find_record(ref: str, records_dir: Path) -> Path:
     if not hits:
         raise RecordError(f"no record '{ref}' in {records_dir}")
     raise RecordError(f"'{ref}' matches {len(hits)} records in {records_dir}: give more of the id")
+
+
+def load_record(ref: str, records_dir: Path) -> dict[str, Any]:
+    """A record by path or id, as `runner` commands take it."""
+    try:
+        return dict(load(find_record(ref, records_dir)))
+    except RecordError as e:
+        raise UserError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,3 +418,10 @@ def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float
         s, r, la, lb = min(diverging)
         first = {"rank": r, "step": s, "original": la, "replay": lb}
     return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_steps}
+
+
+def quantization_from_events(events_dir: Path) -> dict[str, Any] | None:
+    """How rank 0 stored the frozen base of a QLoRA run (its train_begin's `quantization`: type, block sizes,
+    library and version, what stayed in its own dtype); None otherwise."""
+    begin = first_event(read_events(events_dir / "rank0.jsonl"), TrainBeginEvent)
+    return begin.quantization if begin is not None else None

@@ -12,9 +12,9 @@ import trl
 from transformers import AutoTokenizer
 
 from runner.data.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
-from runner.plan.preflight import read_rows
+from runner.gate.preflight import read_rows
 from runner.spec import load_spec
-from runner.train.data import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
+from runner.data.tokens import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "data"

@@ -169,7 +169,7 @@ class WizardChecks(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data")
     def load_preview(self, data: dict[str, Any], key: str) -> None:
-        from runner.plan.hub import hub_problems
+        from runner.gate.hub import hub_problems
         from tui.preview import tokenizer_preview
 
         spec = None

@@ -131,7 +131,7 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
         if est.get("approximate") and est.get("approximate_reason"):
             lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
         # Imported here, not at the top: runner.plan (the estimator) is a third of the first screen's imports.
-        from runner.plan.preflight import precision_advice
+        from runner.gate.preflight import precision_advice
 
         advice = precision_advice(spec)
         if advice:
@@ -143,7 +143,7 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
                        f"≈ {fmt.duration(est.get('total_s'))}")
         disk = plan.get("disk")
         if disk:  # checkpoints and export against the runs folder's free space (launch refuses what cannot fit)
-            from runner.plan.disk import human  # here: runner.plan is a third of the first screen's imports
+            from runner.gate.disk import human  # here: runner.gate is a third of the first screen's imports
 
             line = Content(f"disk: {human(disk['needed_bytes'])} needed of "
                            f"{human(disk['free_bytes']) if disk['free_bytes'] is not None else '?'} free in "
