@@ -68,8 +68,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from runner.api import load_for_try
     from runner.record.records import load_record
-    from runner.train.generate import load_for_try
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)
@@ -85,8 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from runner.api import load_for_try
     from runner.record.records import load_record
-    from runner.train.generate import load_for_try
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)

@@ -11,25 +11,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runner import api
 from runner.events.paths import RunPaths
 from runner.record import records
-from runner.writes import atomic_write_json
 from runner.launch.command import check_run_target
-from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
-from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
-                           UserError)
-from runner.launch.replay import prepare_replay
+from runner.launch.handle import RunHandle
+from runner.launch.supervised import SupervisedRun, SupervisorFailed
+from runner.errors import EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, UserError
 from runner.record.replay import CPU_PIN, compare, folds, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 
 def gate_estimate(spec: RunSpec, force: bool, console: Console, runs_dir: Path,
                   from_step: int = 0) -> dict[str, Any] | None:
-    """The launch gate (runner.gate.check: raises what refuses the run), its notes printed; returns the estimate
+    """The launch gate (runner.api.gate: raises what refuses the run), its notes printed; returns the estimate
     the record keeps."""
-    from runner.gate import check
-
-    gate = check(spec, force, runs_dir, from_step)
+    gate = api.gate(spec, force, runs_dir, from_step)
     for note in gate.notes:
         console.print(f"[yellow]{escape(note.text)}[/yellow]" if note.warning else escape(note.text), highlight=False)
     return gate.estimate
@@ -46,8 +43,8 @@ def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bo
     # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
     with ViewSignals() as signals:
         try:
-            active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
-                           node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
+            active = api.launch(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
+                                node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
         except SupervisorFailed as e:
             raise UserError(str(e)) from None
         console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
@@ -76,11 +73,11 @@ def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
     return EXIT_FAILED
 
 
-def _report(console: Console, active: SupervisedRun) -> None:
+def _report(console: Console, active: RunHandle) -> None:
     from runner.cli.follow import say_resumable
 
     rec = active.record
-    if rec is None and active.state.get("state") != "finished":
+    if rec is None and not active.ended:
         return  # detached: the run goes on
     if rec is None:
         console.print(f"node finished; the record is written by node 0 ({active.run_id})")
@@ -101,7 +98,7 @@ def _report(console: Console, active: SupervisedRun) -> None:
     console.print(f"record: {active.record_path}", highlight=False)
 
 
-def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -> int:
+def _finish(console: Console, active: RunHandle, code: int, as_json: bool) -> int:
     """Report the run; with --json, the last stdout line is the result object (id, status, record, ...)."""
     _report(console, active)
     rec = active.record
@@ -120,7 +117,7 @@ def _hung_up_json(paths: RunPaths, result: dict[str, Any]) -> None:
     where that is a pipe or a file that outlives the terminal."""
     import sys
 
-    atomic_write_json(paths.view_result, result)
+    records.atomic_write_json(paths.view_result, result)
     try:
         if not sys.stdout.isatty():
             print(json.dumps(result), flush=True)
@@ -148,13 +145,14 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                     plain: bool = False, node_rank: int = 0, force: bool = False) -> int:
     """Continue a run from its latest complete checkpoint (same ranks and nodes); `--set` may raise max_steps."""
     from runner.spec import apply_override, read_spec_file, validate
+    from runner.train.checkpoint import complete_checkpoints
 
     spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     check_run_target(run_dir.parent, records_dir, run_dir.name)
     _refuse_live(run_dir)
-    done = RunPaths(run_dir).complete_checkpoints()
+    done = complete_checkpoints(run_dir)
     data = read_spec_file(spec_path)
     for assignment in overrides:
         apply_override(data, assignment)
@@ -202,9 +200,8 @@ def attach_headless(run_ref: str, runs_dir: Path, records_dir: Path, plain: bool
                     request: str | None = None) -> int:
     """Follow a run started elsewhere; with `request` ("cancel" or "stop"), ask for it first."""
     from runner.cli.follow import follow, say_detached
-    from runner.launch.supervised import attach
 
-    run = attach(run_ref, runs_dir)
+    run = api.attach(run_ref, runs_dir)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     if run.poll() is None:
         if request is not None:
@@ -237,7 +234,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
             raise UserError(f"refusing to replay: {reason}")
         if print_job_rerun(console, records.load(path), path, as_json):
             return EXIT_OK
-    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
+    prepared = api.prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
     pinned = pinned_decisions(original)
     console.print("engine decisions pinned from the record: " + (

@@ -17,7 +17,9 @@ from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_t
 from runner.facts.gpus import ceiling_tflops_here
 from runner.launch.process import Launcher, ranks_alive
 from runner.launch.reserve import disk_full_failure
+from runner.events.monitor import RunView
 from runner.events.paths import RunPaths
+from runner.launch.handle import run_view
 from runner.launch.command import build_command, command_line, new_run_id, prepare_run, run_env
 from runner.launch.sampler import NodeSampler
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
@@ -33,7 +35,7 @@ RANKS_GONE_S = 30.0
 
 @dataclass
 class ActiveRun:
-    """A launched run on this node; node 0 owns the record."""
+    """A launched run on this node, run from this process (a RunHandle); node 0 owns the record."""
 
     run_id: str
     spec: RunSpec
@@ -54,8 +56,15 @@ class ActiveRun:
     def cancelled(self) -> bool:
         return self.launcher.cancelled
 
+    @property
+    def ended(self) -> bool:
+        return self.launcher.poll() is not None
+
     def poll(self) -> int | None:
         return self.launcher.poll()
+
+    def view(self, clock: Callable[[], float] = time.time) -> RunView:
+        return run_view(self.paths, clock)
 
     def cancel(self, signal_name: str = "SIGINT", cause: str = "cancelled") -> None:
         """Stop at the next step boundary without a checkpoint beyond those train.checkpoint_every writes."""

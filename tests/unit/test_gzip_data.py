@@ -32,7 +32,7 @@ def files(tmp_path):
 
 
 def test_rows_formats_and_folders_look_through_gzip(files, tmp_path):
-    from tui.preview import detect
+    from runner.gate.preview import detect
 
     plain, packed, as_json, rows = files
     assert [data_suffix(p) for p in (plain, packed, as_json, Path("x.tar.gz"))] == [".jsonl", ".jsonl", ".json", ".gz"]

@@ -33,6 +33,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 STAGES = tuple(MAY_IMPORT)
 ROOT_MODULES_MAX = 10
+# What tui/ may import from runner/: the faces' door and the types it speaks in (the spec, its errors, the live view
+# model of a run's events). The CLI is the other face, never a library of tui/'s.
+TUI_ALLOWED = ("runner.api", "runner.spec", "runner.errors", "runner.events.monitor")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Nothing is excepted: a module or function that grows past the limit is split, not listed here.
@@ -172,8 +175,29 @@ def test_the_stage_check_would_catch_plan_record_or_launch_importing_train():
 
 
 def test_runner_root_holds_only_a_few_modules():
-    root = sorted(p.name for p in RUNNER.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    root = sorted(p.name for p in RUNNER.glob("*.py")
+                  if p.name not in ("__init__.py", "__main__.py") and p.stem not in STAGES)
     assert len(root) <= ROOT_MODULES_MAX, root
+
+
+def tui_import_graph() -> dict[str, set[str]]:
+    known = set(modules())
+    return {str(p.relative_to(REPO)): imports_of(p, known) for p in sorted((REPO / "tui").rglob("*.py"))}
+
+
+def past_the_door(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((f, m) for f, deps in graph.items() for m in deps if m not in TUI_ALLOWED)
+
+
+def test_tui_imports_only_the_api_and_its_types():
+    assert past_the_door(tui_import_graph()) == []
+
+
+def test_the_door_check_sees_imports_at_the_top_and_inside_functions():
+    graph = tui_import_graph()
+    assert "runner.api" in graph["tui/app.py"] and "runner.api" in graph["tui/backends.py"]
+    assert past_the_door({"tui/x.py": {"runner.api", "runner.cli.main", "runner.gate.disk"}}) == [
+        ("tui/x.py", "runner.cli.main"), ("tui/x.py", "runner.gate.disk")]
 
 
 def _sized_files() -> list[Path]:

@@ -1,5 +1,5 @@
-"""Dataset preview for the wizard: file type, columns and row format, one row as the trainer tokenises it, packing
-efficiency on a sample. Blocking (tokenizer load): call it from a thread worker."""
+"""Dataset preview (the wizard's data step): file type, columns and row format, one row as the trainer tokenises it,
+packing efficiency on a sample. Blocking (tokenizer load): a UI calls it from a thread worker."""
 
 from __future__ import annotations
 
