@@ -6,7 +6,7 @@ a few steps each, through the engines' own `train` functions; writes families-<m
 
 Each cell is a RunSpec (random init from a config-only folder built from transformers' config classes by
 tests/families.py, LoRA on the family's attention and MLP projections and expert tensors). Preflight runs first
-(runner.plan.preflight, as `runner run` does): a refused cell is a row with its reason. The cells that pass all train
+(runner.gate.preflight, as `runner run` does): a refused cell is a row with its reason. The cells that pass all train
 in ONE torchrun launch whose ranks loop over them, each cell as runner.train.__main__ runs a rank: determinism
 switches, the engine's `train(spec, rt, events, run_dir)`, its end or error event (one launch per cell would
 cost 10–20 s of startup each). Status: trained | refused-at-preflight | failed | not-run (past --budget-s);
@@ -85,7 +85,7 @@ def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[d
     """(cells to train, rows refused at preflight)."""
     from runner.decide import decide_run
     from runner.events.paths import RunPaths
-    from runner.plan.preflight import preflight_problems
+    from runner.gate.preflight import preflight_problems
     from tests.families import GPU, TINY, write_model_folder
 
     width = TINY if args.quick else GPU

@@ -1,4 +1,4 @@
-"""The packing check (runner.plan.packcheck) on one GPU: six registry families and six the registry does not list,
+"""The packing check (runner.gate.packcheck) on one GPU: six registry families and six the registry does not list,
 each on the varlen (torch), flex and flash-attn-4 (varlen through FA4) paths, in bf16 as GPU runs compute; prints the
 table with each verdict, its measures against the bf16 tolerances, and the seconds per model; writes
 packcheck-<gpu>.json and .md into --out.
@@ -13,7 +13,7 @@ seconds are what a first launch of that model pays; a path the family cannot tak
 soft-capping, a class without flex) or a kernel not installed is a row that says so. Acceptance: every model under
 10 s on every path it can take, and no registry family refused. In one process the later cells reuse what the
 earlier ones compiled; --fresh runs each cell in its own process with an empty inductor cache, as a first launch
-on a new machine pays it. --flex-shapes sets how the check compiles flex (runner.plan.packcheck.FLEX_SHAPES).
+on a new machine pays it. --flex-shapes sets how the check compiles flex (runner.gate.packcheck.FLEX_SHAPES).
 
 flash-attn-4 compiles a kernel per head layout at its first call, and keeps it on disk (runner.train.fa4.keep_kernels):
 the table starts with an empty kernel cache; with --fresh a flash-attn-4 cell runs a second time in a new process
@@ -54,7 +54,7 @@ def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any
 
     from runner.decide.rules import FA4_KERNEL, attention_refusal, choose_loss, head_dim, varlen_kernel_refusal
     from runner.facts.families import family_of
-    from runner.plan.packcheck import Setup, run_check
+    from runner.gate.packcheck import Setup, run_check
     from runner.train import fa4
     from runner.train.attention import available_kernels, concrete_model_class, supported_attention
     from runner.decide.loader import is_vlm_config
@@ -199,7 +199,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from runner.plan.packcheck import TOLERANCES
+    from runner.gate.packcheck import TOLERANCES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -208,14 +208,14 @@ def main() -> int:
     ap.add_argument("--models", help="comma-separated model types (default: the twelve)")
     ap.add_argument("--paths", help="comma-separated paths: varlen, flex_attention, flash-attn-4 (default: all)")
     ap.add_argument("--flex-shapes", choices=("static", "dynamic", "eager"), default=None,
-                    help="how the check compiles flex (default: runner.plan.packcheck.FLEX_SHAPES)")
+                    help="how the check compiles flex (default: runner.gate.packcheck.FLEX_SHAPES)")
     ap.add_argument("--fresh", action="store_true", help="each cell in a new process with a cold compile cache")
     ap.add_argument("--cell", nargs=3, metavar=("MODEL_TYPE", "PATH", "KERNEL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("packcheck_gpu.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from runner.plan import packcheck
+    from runner.gate import packcheck
 
     packcheck.FLEX_SHAPES = args.flex_shapes or packcheck.FLEX_SHAPES
     if not args.cell:  # the table starts with no kernels kept from an earlier run (a first launch on this machine)

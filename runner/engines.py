@@ -4,7 +4,7 @@ picked by runner.plan.autotune within what the engine honours).
 
 Spec validation, the estimator, preflight, bench and the rank entry point read an engine's capabilities from its
 record, so what an engine can do is written once, here, and nowhere else compares engine names
-(`tests/unit/test_engines.py` checks it). What a run saves at its end (`output.save`, `saved_as`) is decided here too.
+(`tests/unit/test_registries.py` checks it). What a run saves at its end (`output.save`, `saved_as`) is decided here too.
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ class Engine:
     entry: str
     """Module whose `train(spec, rt, events, run_dir, resume)` runs inside each rank."""
     description: str
-    always_packs: bool
-    """True: blocks are always packed whatever train.packing says; False: train.packing decides (one document per
-    block when off)."""
     lacks: dict[str, str] = field(default_factory=dict)
     """Levers (keys of LEVERS) the engine does not honour, each with what the engine does instead."""
     hf_trainer: bool = False
@@ -90,10 +87,6 @@ class Engine:
     """Every rank is padded to the longest rank's blocks (all ranks run its steps); False: the run stops at the step
     where the first rank runs out of blocks."""
 
-    def packs(self, packing: bool) -> bool:
-        """Whether blocks are packed for a spec whose train.packing is `packing`."""
-        return self.always_packs or packing
-
     def honours(self, lever: str) -> bool:
         return lever not in self.lacks
 
@@ -108,13 +101,13 @@ class Engine:
 
 
 NATIVE = Engine(
-    name="native", entry="runner.train.native", always_packs=False,
+    name="native", entry="runner.train.native",
     description="plain PyTorch FSDP2, the project's own loop",
     fsdp_one_gpu_rank_unless_bf16=True, offloads_activations=True, selective_recompute=True,
     checkpoint_inside_compile=True, compiles_layers=True, exports_full_lora=False,
 )
 TRL = Engine(
-    name="trl", entry="runner.train.trl_engine", always_packs=False,
+    name="trl", entry="runner.train.trl_engine",
     description="TRL SFTTrainer with accelerate's FSDP2 and peft",
     lacks={"train.recompute_layers": "the trl engine checkpoints every layer or none",
            "train.offload_activations": "the trl engine does not offload activations",

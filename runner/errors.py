@@ -60,12 +60,6 @@ class PredictedNotToFit(UserError):
         self.reason = reason
 
 
-class RunFailed(Exception):
-    """A run ended with a failed rank (exit code 1)."""
-
-    exit_code = 1
-
-
 _BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"))
 
 

@@ -1,5 +1,6 @@
-"""Names: recipe names and the spec files they name, a model's or dataset's id that follows its local path, a run's
-name and description that follow what the run is, and the revision names the hub accepts."""
+"""Names: recipe names and the spec files they name, the shipped assets' `embedded:` paths, a model's or dataset's id
+that follows its local path, a run's name and description that follow what the run is, and the revision names the
+hub accepts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ import yaml
 from runner.errors import Problem, SpecError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+EMBEDDED_PREFIX = "embedded:"
+
+
+def resolve_embedded(path: str) -> Path:
+    """`embedded:model` → the shipped assets; any other path is returned expanded."""
+    if path.startswith(EMBEDDED_PREFIX):
+        return RECIPES_DIR / "embedded" / path[len(EMBEDDED_PREFIX):]
+    return Path(path).expanduser()
 
 
 def recipe_names() -> list[str]:

@@ -11,15 +11,22 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from runner.engines import lever_problems, save_problems, saved_as
+from runner.data.formats import COLUMN_KEYS, FORMATS, TARGET_ROLES, TRAIN_ON
+from runner.engines import ENGINES, lever_problems, save_problems, saved_as
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
 from runner.naming import (  # noqa: F401 - recipe files are found by name: re-exported for the spec's callers
-    RECIPES_DIR, find_spec_file, follow_paths, follow_run, overridden_fields, overridden_sections, read_spec_file,
-    recipe_names, revision_problems)
+    EMBEDDED_PREFIX, RECIPES_DIR, find_spec_file, follow_paths, follow_run, overridden_fields, overridden_sections,
+    read_spec_file, recipe_names, resolve_embedded, revision_problems)
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
-EMBEDDED_PREFIX = "embedded:"
+# The values of these fields are their registries' names (runner.data.formats, runner.engines): a new format or
+# engine is one row there, never a second list here.
+FormatName = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
+ColumnKey = Literal[COLUMN_KEYS]  # type: ignore[valid-type]
+ChatRole = Literal[TARGET_ROLES]  # type: ignore[valid-type]
+TrainOn = Literal[TRAIN_ON]  # type: ignore[valid-type]
+EngineName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
 
 
 class _Section(BaseModel):
@@ -62,18 +69,17 @@ class DatasetSpec(_Section):
     """Split to train on."""
     messages_field: str = "messages"
     """Column holding the conversation (same as columns.messages, which wins when both are set)."""
-    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"] = "auto"
+    format: FormatName = "auto"
     """Row format: messages ({role, content} lists), sharegpt ({from, value} lists, human/gpt/function_call/
     observation), alpaca (instruction/input/output), prompt_completion (TRL's prompt + completion, strings or
     message lists; loss on the completion), text (loss on every token); auto = detected from the rows."""
-    columns: dict[Literal["messages", "tools", "system", "instruction", "input", "output", "history", "prompt",
-                          "completion", "text", "role", "content"], str] = Field(default_factory=dict)
+    columns: dict[ColumnKey, str] = Field(default_factory=dict)
     """Which dataset column (or message key: role, content) holds each part, where it differs from the format's
     usual name, e.g. {messages: conversations, role: from, content: value, tools: functions}."""
-    roles: dict[str, Literal["user", "assistant", "system", "tool", "function_call"]] = Field(default_factory=dict)
+    roles: dict[str, ChatRole] = Field(default_factory=dict)
     """Role names of the dataset mapped to chat roles, added to the usual ones (human/gpt/observation/...),
     e.g. {bot: assistant, customer: user}."""
-    train_on: Literal["assistant", "assistant+tool_calls"] = "assistant"
+    train_on: TrainOn = "assistant"
     """Which turns carry the loss: assistant replies, or also the assistant's function/tool calls."""
     eval_split: str | None = None
     """Split to evaluate on (hub dataset or a directory with splits); None = no named eval split."""
@@ -225,13 +231,12 @@ class TrainSpec(_Section):
     data_workers: int = Field(0, ge=0)
     """DataLoader worker processes per rank for tokenising and packing (0 = in the training process)."""
     fsdp_one_rank: bool | Literal["auto"] = "auto"
-    """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there
-    is nothing to shard, and FSDP's per-layer copies and hooks only cost time (native: 11-28% of the step at 8k
-    tokens on an H200, 3% at 32k). The native engine keeps FSDP2 on one rank when the weights need its mixed
-    precision (fp32 weights computed in bf16); the TRL engine casts its trainable weights to fp32 and computes in
-    bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does the same cast). Measured for
-    TRL's full fine-tune on an H200: unwrapped 13-44% faster at 8k tokens, wrapped 6-12% faster and 2.6-4.2 GiB
-    less reserved at 32k (benchmarks/throughput-h200.md); with LoRA, unwrapped needs far less memory."""
+    """Wrap the model in FSDP2 even when the run has one rank (GPU). Off, one rank trains the plain module: there is
+    nothing to shard, and FSDP's per-layer copies and hooks only cost time. The native engine keeps FSDP2 on one rank
+    when the weights need its mixed precision (fp32 weights computed in bf16); the TRL engine casts its trainable
+    weights to fp32 and computes in bf16 under autocast, as TRL's own one-GPU setup does (with FSDP2 accelerate does
+    the same cast). Which is faster depends on the engine and the block length (docs/levers.md); with LoRA, unwrapped
+    needs far less memory."""
 
 
 TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
@@ -263,7 +268,7 @@ class RunSpec(_Section):
     """The model to fine-tune."""
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     """The chat dataset."""
-    engine: Literal["native", "trl"] = "native"
+    engine: EngineName = "native"
     """native = plain PyTorch FSDP2 loop; trl = TRL SFTTrainer + accelerate FSDP2."""
     method: MethodSpec = Field(default_factory=MethodSpec)
     """Full fine-tune or LoRA."""
@@ -510,11 +515,11 @@ def load_spec(spec: str | Path | dict[str, Any], overrides: list[str] | tuple[st
     return validate(data)
 
 
-def resolve_embedded(path: str) -> Path:
-    """`embedded:model` → the shipped assets; any other path is returned expanded."""
-    if path.startswith(EMBEDDED_PREFIX):
-        return RECIPES_DIR / "embedded" / path[len(EMBEDDED_PREFIX):]
-    return Path(path).expanduser()
+def model_source(spec: RunSpec) -> tuple[str, str | None]:
+    """(what from_pretrained loads, revision): a local path wins over the hub id."""
+    if spec.model.path:
+        return str(resolve_embedded(spec.model.path)), None
+    return spec.model.id, spec.model.revision
 
 
 def resolve(spec: RunSpec, cuda_available: bool | None = None, gpu_count: int | None = None,

@@ -19,7 +19,7 @@ SUPPORTED: dict[str, tuple[str, str]] = {
     "datasets": ("4.7", "6"),
 }
 """{distribution: (lowest supported, first unsupported)}: the one table of ranges. pyproject.toml's dependencies
-say the same (a test ties them), preflight refuses a version outside (runner.plan.versioncheck), and CI runs the
+say the same (a test ties them), preflight refuses a version outside (runner.gate.versioncheck), and CI runs the
 engine-facing tests at each lower bound (.ci/oldest.txt) and at the newest release. Lower bounds are measured:
 trl before 1.15 logs no loss through the TRL engine (1.1 to 1.6 do not start it), and 1.15 packs qwen3_next
 inexactly under it and fails LoRA on gpt-oss's experts at step 0 (1.16 passes both, the rest of .ci/oldest.txt the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -17,11 +18,11 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 
-from runner.events.paths import RunPaths
+from runner import api
 from runner.errors import PredictedNotToFit, UserError
 from runner.spec import RunSpec
 from tui.backends import Backends
-from tui.specform import DEFAULT_RECIPE, full_dict, load_recipe_dict, plan_resolve
+from tui.specform import DEFAULT_RECIPE, full_dict, load_recipe_dict
 
 START_SCREENS = ("wizard", "model", "dataset", "hardware", "method", "plan", "launch", "records", "dashboard",
                  "summary")
@@ -84,9 +85,7 @@ class SftApp(App):
     @work(thread=True, exit_on_error=False, group="live-runs")
     def _note_live_runs(self) -> None:
         """Runs still going (started by another wizard or `runner run`) are named at start; Ctrl+R opens them."""
-        from runner.launch.supervised import live_runs
-
-        live = live_runs(self.records_dir)
+        live = api.live_runs(self.records_dir)
         if live:
             ids = ", ".join(r["id"] for r in live[:3]) + ("…" if len(live) > 3 else "")
             self.call_from_thread(self.notify, f"{len(live)} run(s) going: {ids}; Ctrl+R, then Enter, opens the "
@@ -102,11 +101,7 @@ class SftApp(App):
 
     @work(thread=True, exit_on_error=False, group="warm-imports")
     def _warm_imports(self) -> None:
-        import torch  # noqa: F401
-
-        from runner.imports import from_transformers
-
-        from_transformers("AutoConfig", "AutoTokenizer")  # under the lock the other workers' lookups take
+        api.warm_imports()  # transformers' names under the lock the other workers' lookups take
 
     def _first_screen(self) -> Screen:
         from tui.screens.wizard import WizardScreen
@@ -117,23 +112,21 @@ class SftApp(App):
 
             return RecordsScreen(self.records_dir)
         if s == "dashboard":
-            from runner.record.records import RecordError, load
             from tui.screens.dashboard import DashboardScreen
 
             if self.run_dir is None:
                 raise ValueError("start_screen='dashboard' needs run_dir")
             try:  # the run's record, when it is in our records folder, holds what was predicted
-                estimate = load(self.records_dir / f"{Path(self.run_dir).name}.json").get("estimate")
-            except RecordError:
+                estimate = api.load_record(self.records_dir / f"{Path(self.run_dir).name}.json").get("estimate")
+            except api.RecordError:
                 estimate = None
             return DashboardScreen(self.run_dir, estimate=estimate, clock=self.clock, poll_s=self.poll_s)
         if s == "summary":
-            from runner.record.records import load
             from tui.screens.summary import SummaryScreen
 
             if self.record_path is None:
                 raise ValueError("start_screen='summary' needs record_path")
-            return SummaryScreen(load(self.record_path), self.record_path)
+            return SummaryScreen(api.load_record(self.record_path), self.record_path)
         return WizardScreen(self.initial_data, "model" if s == "wizard" else s, recipe=self.recipe)
 
     # -- machine facts (thread-safe: workers call these) -------------------------------------------
@@ -158,11 +151,8 @@ class SftApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch")
     def _launch(self, spec: RunSpec, original: dict[str, Any] | None, force: bool) -> None:
-        from runner.cli.session import preflight_estimate
-        from runner.launch.supervised import spawn
-
         try:
-            resolved, planned = plan_resolve(spec, self.detected_gpus())
+            resolved, planned = api.resolve_for(spec, self.detected_gpus())
             if planned:
                 raise UserError("this spec plans GPUs this machine does not have: save it and launch it there")
             if original is not None:
@@ -171,7 +161,7 @@ class SftApp(App):
                 try:
                     # The same preflight as `runner run`: refuses a run predicted not to fit (memory, disk) unless forced.
                     # Any other problem (data, template, kernels) is not forceable: it goes to the outer handler.
-                    estimate = preflight_estimate(resolved, force, runs_dir=self.runs_dir)
+                    estimate = api.gate(resolved, force, runs_dir=self.runs_dir).estimate
                 except PredictedNotToFit as e:
                     self.post_message(LaunchFailed(e.reason, spec=spec))  # the dialog asks "Launch anyway?" itself
                     return
@@ -180,8 +170,9 @@ class SftApp(App):
                 except Exception:  # noqa: BLE001 - a broken estimator must not block launching
                     estimate = None
             # The run's own supervisor, apart from this terminal: closing the wizard never stops or orphans it.
-            active = spawn(resolved, self.runs_dir, self.records_dir, estimate=estimate,
-                           replay_of=original["id"] if original else None)
+            active = api.launch(resolved, self.runs_dir, self.records_dir, estimate=estimate,
+                                replay_of=original["id"] if original else None,
+                                decisions=api.recorded_decisions(original) if original else None)
         except UserError as e:
             self.post_message(LaunchFailed(str(e)))
             return
@@ -337,28 +328,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def headless_argv(args: argparse.Namespace) -> list[str]:
+    """The `runner run` command line that `sft-tui --headless` becomes (run by this Python: the same installation)."""
+    argv = [sys.executable, "-m", "runner", "run", args.recipe, "--runs-dir", str(args.runs_dir), "--records-dir",
+            str(args.records_dir)]
+    for assignment in args.overrides:
+        argv += ["--set", assignment]
+    return argv + [flag for flag, on in (("--json", args.json), ("--plain", args.plain), ("--force", args.force))
+                   if on]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.headless:
         if not args.recipe:
             print("error: --headless needs --recipe NAME|PATH", file=sys.stderr)
             return 2
-        from runner.cli.main import main as runner_main
-
-        run_argv = ["run", args.recipe, "--runs-dir", str(args.runs_dir), "--records-dir", str(args.records_dir)]
-        for assignment in args.overrides:
-            run_argv += ["--set", assignment]
-        run_argv += [flag for flag, on in (("--json", args.json), ("--plain", args.plain), ("--force", args.force))
-                     if on]
-        # `runner run`'s own entry: spec → resolve → runner.cli.session.run_headless, same exit codes.
-        return runner_main(run_argv)
+        # `runner run` itself, in this process's place: the same session, output, signals and exit codes.
+        argv = headless_argv(args)
+        os.execv(argv[0], argv)
     try:
         data = load_recipe_dict(args.recipe or DEFAULT_RECIPE, args.overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.watch is not None:
-        if not RunPaths(args.watch).events.is_dir():
+        if not api.run_paths(args.watch).events.is_dir():
             print(f"error: --watch expects a run folder with an events/ folder, got {args.watch}", file=sys.stderr)
             return 2
         start = "dashboard"

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.errors import Problem, UserError
+from runner import api
+from runner.errors import Problem
 from runner.spec import RunSpec
 
 # The Plan screen's what-if table: tokens per block × these GPU types (plus the spec's own type).
@@ -39,79 +40,54 @@ class Backends:
         """The estimator's dict for a resolved spec (runner.plan)."""
         if self.estimate_fn is not None:
             return self.estimate_fn(spec)
-        from runner.plan import estimate
-
-        return estimate(spec).to_dict()
+        return api.estimate(spec).to_dict()
 
     def disk(self, spec: RunSpec, runs_dir: Path, steps: int | None) -> dict[str, Any] | None:
-        """The run's checkpoints and export in bytes against the free space of runs_dir (runner.plan.disk), or
+        """The run's checkpoints and export in bytes against the free space of runs_dir (runner.gate.disk), or
         None where the model's size cannot be read. With a pinned estimate, only a pinned answer."""
         if self.disk_fn is not None or self.estimate_fn is not None:
             return self.disk_fn(spec, runs_dir, steps) if self.disk_fn is not None else None
-        from runner.plan.disk import disk_plan
-
-        try:
-            return disk_plan(spec, runs_dir, steps).to_dict()
-        except UserError:
-            return None
+        plan = api.disk_plan(spec, runs_dir, steps)
+        return None if plan is None else plan.to_dict()
 
     def sweep(self, spec: RunSpec, axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
         if self.sweep_fn is not None:
             return self.sweep_fn(spec, axes)
-        from runner.plan import sweep
-
-        return sweep(spec, axes)
+        return api.sweep(spec, axes)
 
     def load_arch(self, spec: RunSpec) -> dict[str, Any]:
         """The model's architecture summary, where its config came from, and why it is approximate (if it is)."""
         if self.load_arch_fn is not None:
             return self.load_arch_fn(spec)
-        from runner.facts.catalog import load_arch
-
-        loaded = load_arch(spec)
-        out = dict(loaded.arch.summary())
-        out["source"] = loaded.source
-        if loaded.arch.approximate_reasons:
-            out["approximate"] = "; ".join(loaded.arch.approximate_reasons)
-        return out
+        return api.arch_summary(spec)
 
     def preflight(self, spec: RunSpec) -> list[Problem]:
-        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.plan.preflight
+        """What would fail early (data columns, chat template, packing, LoRA targets, GPUs), as runner.gate.preflight
         finds it; EstimatorUnavailable when that module is absent."""
         if self.preflight_fn is not None:
             return self.preflight_fn(spec)
         try:
-            from runner.plan.preflight import preflight_problems
+            return api.preflight_problems(spec)
         except ImportError as e:
             raise EstimatorUnavailable(f"preflight unavailable ({e})") from None
-        from runner.plan.hub import hub_problems
-
-        return hub_problems(spec) + preflight_problems(spec)
 
     def packing_check(self, spec: RunSpec) -> str | None:
-        """The packing check's verdict line for a spec preflight passed (runner.plan.packcheck; the preflight that
+        """The packing check's verdict line for a spec preflight passed (runner.gate.packcheck; the preflight that
         passed it left it in the cache), or None. With a pinned preflight, only a pinned answer."""
         if self.packing_check_fn is not None or self.preflight_fn is not None:
             return self.packing_check_fn(spec) if self.packing_check_fn is not None else None
-        from runner.plan.preflight import packing_check
-
-        verdict = packing_check(spec)
-        return None if verdict is None else verdict.describe()
+        return api.packing_check(spec)
 
     def detect_gpus(self) -> list[dict[str, Any]]:
         if self.detect_gpus_fn is not None:
             return self.detect_gpus_fn()
-        from runner.facts.nvml import detect_gpus
-
-        return detect_gpus()
+        return api.detect_gpus()
 
     def gpu_types(self) -> list[str]:
         """GPU type names to plan for (runner/facts/gpus.py)."""
         if self.gpu_types_list is not None:
             return list(self.gpu_types_list)
-        from runner.facts.gpus import gpu_names
-
-        return gpu_names()
+        return api.gpu_types()
 
 
 def swept_value(row: dict[str, Any], field: str, fallback: Any) -> Any:

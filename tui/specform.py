@@ -9,11 +9,9 @@ from typing import Any
 
 import yaml
 
+from runner.api import follow_paths, follow_run, overridden_fields, overridden_sections
 from runner.errors import Problem, SpecError, UserError
-from runner.machine import Machine, target_machine
-from runner.naming import follow_paths, follow_run, overridden_fields, overridden_sections
-from runner.spec import (EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, resolve,
-                         validate)
+from runner.spec import EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, validate
 
 DEFAULT_RECIPE = "tiny-cpu"
 # Fields a saved recipe always spells out, even at their default: what the run is, on what.
@@ -135,24 +133,3 @@ def save_recipe(data: dict[str, Any], path: Path) -> Path:
     path.write_text(text)
     return path
 
-
-def sweep_target(spec: RunSpec, resolved: RunSpec) -> RunSpec:
-    """What the wizard's what-if sweep plans: the resolved run; for a CPU run (the what-if is about GPUs) the same
-    run on as many GPUs per node as it has ranks, resolved by the same rule as any run."""
-    if resolved.hardware.device != "cpu":
-        return resolved
-    n = resolved.hardware.nproc_per_node
-    d = spec.to_dict()
-    d["hardware"].update(device="cuda", nproc_per_node=n)
-    return resolve(RunSpec.model_validate(d), machine=Machine(n, declared=True))
-
-
-def plan_resolve(spec: RunSpec, gpus: list[dict[str, Any]] | int) -> tuple[RunSpec, bool]:
-    """The spec with its `auto` values filled for planning, and whether it is only a plan for other hardware:
-    resolved for the machine its run will see (runner.machine.target_machine), as the launcher and the estimator
-    resolve it. `gpus`: this machine's GPUs as NVML lists them (runner.facts.nvml.detect_gpus), or their count."""
-    from runner.facts.gpus import machine_from_nvml
-
-    here = Machine(gpus) if isinstance(gpus, int) else machine_from_nvml(gpus)
-    machine = target_machine(spec, here)
-    return resolve(spec, machine=machine), machine.declared

@@ -54,8 +54,8 @@ def _checked(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from runner.record.generate import load_record
-    from runner.record.weights import export_run, run_dir_of
+    from runner.record.records import load_record
+    from runner.train.weights import export_run, run_dir_of
 
     record = load_record(args.record, args.records_dir)
     out = args.out or run_dir_of(record) / f"export-{args.kind}"
@@ -68,7 +68,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runner.record.generate import load_for_try, load_record
+    from runner.api import load_for_try
+    from runner.record.records import load_record
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)
@@ -84,7 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from runner.record.generate import load_for_try, load_record
+    from runner.api import load_for_try
+    from runner.record.records import load_record
 
     _checked(args)
     model = load_for_try(load_record(args.record, args.records_dir), base=args.base)

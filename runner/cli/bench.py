@@ -290,10 +290,10 @@ def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_results(result: dict[str, Any], out_dir: Path, stem: str) -> None:
+    from runner.writes import atomic_write_text
+
     for suffix, text in ((".json", json.dumps(result, indent=2) + "\n"), (".md", markdown(result))):
-        tmp = out_dir / f".{stem}{suffix}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out_dir / f"{stem}{suffix}")
+        atomic_write_text(out_dir / f"{stem}{suffix}", text)
 
 
 COLUMNS = ("engine", "seq_len", "precision", "tokens_per_s", "last_loss", "mfu", "step_s_median", "step_s_spread", "data_wait_share",

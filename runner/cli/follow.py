@@ -19,6 +19,7 @@ from rich.console import Console
 
 from runner.errors import EXIT_DETACHED
 from runner.launch.supervised import SupervisedRun
+from runner.record.compare import resume_sentence
 
 POLL_S = 0.5
 
@@ -124,24 +125,3 @@ def say_resumable(console: Console, rec: dict[str, Any] | None) -> None:
     if sentence:
         console.print(sentence, highlight=False)
 
-
-def resume_sentence(rec: dict[str, Any] | None) -> str | None:
-    """Whether a cancelled run (or one whose supervisor was lost) can be resumed, and how: the CLI and the wizard's
-    summary say the same. None for a record with neither."""
-    rec = rec or {}
-    cancel = rec.get("cancel") or rec.get("lost")
-    if not cancel:
-        return None
-    if "cancel" in rec:
-        why = f"{cancel.get('cause')}" + (f" by {cancel['signal']}" if cancel.get("signal") else
-                                          f" from {cancel['by']}" if cancel.get("by") else "")
-    else:
-        why = "supervisor lost"
-    if cancel.get("resumable"):
-        return f"{why}; checkpoint at step {cancel['checkpoint_step']}: resume with `{cancel['resume']}`"
-    if cancel.get("signal") in ("SIGTERM", "SIGUSR1") or not (rec.get("metrics") or {}).get("steps"):
-        # A graceful stop writes a checkpoint only once a step was taken: before step 1 there is nothing to keep.
-        return f"{why}; no checkpoint, so it cannot be resumed: it stopped before its first step; start it again"
-    every = ((rec.get("spec") or {}).get("train") or {}).get("checkpoint_every")
-    return (f"{why}; no checkpoint, so it cannot be resumed (train.checkpoint_every is {every or 0}; a stop by "
-            "SIGTERM, `runner attach <id> --stop`, writes one)")

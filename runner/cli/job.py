@@ -12,7 +12,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
-from runner.launch.jobs import DEFAULT_FILE, SUBMIT, TARGETS, JobOptions, check_job, check_paths, job_warnings
+from runner.facts.targets import TARGETS, Target
+from runner.launch.jobs import JobOptions, check_job, check_paths, job_warnings, render_job
 
 if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
     from runner.spec import RunSpec
@@ -90,15 +91,16 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _source(args: argparse.Namespace) -> tuple[str, str]:
-    """Where SkyPilot nodes install the project from: a git URL and a commit (pushed: the nodes fetch it)."""
+def _source(args: argparse.Namespace, target: Target) -> tuple[str, str]:
+    """Where the nodes install the project from (`Target.venv`): a git URL and a commit (pushed: the nodes fetch
+    it)."""
     repo = args.repo or _git("remote", "get-url", "origin")
     commit = args.commit or _git("rev-parse", "HEAD")
     if not repo:
-        raise UserError("--to skypilot installs the project from git on every node: give --repo URL (this checkout "
-                        "has no `origin` remote), or --image IMAGE with the project installed")
+        raise UserError(f"--to {target.name} installs the project from git on every node: give --repo URL (this "
+                        "checkout has no `origin` remote), or --image IMAGE with the project installed")
     if not commit:
-        raise UserError("--to skypilot needs the commit to install: give --commit SHA (no git checkout here)")
+        raise UserError(f"--to {target.name} needs the commit to install: give --commit SHA (no git checkout here)")
     from runner.launch.skypilot import pip_git_url
 
     pip_git_url(repo)  # refuses a remote the nodes cannot install from, before anything is written
@@ -108,38 +110,36 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     return repo, commit
 
 
-def _runner_cmd(args: argparse.Namespace, target: str) -> str:
-    from runner.launch.skypilot import VENV
-
+def _runner_cmd(args: argparse.Namespace, target: Target) -> str:
     if args.runner:
         return args.runner
-    if args.image or target == "kubeflow":
+    if args.image or target.needs_image:
         return "python -m runner"
-    if target == "skypilot":
-        return f"{VENV}/bin/python -m runner"
+    if target.venv:
+        return f"{target.venv}/bin/python -m runner"
     # The venv that writes the job runs it (the shared filesystem has it at the same path): never a bare `runner`.
     return shlex.join([os.path.abspath(sys.executable), "-m", "runner"])
 
 
-def job_options(args: argparse.Namespace, target: str, run_id: str) -> JobOptions:
-    if target == "slurm":
+def job_options(args: argparse.Namespace, target: Target, run_id: str) -> JobOptions:
+    if target.shared_filesystem:
         runs, records = PurePosixPath(args.runs_dir.resolve()), PurePosixPath(args.records_dir.resolve())
     else:
         base = PurePosixPath(args.mount)
-        if target == "skypilot" and "://" in (args.volume or ""):
+        if target.bucket_volumes and "://" in (args.volume or ""):
             from runner.launch.skypilot import bucket_layout
 
             base = base / bucket_layout(args.volume)[1]  # the bucket is mounted whole: its prefix is a folder
         runs, records = base / "runs", base / "records"
-    rerun = ["--to", target]
+    rerun = ["--to", target.name]
     for flag, attr in RERUN_OPTIONS:
-        if attr in ("runs_dir", "records_dir"):  # only SLURM's are the nodes' folders
-            value = str(runs if attr == "runs_dir" else records) if target == "slurm" else None
+        if attr in ("runs_dir", "records_dir"):  # only a shared filesystem's are the nodes' folders
+            value = str(runs if attr == "runs_dir" else records) if target.shared_filesystem else None
         else:
             value = getattr(args, attr)
         if value is not None and value != _DEFAULTS.get(attr):
             rerun += [flag, str(value)]
-    return JobOptions(target=target, run_id=run_id, runs_dir=runs, records_dir=records,
+    return JobOptions(target=target.name, run_id=run_id, runs_dir=runs, records_dir=records,
                       runner=_runner_cmd(args, target), port=args.port, image=args.image, time=args.time,
                       warn_s=args.warn_s, volume=args.volume, mount=PurePosixPath(args.mount), repo=args.repo,
                       commit=args.commit, accelerator=args.accelerator, rerun_args=tuple(rerun))
@@ -155,42 +155,32 @@ def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
     from runner.machine import Machine
     from runner.spec import resolve
 
-    target = getattr(args, "to", None) or "slurm"
-    check_job(spec, target, args.image, args.volume, args.time, args.warn_s, args.port)
-    if target == "slurm":
+    name = getattr(args, "to", None) or "slurm"  # `runner slurm` has no --to
+    check_job(spec, name, args.image, args.volume, args.time, args.warn_s, args.port)
+    target = TARGETS[name]
+    if target.shared_filesystem:
         check_paths(args.runs_dir.resolve(), args.records_dir.resolve())
-    if target == "skypilot" and not args.image:
-        args.repo, args.commit = _source(args)
+    if target.venv and not args.image:
+        args.repo, args.commit = _source(args, target)
     nproc = int(spec.hardware.nproc_per_node)
     # The nodes, not this machine, decide what `auto` means: GPUs unless the spec asks for CPU ranks.
     spec = resolve(spec, machine=Machine(nproc, declared=True) if spec.hardware.device != "cpu" else Machine())
-    if target == "skypilot" and spec.hardware.device == "cuda" and spec.hardware.gpu == "auto" \
+    if target.names_accelerator and spec.hardware.device == "cuda" and spec.hardware.gpu == "auto" \
             and not args.accelerator:
-        raise UserError("--to skypilot needs the GPU type for resources.accelerators: --set hardware.gpu=H100-80GB "
+        raise UserError(f"--to {name} needs the GPU type for resources.accelerators: --set hardware.gpu=H100-80GB "
                         "or --accelerator H100")
-    for warning in job_warnings(spec, target):
+    for warning in job_warnings(spec, name):
         print(f"warning: {warning}", file=sys.stderr)
     run_id = new_run_id(spec.name, args.runs_dir, args.records_dir)
     options = job_options(args, target, run_id)
     paths = RunPaths(args.runs_dir / run_id)
     write_spec(paths, spec)
-    out = args.out or paths.run_dir / DEFAULT_FILE[target]
+    out = args.out or paths.run_dir / target.file
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_job(spec, options, paths.spec))
     print(f"wrote {out}: run {run_id}, {spec.hardware.nodes} node(s) x {spec.hardware.nproc_per_node} rank(s); "
-          f"submit with `{SUBMIT[target]} {out}`")
+          f"submit with `{target.submit} {out}`")
     return 0
-
-
-def render_job(spec: RunSpec, o: JobOptions, spec_path: Path) -> str:
-    from runner.launch.kubeflow import build_trainjob
-    from runner.launch.skypilot import build_skypilot
-    from runner.launch.slurm import build_sbatch
-
-    if o.target == "slurm":
-        return build_sbatch(spec, str(o.run_dir / "spec.json"), o)
-    spec_json = json.loads(spec_path.read_text())
-    return build_skypilot(spec, o, spec_json) if o.target == "skypilot" else build_trainjob(spec, o, spec_json)
 
 
 def rerun_lines(rec: dict[str, Any], record_path: Path) -> list[str] | None:
@@ -199,7 +189,7 @@ def rerun_lines(rec: dict[str, Any], record_path: Path) -> list[str] | None:
     job = launch.get("job")
     if not isinstance(job, dict) or job.get("target") not in TARGETS:
         return None
-    target = job["target"]
-    out = f"{rec['id']}-rerun.{'sh' if target == 'slurm' else 'yaml'}"
-    return [shlex.join(["runner", "job", str(record_path), *job.get("rerun_args", ["--to", target]), "-o", out]),
-            f"{SUBMIT[target]} {out}"]
+    target = TARGETS[job["target"]]
+    out = f"{rec['id']}-rerun{target.suffix}"
+    return [shlex.join(["runner", "job", str(record_path), *job.get("rerun_args", ["--to", target.name]), "-o", out]),
+            f"{target.submit} {out}"]

@@ -218,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def load_spec_noting(spec: Any, overrides: list[str]) -> Any:
-    """load_spec, with a `note:` line on stderr for each id renamed after its new path (runner.naming)."""
-    from runner.spec import load_spec
+    """The spec loaded (runner.api.load), with a `note:` line on stderr for each id renamed after its new path."""
+    from runner import api
 
     notes: list[str] = []
-    loaded = load_spec(spec, overrides, notes=notes)
+    loaded = api.load(spec, overrides, notes=notes)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return loaded
@@ -257,19 +257,20 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from runner.plan import estimate, parse_sweep, sweep
+    from runner import api
+    from runner.plan import parse_sweep
 
     parsed = [parse_sweep(s) for s in args.sweep]
     spec = load_spec_noting(args.spec, args.overrides)
     if parsed:
-        rows = sweep(spec, parsed)
+        rows = api.sweep(spec, parsed)
         if args.json:
             print(json.dumps(rows))
         else:
             _print_sweep(spec, rows, [k for k, _ in parsed])
         return EXIT_OK
-    est = estimate(spec)
-    disk = _disk(spec, args.runs_dir, est.steps)
+    est = api.estimate(spec)
+    disk = api.disk_plan(spec, args.runs_dir, est.steps)
     if args.json:
         print(json.dumps({**est.to_dict(), "disk": disk and disk.to_dict()}))
     else:
@@ -281,15 +282,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             line = disk.describe() + ("" if disk.fits else ": does not fit (runner run refuses it without --force)")
             Console(highlight=False).print(Text(line, style="" if disk.fits else "red"))
     return EXIT_OK
-
-
-def _disk(spec: Any, runs_dir: Path, steps: int | None) -> Any:
-    from runner.plan.disk import disk_plan
-
-    try:
-        return disk_plan(spec, runs_dir, steps)
-    except UserError:
-        return None
 
 
 # How `runner estimate` prints an estimate and a sweep
@@ -391,26 +383,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runner.record.records import RecordError, find_record, verify
+    from runner import api
 
-    path = find_record(args.record, args.records_dir)  # no such id or file: bad input (exit 2)
+    path = api.find_record(args.record, args.records_dir)  # no such id or file: bad input (exit 2)
     if not path.is_file():
         raise UserError(f"{path}: no such record file")
     try:
-        ok, reason = verify(path)
-    except RecordError as e:  # the file is there but is not an intact record: it does not verify
+        ok, reason = api.verify(path)
+    except api.RecordError as e:  # the file is there but is not an intact record: it does not verify
         ok, reason = False, str(e)
     print(reason, file=sys.stdout if ok else sys.stderr)
     return EXIT_OK if ok else EXIT_NOT_VERIFIED
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from runner.record.compare import diff_records, print_diff
-    from runner.record.records import find_record, load
+    from runner import api
+    from runner.record.compare import print_diff
 
-    a = load(find_record(args.a, args.records_dir))
-    b = load(find_record(args.b, args.records_dir))
-    print_diff(a, b, diff_records(a, b))
+    a = api.load_record(api.find_record(args.a, args.records_dir))
+    b = api.load_record(api.find_record(args.b, args.records_dir))
+    print_diff(a, b, api.diff_records(a, b))
     return EXIT_OK
 
 
@@ -422,16 +414,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from runner.launch.supervised import reap_lost
-    from runner.record.compare import print_list, summary_row
-    from runner.record.records import list_records
+    from runner import api
+    from runner.record.compare import print_list
 
     # A run whose supervisor died (SIGKILL, the OOM killer) is finished here as failed: nothing stays `running`.
-    for run_id in reap_lost(args.records_dir):
+    for run_id in api.reap_lost(args.records_dir):
         print(f"note: {run_id}: its supervisor is gone; record finished as failed (supervisor lost)", file=sys.stderr)
-    recs = list_records(args.records_dir)
+    recs = api.list_records(args.records_dir)
     if args.json:
-        print(json.dumps([summary_row(r) for r in recs]))
+        print(json.dumps([api.summary_row(r) for r in recs]))
     else:
         print_list(recs)
     return EXIT_OK

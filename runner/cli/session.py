@@ -11,67 +11,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from runner import api
 from runner.events.paths import RunPaths
 from runner.record import records
 from runner.launch.command import check_run_target
-from runner.launch.supervised import SupervisedRun, SupervisorFailed, spawn
-from runner.errors import (EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK,
-                           PredictedNotToFit, UserError)
-from runner.launch.replay import prepare_replay
+from runner.launch.handle import RunHandle
+from runner.launch.supervised import SupervisedRun, SupervisorFailed
+from runner.errors import EXIT_CANCELLED, EXIT_DETACHED, EXIT_FAILED, EXIT_NOT_REPRODUCED, EXIT_OK, UserError
 from runner.record.replay import CPU_PIN, compare, folds, pinned_decisions, tolerance
 from runner.spec import RunSpec, resolve
 
 
-def preflight_estimate(spec: RunSpec, force: bool, console: Console | None = None, runs_dir: Path | None = None,
-                       from_step: int = 0) -> dict[str, Any] | None:
-    """Everything checked before a run starts: preflight (data, template, packing, LoRA targets, kernels; raises
-    SpecError listing every problem) and the estimate kept in the record, which refuses a run predicted not to
-    fit unless forced and warns when it is tight. With runs_dir, a run whose checkpoints and export cannot fit
-    in its free space is refused too (after `from_step`, a resume's checkpoint), unless forced."""
-    from runner.plan.disk import check_disk
-
-    from runner.plan import estimate
-    from runner.errors import SpecError
-    from runner.plan.hub import hub_problems
-    from runner.plan.preflight import packing_check, precision_advice, preflight
-
-    unreachable = hub_problems(spec)
-    if unreachable:
-        raise SpecError("preflight found problems", unreachable)
-    # The estimate first: it takes a second, and a plan that does not fit is refused before preflight's slower
-    # checks (the rank's own packer and model) are paid for.
-    missed: UserError | None = None
-    try:
-        result: dict[str, Any] | None = estimate(spec).to_dict()
-    except UserError as e:
-        # No estimate (e.g. a GPU NVML cannot name) must not stop a run: it only loses the prediction. Said once
-        # preflight has passed: what stops the estimate (no config.json) often stops preflight too, in one line.
-        missed, result = e, None
-    if result is not None and result.get("fits") is False and not force:
-        unit = "GPU" if spec.hardware.device == "cuda" else "rank (CPU memory)"
-        raise PredictedNotToFit(f"predicted not to fit: {result.get('per_gpu_gib')} GiB per {unit} of "
-                        f"{result.get('gpu_memory_gib')} GiB; {result.get('suggestion') or 'see runner estimate'}")
-    if runs_dir is not None:
-        check_disk(spec, runs_dir, (result or {}).get("steps"), force, from_step)
-    preflight(spec)
-    if missed is not None and console is not None:
-        console.print(f"[yellow]no estimate: {missed}[/yellow]")
-    check = packing_check(spec)
-    if check is not None and console is not None:
-        console.print(escape(check.describe()), highlight=False)
-    advice = precision_advice(spec)
-    if advice and console is not None:
-        console.print(f"[yellow]note: {advice}[/yellow]")
-    if result is None:
-        return None
-    if check is not None:
-        result["packing_check"] = check.to_dict()  # kept in the record with what was predicted
-    if console is not None and result.get("verdict") == "tight":
-        unit = "GPU" if spec.hardware.device == "cuda" else "rank"
-        console.print(f"[yellow]tight: {result.get('per_gpu_gib')} GiB needed per {unit} of "
-                      f"{result.get('gpu_memory_gib')} GiB predicted ({result.get('headroom_gib')} GiB headroom)"
-                      "[/yellow]")
-    return result
+def gate_estimate(spec: RunSpec, force: bool, console: Console, runs_dir: Path,
+                  from_step: int = 0) -> dict[str, Any] | None:
+    """The launch gate (runner.api.gate: raises what refuses the run), its notes printed; returns the estimate
+    the record keeps."""
+    gate = api.gate(spec, force, runs_dir, from_step)
+    for note in gate.notes:
+        console.print(f"[yellow]{escape(note.text)}[/yellow]" if note.warning else escape(note.text), highlight=False)
+    return gate.estimate
 
 
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
@@ -85,8 +43,8 @@ def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bo
     # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
     with ViewSignals() as signals:
         try:
-            active = spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
-                           node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
+            active = api.launch(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
+                                node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
         except SupervisorFailed as e:
             raise UserError(str(e)) from None
         console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
@@ -115,11 +73,11 @@ def _status_exit(rec: dict[str, Any] | None, code: int) -> int:
     return EXIT_FAILED
 
 
-def _report(console: Console, active: SupervisedRun) -> None:
+def _report(console: Console, active: RunHandle) -> None:
     from runner.cli.follow import say_resumable
 
     rec = active.record
-    if rec is None and active.state.get("state") != "finished":
+    if rec is None and not active.ended:
         return  # detached: the run goes on
     if rec is None:
         console.print(f"node finished; the record is written by node 0 ({active.run_id})")
@@ -140,7 +98,7 @@ def _report(console: Console, active: SupervisedRun) -> None:
     console.print(f"record: {active.record_path}", highlight=False)
 
 
-def _finish(console: Console, active: SupervisedRun, code: int, as_json: bool) -> int:
+def _finish(console: Console, active: RunHandle, code: int, as_json: bool) -> int:
     """Report the run; with --json, the last stdout line is the result object (id, status, record, ...)."""
     _report(console, active)
     rec = active.record
@@ -175,7 +133,7 @@ def run_headless(spec: RunSpec, runs_dir: Path, records_dir: Path, as_json: bool
                  node_rank: int = 0, run_id: str | None = None, force: bool = False) -> int:
     check_run_target(runs_dir, records_dir, run_id)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
-    estimate = preflight_estimate(spec, force, console, runs_dir)
+    estimate = gate_estimate(spec, force, console, runs_dir)
     if spec.hardware.nodes > 1 and node_rank == 0 and run_id is None:
         _print_node_commands(console, spec)
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, estimate, node_rank=node_rank,
@@ -205,7 +163,7 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                         "(set train.checkpoint_every, or stop a run with SIGTERM, to get one)")
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     console.print(f"resuming {run_dir.name} from step {done[-1][0]}")
-    estimate = preflight_estimate(spec, force, console, run_dir.parent, from_step=done[-1][0])
+    estimate = gate_estimate(spec, force, console, run_dir.parent, from_step=done[-1][0])
     active, code = launch_and_watch(spec, run_dir.parent, records_dir, plain, console, estimate, node_rank=node_rank,
                                     run_id=run_dir.name, resume=True)
     return _finish(console, active, code, as_json)
@@ -242,9 +200,8 @@ def attach_headless(run_ref: str, runs_dir: Path, records_dir: Path, plain: bool
                     request: str | None = None) -> int:
     """Follow a run started elsewhere; with `request` ("cancel" or "stop"), ask for it first."""
     from runner.cli.follow import follow, say_detached
-    from runner.launch.supervised import attach
 
-    run = attach(run_ref, runs_dir)
+    run = api.attach(run_ref, runs_dir)
     console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     if run.poll() is None:
         if request is not None:
@@ -277,7 +234,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
             raise UserError(f"refusing to replay: {reason}")
         if print_job_rerun(console, records.load(path), path, as_json):
             return EXIT_OK
-    prepared = prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
+    prepared = api.prepare_replay(path, trust_remote_code=trust_remote_code)  # its spec pins the recorded decisions
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
     pinned = pinned_decisions(original)
     console.print("engine decisions pinned from the record: " + (

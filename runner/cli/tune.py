@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runner.errors import UserError
+from runner.writes import atomic_write_text
 from runner.spec import RunSpec, apply_override, find_spec_file, read_spec_file, resolve
 
 PROBE_STEPS = 3
@@ -138,7 +139,7 @@ def tune(spec_ref: str, overrides: list[str], k: int, out: Path | None, runs_dir
     console.print(f"chosen: {why}")
     if out is not None:
         fields = lever_fields(chosen, spec, layers)
-        out.write_text(tuned_recipe(spec_ref, overrides, fields, why))
+        atomic_write_text(out, tuned_recipe(spec_ref, overrides, fields, why))
         console.print(f"wrote {out}")
     return 0
 

@@ -13,19 +13,22 @@ Formats (the names `dataset.format` takes):
 Chat rows become a `Sample` of messages with one flag per message (does it train?), plus the tools passed to the
 chat template as `tools=`; text rows become segments of (text, trained?). No torch here: preflight, the wizard and
 the estimator read rows through this module too.
+
+Each format is one `Format` row of `FORMATS` (how it is found in rows, how a row reads, what trains); the spec's
+allowed `dataset.format` values are the registry's names, and nowhere else compares format names
+(`tests/unit/test_registries.py` checks both).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import UserError
 
-FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion", "text")
 TRAIN_ON = ("assistant", "assistant+tool_calls")
 # What `dataset.columns` may name: dataset columns, and the keys inside each message (role, content).
 COLUMN_KEYS = ("messages", "tools", "system", "instruction", "input", "output", "history", "prompt", "completion",
@@ -96,6 +99,11 @@ class Detected:
                  for k in ("messages", "instruction", "input", "output", "prompt", "completion", "text") if k in c]
         parts += [c[k] for k in ("system", "history", "tools") if k in c]
         return f"{name} ({'detected' if self.detected else 'set'}): {', '.join(parts)}"
+
+    @property
+    def chat(self) -> bool:
+        """Whether rows become messages through the chat template (not strings: text, standard prompt/completion)."""
+        return FORMATS[self.format].chat and self.variant != "standard"
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "variant": self.variant or None, "columns": self.column_map,
@@ -213,23 +221,22 @@ def _detect_text(rows: list[dict[str, Any]], cols: dict[str, str], asked: str, f
 
 
 # Tried in this order when the format is auto: a conversation column wins over prompt/completion, and so on.
-_DETECTORS = ((("messages", "sharegpt"), _detect_conversation), (("prompt_completion",), _detect_prompt_completion),
-              (("alpaca",), _detect_alpaca), (("text",), _detect_text))
+_AUTO_ORDER = (_detect_conversation, _detect_prompt_completion, _detect_alpaca, _detect_text)
 
 
 def detect(rows: list[dict[str, Any]], fmt: RowFormat) -> Detected:
     """The format of these rows (a sample of the dataset), or a FormatError naming the columns found."""
     asked = fmt.format
     found = sorted({k for r in rows if isinstance(r, dict) for k in r})
-    for formats, detector in _DETECTORS:
-        if asked == "auto" or asked in formats:
-            hit = detector(rows, fmt.column_map, asked, found)
-            if hit is not None:
-                return hit
+    detectors = _AUTO_ORDER if asked == "auto" else (FORMATS[asked].detect,) if asked in FORMATS else ()
+    for detector in detectors:
+        hit = detector(rows, fmt.column_map, asked, found)
+        if hit is not None:
+            return hit
     raise FormatError(
         f"cannot tell the dataset's format from its columns ({', '.join(found) or 'none'}): expected a messages/"
         "conversations column, prompt+completion, instruction+output, or text",
-        fix="set dataset.format (messages|sharegpt|alpaca|prompt_completion|text) and dataset.columns, e.g. "
+        fix=f"set dataset.format ({'|'.join(FORMATS)}) and dataset.columns, e.g. "
             "dataset.columns={messages: dialog} or {instruction: question, output: answer}")
 
 
@@ -355,38 +362,78 @@ def _role_guess(value: list[dict[str, Any]], role_key: str, roles: Mapping[str, 
     return "{" + ", ".join(f"{k}: {v}" for k, v in guess.items()) + "}"
 
 
+def _read_conversation(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
+    c, roles = det.column_map, fmt.role_map
+    messages = _conversation(row.get(c["messages"]), f"column '{c['messages']}'", c["role"], c["content"], roles)
+    system = row.get(c["system"]) if "system" in c else None
+    if system and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, {"role": "system", "content": _text(system)})
+    return _chat(messages, fmt.train_on, row.get(c["tools"]) if "tools" in c else None)
+
+
+def _read_alpaca(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
+    c = det.column_map
+    messages = []
+    if row.get(c.get("system", "")):
+        messages.append({"role": "system", "content": _text(row[c["system"]])})
+    for pair in row.get(c.get("history", "")) or []:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise FormatError(f"column '{c['history']}' must hold [query, answer] pairs, got {pair!r:.60}",
+                              field="dataset.columns", fix="point dataset.columns.history at such a column")
+        messages += [{"role": "user", "content": _text(pair[0])}, {"role": "assistant", "content": _text(pair[1])}]
+    query = "\n".join(x for x in (_text(row.get(c["instruction"])), _text(row.get(c.get("input", "")))) if x)
+    messages += [{"role": "user", "content": query}, {"role": "assistant", "content": _text(row.get(c["output"]))}]
+    return _chat(messages, fmt.train_on)
+
+
+def _read_prompt_completion(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
+    c, roles = det.column_map, fmt.role_map
+    prompt, completion = row.get(c["prompt"]), row.get(c["completion"])
+    if isinstance(prompt, list) or isinstance(completion, list):
+        head = _conversation(prompt, f"column '{c['prompt']}'", "role", "content", roles)
+        tail = _conversation(completion, f"column '{c['completion']}'", "role", "content", roles)
+        return _chat(head + tail, fmt.train_on, row.get(fmt.column_map.get("tools", "tools")),
+                     trainable_from=len(head))
+    return Sample(segments=[(_text(prompt), False), (_text(completion), True)])
+
+
+def _read_text(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
+    return Sample(segments=[(_text(row.get(det.column_map["text"])), True)])
+
+
+@dataclass(frozen=True)
+class Format:
+    """One row layout `dataset.format` names: how it is found in a dataset's rows and how one row reads."""
+
+    name: str
+    detect: Callable[[list[dict[str, Any]], dict[str, str], str, list[str]], Detected | None]
+    """f(rows, column map, asked format, columns found): the Detected layout; None when the format is auto and the
+    rows lack it, a FormatError naming the columns to set when it was asked for. Formats told apart by their keys
+    (messages, sharegpt) share one."""
+    read: Callable[[dict[str, Any], Detected, RowFormat], Sample]
+    """f(row, detected, row format): the row as a Sample, or a FormatError naming the field to set."""
+    chat: bool = True
+    """Rows may become messages through the chat template; False: plain text, no template."""
+    roles_train: bool = True
+    """Role names decide what trains (assistant turns, dataset.roles); False: the layout does (the completion,
+    every token)."""
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("messages", _detect_conversation, _read_conversation),
+    Format("sharegpt", _detect_conversation, _read_conversation),
+    Format("alpaca", _detect_alpaca, _read_alpaca),
+    Format("prompt_completion", _detect_prompt_completion, _read_prompt_completion, roles_train=False),
+    Format("text", _detect_text, _read_text, chat=False, roles_train=False),
+)}
+"""Every dataset.format but auto, in the order the spec lists them (auto detection has its own order)."""
+
+
 def to_sample(row: dict[str, Any], det: Detected, fmt: RowFormat) -> Sample:
     """One row as a Sample; FormatError (with the field to set) when the row does not fit the format."""
-    c, roles = det.column_map, fmt.role_map
-    if det.format in ("messages", "sharegpt"):
-        messages = _conversation(row.get(c["messages"]), f"column '{c['messages']}'", c["role"], c["content"], roles)
-        system = row.get(c["system"]) if "system" in c else None
-        if system and not (messages and messages[0]["role"] == "system"):
-            messages.insert(0, {"role": "system", "content": _text(system)})
-        return _chat(messages, fmt.train_on, row.get(c["tools"]) if "tools" in c else None)
-    if det.format == "alpaca":
-        messages = []
-        if row.get(c.get("system", "")):
-            messages.append({"role": "system", "content": _text(row[c["system"]])})
-        for pair in row.get(c.get("history", "")) or []:
-            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-                raise FormatError(f"column '{c['history']}' must hold [query, answer] pairs, got {pair!r:.60}",
-                                  field="dataset.columns", fix="point dataset.columns.history at such a column")
-            messages += [{"role": "user", "content": _text(pair[0])}, {"role": "assistant", "content": _text(pair[1])}]
-        query = "\n".join(x for x in (_text(row.get(c["instruction"])), _text(row.get(c.get("input", "")))) if x)
-        messages += [{"role": "user", "content": query}, {"role": "assistant", "content": _text(row.get(c["output"]))}]
-        return _chat(messages, fmt.train_on)
-    if det.format == "prompt_completion":
-        prompt, completion = row.get(c["prompt"]), row.get(c["completion"])
-        if isinstance(prompt, list) or isinstance(completion, list):
-            head = _conversation(prompt, f"column '{c['prompt']}'", "role", "content", roles)
-            tail = _conversation(completion, f"column '{c['completion']}'", "role", "content", roles)
-            return _chat(head + tail, fmt.train_on, row.get(fmt.column_map.get("tools", "tools")),
-                         trainable_from=len(head))
-        return Sample(segments=[(_text(prompt), False), (_text(completion), True)])
-    if det.format == "text":
-        return Sample(segments=[(_text(row.get(c["text"])), True)])
-    raise FormatError(f"unknown dataset.format {det.format!r}", fix=f"use one of auto, {', '.join(FORMATS)}")
+    if det.format not in FORMATS:
+        raise FormatError(f"unknown dataset.format {det.format!r}", fix=f"use one of auto, {', '.join(FORMATS)}")
+    return FORMATS[det.format].read(row, det, fmt)
 
 
 class RowReader:
@@ -426,7 +473,7 @@ def dataset_format(dataset: Any, sample_rows: int = 16) -> Detected | None:
     """The format of a DatasetSpec's local file, from its first rows (for the wizard, `runner estimate` and the
     record). None for a hub dataset (the ranks detect it on their first row) or a file that does not read."""
     from runner.data.datafiles import data_file, read_rows
-    from runner.spec import resolve_embedded
+    from runner.naming import resolve_embedded
 
     fmt = RowFormat.from_spec(dataset)
     if not dataset.path:

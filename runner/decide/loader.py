@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.imports import from_transformers
+from runner.spec import model_source
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
@@ -34,15 +35,6 @@ def model_class(spec: RunSpec, config: Any) -> Any:
     if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
-
-
-def model_source(spec: RunSpec) -> tuple[str, str | None]:
-    """(what from_pretrained loads, revision): a local path wins over the hub id."""
-    from runner.spec import resolve_embedded
-
-    if spec.model.path:
-        return str(resolve_embedded(spec.model.path)), None
-    return spec.model.id, spec.model.revision
 
 
 def load_config(spec: RunSpec) -> Any:

@@ -19,9 +19,9 @@ from runner.facts.families import EAGER, FLASH, FLEX, SDPA, VARLEN, family_of, t
 from runner.engines import tokens_per_forward
 
 VARLEN_MIN_TOKENS = 32_768
-"""auto on CUDA picks varlen from this many tokens per forward, flex below. Measured on one H200 (references.md):
-compiled flex attention beats varlen_attn at 8,192 tokens per forward (1.1 vs 2.7 ms) and loses at 32,768 (6.1 vs
-4.3 ms); the crossover between them has not been measured."""
+"""auto on CUDA picks varlen from this many tokens per forward, flex below: on one H200 compiled flex attention
+is the faster at 8,192 tokens per forward and the slower at 32,768 (references.md; the times in
+benchmarks/README.md); the crossover between them has not been measured."""
 
 # ---------------------------------------------------------------------------------------------
 # Attention
@@ -149,9 +149,8 @@ def choose_attention(requested: str, device: str, tokens_per_forward: int, suppo
 FA4_MAX_HEAD_DIM = 128
 """flash-attn-4 takes head sizes that are multiples of 8 up to this on every GPU it supports (SM90 goes to 256)."""
 FA4_MIN_HEAD_DIM = 32
-"""And from this up: with heads of 16 its SM90 backward returns wrong query gradients while the forward is right
-(measured on an H100, flash-attn-4 4.0.0b40: dq off by 117% of its largest value against sdpa; 32, 64 and 128
-within bf16 rounding)."""
+"""And from this up: with heads of 16 its SM90 backward returns wrong query gradients while the forward is right;
+32, 64 and 128 are within bf16 rounding (an H100, flash-attn-4 4.0.0b40: benchmarks/fa4-head-sizes-h100.txt)."""
 
 TORCH_KERNEL, FA4_KERNEL = "torch", "flash-attn-4"
 

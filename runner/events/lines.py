@@ -1,4 +1,4 @@
-"""Per-rank event lines: one JSON object per line in runs/<id>/events/rank<r>.jsonl (the contract in README).
+"""Per-rank event lines: one JSON object per line in runs/<id>/events/rank<r>.jsonl (docs/runs-and-faults.md).
 
 Two shapes: a step line (`StepEvent`: no "event" key, a "step"), and a lifecycle line with `"event": <kind>` (one of
 EVENT_KINDS, each with its own type below and its own writer method). `parse_event` is the one reader: every consumer

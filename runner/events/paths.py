@@ -12,6 +12,19 @@ CHECKPOINT_LAYOUTS = (("step", "meta.json"), ("checkpoint-", "trainer_state.json
 (the TRL engine's): a checkpoint folder is complete only once that file exists."""
 
 
+CHECKPOINT_META = CHECKPOINT_LAYOUTS[0][1]
+"""The native engine's last-written checkpoint file (step, world size): its presence marks that engine's layout."""
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    """The step of a complete checkpoint folder, None for anything else (a half-written one included)."""
+    for prefix, last in CHECKPOINT_LAYOUTS:
+        rest = path.name[len(prefix):]
+        if path.name.startswith(prefix) and rest.isdigit() and (path / last).is_file():
+            return int(rest)
+    return None
+
+
 @dataclass
 class RunPaths:
     run_dir: Path
@@ -54,6 +67,21 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    def step_checkpoint(self, step: int) -> Path:
+        """The native engine's checkpoint folder of a step (complete once its meta.json exists)."""
+        return self.checkpoints / f"step{step}"
+
+    def complete_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every complete checkpoint of either engine, oldest first: a half-written one (no last
+        file yet, or the native engine's hidden `.step<N>.tmp`) is never listed, so nothing resumes from it."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted((step, p) for p in self.checkpoints.iterdir() if (step := _checkpoint_step(p)) is not None)
+
+    def latest_checkpoint(self) -> Path | None:
+        done = self.complete_checkpoints()
+        return done[-1][1] if done else None
 
     @property
     def export(self) -> Path:

@@ -487,7 +487,7 @@ def load_arch(spec: Any) -> LoadedArch:
     built-in catalog."""
     m = spec.model
     if m.path:
-        from runner.spec import resolve_embedded
+        from runner.naming import resolve_embedded
 
         directory = resolve_embedded(m.path)
         path = directory / "config.json" if directory.is_dir() else directory

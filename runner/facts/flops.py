@@ -1,6 +1,6 @@
 """FLOPs of a training step, by name, and the utilisations they give against a GPU's matmul ceiling.
 
-Three quantities, named the same in the estimator, `runner bench`, the record and the README:
+Three quantities, named the same in the estimator, `runner bench`, the record and docs/estimate.md:
 
 - **model FLOPs**: 6·N per token (forward 2·N, backward 4·N), N the active matmul parameters without the input
   embedding (a lookup, no matmul).

@@ -153,8 +153,8 @@ HOST_RESERVE_BYTES = 4 << 30
 (runner.train.offload), and the estimator counts it."""
 
 HOST_RANK_BYTES = int(7.5 * 2**30)
-"""Host memory a rank takes besides its offloaded activations, the OS and the launcher counted in: measured on a
-one-GPU H200 node (125.8 GiB; a Qwen3-4B layout rank had locked 111.6 GiB when 6.7 GiB were still available).
+"""Host memory a rank takes besides its offloaded activations, the OS and the launcher counted in: fitted on a
+one-GPU H200 node from what a Qwen3-4B layout rank could lock (benchmarks/README.md).
 Counted per rank, so it over-counts the OS's share on nodes of several ranks."""
 
 

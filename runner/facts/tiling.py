@@ -64,9 +64,8 @@ def flash_backward_workspace_bytes(arch: Arch) -> float:
     """Per token, what FlashAttention-2's varlen backward (torch's varlen kernel) allocates beside the q, k and v
     gradients: dq accumulated in fp32 (4 bytes × q_dim; plus 128 rows per document, not counted), and with fewer
     KV heads than query heads the k and v gradients of every query head, in bf16, before they are summed per KV head
-    (2 × 2 bytes × q_dim). Measured on an H100: the Qwen3-4B layout's tiled layers ran out of memory asking for
-    exactly these two (3.50 GiB at 458,752 tokens, 2 bytes × q_dim; 7.44 GiB at 425,984, dq's fp32 with its
-    per-document rows)."""
+    (2 × 2 bytes × q_dim). On an H100 the Qwen3-4B layout's tiled layers ran out of memory asking
+    for exactly these two (benchmarks/long-blocks-h200/; the sizes in benchmarks/README.md)."""
     return 4 * arch.q_dim + (4 * arch.q_dim if arch.kv_heads < arch.heads else 0)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.events.paths import RunPaths
-from runner.record.pins import redact
-from runner.record.records import atomic_write_json
+from runner.writes import redact
+from runner.writes import atomic_write_json
 from runner.spec import RunSpec
 
 # Variables a rank needs for reproducible numerics; set for every run, recorded in the record.
@@ -31,9 +31,8 @@ RUN_ENV = {
 ALLOCATOR_DEFAULTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 """Set for every run unless the user's environment sets them (then theirs is kept; either way it is recorded).
 CUDA's caching allocator otherwise keeps freed blocks at their sizes, and long blocks' large, varying tensors
-strand memory between them: the Qwen3-4B layout at 360,448 tokens on an H100 ran out of memory in step 2 with
-10.3 GiB reserved but unallocated; with segments that grow in place it trained (69.2 GiB allocated, 74.7
-reserved; benchmarks/long-blocks-h200/README.md)."""
+strand memory between them: a long-block run on an H100 ran out of memory in step 2 with gigabytes reserved but
+unallocated, and with segments that grow in place it trained (benchmarks/long-blocks-h200/README.md)."""
 
 
 # One folder name: no separators, no "..", nothing a shell or a filesystem treats specially.

@@ -19,14 +19,11 @@ from typing import TYPE_CHECKING
 
 from runner.errors import UserError
 from runner.events.paths import CHECKPOINT_LAYOUTS
+from runner.facts.targets import TARGETS, target_for
 
 if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
     from runner.spec import RunSpec
 
-TARGETS = ("slurm", "skypilot", "kubeflow")
-# What submits each target's file, for the messages that say how to launch (and rerun) a job.
-SUBMIT = {"slurm": "sbatch", "skypilot": "sky jobs launch", "kubeflow": "kubectl apply -f"}
-DEFAULT_FILE = {"slurm": "sbatch.sh", "skypilot": "skypilot.yaml", "kubeflow": "trainjob.yaml"}
 # The environment variable through which the job tells the run how it was written (the record keeps it: replay
 # prints the command that writes the job again).
 JOB_ENV = "SFT_TUI_JOB"
@@ -104,7 +101,7 @@ TRAINJOB_NAME_MAX = 63 - len(POD_NAME_TAIL)
 def job_name(spec: RunSpec, run_id: str, target: str) -> str:
     """SLURM and SkyPilot take the spec's name; a TrainJob's name is a DNS label short enough that every pod name
     JobSet makes from it is one too: `sft-<run id>`, cut and suffixed with a hash of the whole when too long."""
-    if target != "kubeflow":
+    if not target_for(target).dns_job_name:
         return spec.name
     label = re.sub(r"[^a-z0-9-]+", "-", f"sft-{run_id}".lower()).strip("-")
     if len(label) <= TRAINJOB_NAME_MAX:
@@ -126,14 +123,13 @@ def check_job(spec: RunSpec, target: str, image: str | None, volume: str | None,
     if spec.hardware.nproc_per_node == "auto":
         raise UserError(f"runner job --to {target} needs hardware.nproc_per_node (ranks per node): the nodes are not "
                         "visible from here; e.g. --set hardware.nproc_per_node=8")
-    if target == "kubeflow" and not image:
-        raise UserError("--to kubeflow needs --image IMAGE: a TrainJob runs a container image with this project "
-                        "installed (e.g. --image ghcr.io/you/sft-tui:<commit>)")
-    if target in ("kubeflow", "skypilot") and not volume:
-        what = "a PersistentVolumeClaim name (ReadWriteMany)" if target == "kubeflow" else \
-            "a bucket URI (s3://..., gs://...) or a SkyPilot volume name"
-        raise UserError(f"--to {target} needs --volume: the nodes share the run folder through it; give {what}")
-    if target == "slurm" and not SLURM_TIME.match(time):
+    t = TARGETS[target]
+    if t.needs_image and not image:
+        raise UserError(f"--to {target} needs --image IMAGE: {t.needs_image} (e.g. --image "
+                        "ghcr.io/you/sft-tui:<commit>)")
+    if t.volume and not volume:
+        raise UserError(f"--to {target} needs --volume: the nodes share the run folder through it; give {t.volume}")
+    if t.time_limit and not SLURM_TIME.match(time):
         raise UserError(f"--time expects SLURM's [D-]HH:MM:SS (or MM, HH:MM), got '{time}'; e.g. --time 24:00:00")
     if warn_s <= 0:
         raise UserError(f"--warn-s expects seconds > 0 before the time limit, got {warn_s}; e.g. --warn-s 300")
@@ -148,7 +144,17 @@ def check_paths(*paths: Path) -> None:
 
 
 def job_warnings(spec: RunSpec, target: str) -> list[str]:
-    if target != "slurm" and spec.train.checkpoint_every == 0:
+    if not target_for(target).time_limit and spec.train.checkpoint_every == 0:
         return [f"train.checkpoint_every is 0: when {target} restarts a job whose node was lost (a preempted spot "
                 "node), the run starts again from step 0; e.g. --set train.checkpoint_every=200"]
     return []
+
+
+def render_job(spec: RunSpec, o: JobOptions, spec_path: Path) -> str:
+    """The job file of o.target for spec, by the target's builder; spec_path is the run's spec.json here."""
+    import importlib
+
+    t = target_for(o.target)
+    module, func = t.builder.split(":")
+    spec_ref = str(o.run_dir / "spec.json") if t.shared_filesystem else json.loads(spec_path.read_text())
+    return getattr(importlib.import_module(module), func)(spec, spec_ref, o)

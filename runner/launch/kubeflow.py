@@ -19,12 +19,12 @@ NODE = "node"
 VOLUME_NAME = "sft-tui-shared"
 
 
-def build_trainjob(spec: RunSpec, o: JobOptions, spec_json: dict[str, Any]) -> str:
+def build_trainjob(spec: RunSpec, spec_json: dict[str, Any], o: JobOptions) -> str:
     """The TrainJob YAML for spec under run o.run_id. Pure: same inputs, same text. The runtime injects PET_NNODES,
     PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT and PET_NPROC_PER_NODE into every node; the node's torchrun gets
     its rank and rendezvous from them."""
     gpus = gpus_per_node(spec)
-    name = job_name(spec, o.run_id, "kubeflow")
+    name = job_name(spec, o.run_id, o.target)
     script = (f"mkdir -p {shlex.quote(str(o.runs_dir))} {shlex.quote(str(o.records_dir))}\n"
               f'printf "%s" "${SPEC_ENV}" > {NODE_SPEC_FILE}\n'
               + node_script(NODE_SPEC_FILE, o, '"$PET_NODE_RANK"', '"$PET_MASTER_ADDR:$PET_MASTER_PORT"'))

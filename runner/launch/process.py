@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from runner.events.paths import RunPaths
-from runner.train.lifetime import signal_on_parent_death
+from runner.lifetime import signal_on_parent_death
 from runner.launch.command import run_env
 
 

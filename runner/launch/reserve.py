@@ -9,7 +9,7 @@ from typing import Any
 
 from runner.events.failure import log_tail
 from runner.events.paths import RunPaths
-from runner.plan.disk import RESERVE_BYTES, free_bytes, human
+from runner.gate.disk import RESERVE_BYTES, free_bytes, human
 
 RESERVE_FILE = ".disk-reserve"
 # Free bytes below which a failed run's folder counts as full: a filesystem refuses the write that would take its

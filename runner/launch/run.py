@@ -17,12 +17,15 @@ from runner.facts.flops import attention_flops_per_doc_len_sq, model_flops_per_t
 from runner.facts.gpus import ceiling_tflops_here
 from runner.launch.process import Launcher, ranks_alive
 from runner.launch.reserve import disk_full_failure
+from runner.events.monitor import RunView
 from runner.events.paths import RunPaths
+from runner.launch.handle import run_view
 from runner.launch.command import build_command, command_line, new_run_id, prepare_run, run_env
 from runner.launch.sampler import NodeSampler
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
 from runner.spec import RunSpec
+from runner.writes import atomic_write_text
 from runner.events.tracking import Trackers, open_trackers
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -32,7 +35,7 @@ RANKS_GONE_S = 30.0
 
 @dataclass
 class ActiveRun:
-    """A launched run on this node; node 0 owns the record."""
+    """A launched run on this node, run from this process (a RunHandle); node 0 owns the record."""
 
     run_id: str
     spec: RunSpec
@@ -53,8 +56,15 @@ class ActiveRun:
     def cancelled(self) -> bool:
         return self.launcher.cancelled
 
+    @property
+    def ended(self) -> bool:
+        return self.launcher.poll() is not None
+
     def poll(self) -> int | None:
         return self.launcher.poll()
+
+    def view(self, clock: Callable[[], float] = time.time) -> RunView:
+        return run_view(self.paths, clock)
 
     def cancel(self, signal_name: str = "SIGINT", cause: str = "cancelled") -> None:
         """Stop at the next step boundary without a checkpoint beyond those train.checkpoint_every writes."""
@@ -134,9 +144,7 @@ def _wait_ranks_gone(paths: RunPaths, timeout_s: float) -> None:
 
 def resume_hint(run_dir: Path) -> dict[str, Any]:
     """Whether a stopped run can be resumed, from which checkpoint, and the command that does it."""
-    from runner.train.checkpoint import complete_checkpoints
-
-    done = complete_checkpoints(run_dir)
+    done = RunPaths(run_dir).complete_checkpoints()
     if not done:
         return {"resumable": False, "checkpoint_step": None, "checkpoint": None, "resume": None}
     step, path = done[-1]
@@ -192,8 +200,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         if diff:
             # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.
             diff_path = records_dir / f"{run_id}.diff"
-            records_dir.mkdir(parents=True, exist_ok=True)
-            diff_path.write_text(diff)
+            atomic_write_text(diff_path, diff)
             pins["git"]["diff_file"] = diff_path.name
         launch = {"argv": argv, "command": command_line(argv), "world_size": spec.world_size,
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,

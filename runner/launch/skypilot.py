@@ -13,6 +13,7 @@ import yaml
 
 from runner.launch.jobs import JOB_ENV, NODE_SPEC_FILE, SPEC_ENV, JobOptions, gpus_per_node, node_script
 from runner.errors import UserError
+from runner.facts.targets import SKYPILOT
 from runner.spec import RunSpec
 
 # A bucket is mounted with rclone's write cache (SkyPilot's MOUNT_CACHED): the run folder appends to event files
@@ -21,7 +22,7 @@ from runner.spec import RunSpec
 STORAGE_MODE = "MOUNT_CACHED"
 # SkyPilot's accelerator names where they differ from the GPU names of runner/facts/gpus.py.
 ACCELERATORS = {"H100-80GB": "H100", "A100-40GB": "A100"}
-VENV = "$HOME/sft-tui-venv"
+VENV = SKYPILOT.venv
 
 
 def accelerator(spec: RunSpec, override: str | None) -> str | None:
@@ -67,7 +68,7 @@ def setup_script(o: JobOptions) -> str:
             f"{VENV}/bin/pip install --quiet {src}\n")
 
 
-def build_skypilot(spec: RunSpec, o: JobOptions, spec_json: dict[str, Any]) -> str:
+def build_skypilot(spec: RunSpec, spec_json: dict[str, Any], o: JobOptions) -> str:
     """The task YAML for spec under run o.run_id. Pure: same inputs, same text."""
     gpus = gpus_per_node(spec)
     resources: dict[str, Any] = {}

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from runner.errors import EXIT_FAILED, UserError
+from runner.events.monitor import RunView
 from runner.events.paths import RunPaths
+from runner.launch.handle import run_view
 from runner.launch.process import ranks_alive
 from runner.launch.supervisor import (EXIT_CANCELLED, finish_unfinished, log_path, read_state, send_request,
                                       state_path)
@@ -28,7 +31,7 @@ class SupervisorFailed(Exception):
 
 
 class SupervisedRun:
-    """The view side of a run: the same face as an in-process ActiveRun (poll, cancel, stop, wait, finish)."""
+    """The view side of a run: a RunHandle, as an in-process ActiveRun is (poll, view, cancel, stop, wait, finish)."""
 
     def __init__(self, paths: RunPaths, spec: Any = None, proc: subprocess.Popen[bytes] | None = None,
                  node: int = 0):
@@ -58,6 +61,10 @@ class SupervisedRun:
             return True
         return self.state.get("status") == "cancelled" or "stopping" in self.state
 
+    @property
+    def ended(self) -> bool:
+        return self.state.get("state") == "finished"
+
     def refresh(self) -> dict[str, Any]:
         self.state = read_state(self.paths, self.node) or self.state
         return self.state
@@ -78,6 +85,9 @@ class SupervisedRun:
             self.lost = True
             return EXIT_FAILED
         return None
+
+    def view(self, clock: Callable[[], float] = time.time) -> RunView:
+        return run_view(self.paths, clock)
 
     def _reap(self, state: dict[str, Any], timeout_s: float = 30.0) -> None:
         """The supervisor has said its last word and is exiting: wait for it, so that once a view reports the end

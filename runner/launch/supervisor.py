@@ -23,7 +23,8 @@ from typing import Any
 
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.events.paths import RunPaths
-from runner.record.records import atomic_write_json, now_iso
+from runner.record.records import now_iso
+from runner.writes import atomic_write_json
 
 POLL_S = 0.5
 # What each request does: (how the ranks stop, the cause the record names, the exit code).
@@ -134,7 +135,7 @@ class Supervisor:
         from runner.spec import validate
 
         from runner.launch.reserve import DiskReserve
-        from runner.plan.disk import free_bytes
+        from runner.gate.disk import free_bytes
 
         r = self.request
         self.write_state()

@@ -32,7 +32,7 @@ LOGITS_BYTES_PER_ELEM = 14.0
 """Peak bytes per (token × vocab) of a full cross-entropy. Counted: bf16 logits (2) + fp32 upcast (4) + log_softmax
 output (4) in forward; in backward the saved log_softmax output (4) + its incoming grad (4) + the upcast's grad (4)
 = 12, plus the bf16 logits (2) when the loop still holds the model output (the 27B notebook's `out`). Calibrated
-to 14: the H200 plain-loop peaks (Qwen3 1.72B, 36.5 GiB at 8k and 88.0 GiB at 32k) rise by 2.25 MB per token."""
+to 14 on the H200 plain-loop peaks (benchmarks/estimator-notes.md)."""
 CHUNKED_LOSS_BYTES_PER_ELEM = 12.0
 """Peak bytes per (token × vocab) of one chunk's backward in the chunked loss: the recomputed fp32 log-softmax
 output, its incoming gradient and the gradient of the fp32 logits (4 + 4 + 4)."""
@@ -52,36 +52,35 @@ log-probs, a Triton kernel on CUDA) and never holds a tokens × vocab tensor: wh
 hidden state and a few per-token outputs (log-prob, entropy, top-1 flag)."""
 ACTIVATION_CALIBRATION = 1.0
 """Measured / counted per-layer activations. Fitted on the native engine's Qwen3-0.6B 8k run without checkpointing
-(H200, memory-calibration-h200.json: 15.3 GiB of its 20.0 GiB peak is activations): 1.01, i.e. the count itself.
-The reference plain loop (references.md, 1.72B, 66.7 GiB without checkpointing) implies 1.28: it is not our
-engine, and its extra has not been traced."""
+(H200, memory-calibration-h200.json): the count itself. The reference plain loop (references.md, 1.72B) implies
+more: it is not our engine, and its extra has not been traced (benchmarks/estimator-notes.md)."""
 NORM_UPCAST_BYTES = 4
 """HF RMSNorm casts its input to fp32 and keeps that copy for backward (plus the normalised output)."""
 GDN_TORCH_PATH_BYTES = 80.0
 """Extra bytes a gated-delta layer keeps for backward per token and per element of its value width (value heads ×
 value head dim) when flash-linear-attention is not installed and the layer runs transformers' PyTorch chunk rule
 (once per document, runner/train/attention.py): that path computes in fp32 and autograd keeps its intermediates
-(about 20 fp32 tensors of the value width). Fitted on the H200 hybrid LoRA 8k row (10.97 GiB measured, 2.49 GiB
-above the kernel count); the 2k and 32k rows are held out (memory-calibration-h200.md)."""
+(about 20 fp32 tensors of the value width). Fitted on the H200 hybrid LoRA 8k row; the 2k and 32k rows are held
+out (memory-calibration-h200.md, benchmarks/estimator-notes.md)."""
 COMPILED_ACTIVATION_FACTOR = 0.72
 """Share of a decoder layer's saved activations that remains when the layer is torch.compile'd (train.compile):
 inductor fuses the norms, rotary and SwiGLU elementwise chains and keeps fewer intermediates. Fitted on the
-H200 1.72B 32k bench row with 4 layers not recomputed (24.6 GiB measured); the other compiled rows are held out."""
+H200 1.72B 32k bench row with 4 layers not recomputed; the other compiled rows are held out
+(benchmarks/estimator-notes.md)."""
 SDPA_MASK_BYTES_PER_ELEM = 7.0
 """sdpa on packed documents: transformers builds a dense s × s mask for the step (bool, 1 B) and the efficient
-kernel takes an additive bf16 copy of it during each call. Calibrated: the H200 reference at 32k tokens peaked
-7.4 GiB higher with sdpa than with flex attention (96.2 vs 88.8 GiB), i.e. ~7 B per s² element."""
+kernel takes an additive bf16 copy of it during each call. Calibrated on the H200 reference at 32k tokens,
+sdpa against flex attention: ~7 B per s² element (benchmarks/estimator-notes.md)."""
 SDPA_MASK_BYTES_PER_ELEM_CPU = 1.0
 """The same on CPU: the bool mask as transformers builds it, once per step."""
 SDPA_CPU_MASK_COPIES_PER_LAYER = 1.0
 """With a mask, torch's CPU sdpa (its flash kernel) converts the bool mask at every call into an additive one in the
 query's dtype, which its backward saves: each layer that keeps its activations keeps its own s × s copy (4 B in
 fp32), and a recomputed layer makes it again in its recompute (the mask's negation the conversion passes through is
-gone before the step's peak: counting it put every capped probe below 10% over). Measured on the embedded model
-(4 layers, 2 CPU ranks, one block; the ranks' peak resident memory): 0.70, 1.90 and 5.33 GiB at 2k, 8k and 16k
-packed tokens with no recomputation, ~17 B per s² element = 1 (bool mask) + 4 layers × 4 B; with three of the four
-layers recomputed 1.09, 1.39, 1.74, 1.98 and 2.07 GiB at 9,728, 12,288, 14,848, 16,384 and 16,896 tokens, ~5.5 B per
-s² element (benchmarks/long-blocks-cpu.md)."""
+gone before the step's peak: counting it put every capped probe below 10% over). Fitted on the embedded
+model's peak resident memory (4 layers, 2 CPU ranks, one block): ~17 B per s² element with no recomputation = 1
+(bool mask) + 4 layers × 4 B, ~5.5 B with three of the four layers recomputed (benchmarks/long-blocks-cpu.md,
+benchmarks/estimator-notes.md)."""
 EAGER_SCORE_COPIES_TRANSIENT = 2.0
 """Eager attention: besides the saved softmax probabilities, the scores / masked / shifted copies (forward) or the
 probabilities' and scores' gradients (backward) of one layer are alive at once."""
@@ -90,7 +89,8 @@ PARAMWRAPPER_MERGED_COPIES = 1.0
 tensors, bf16 base). peft 0.21 folds the adapter into one `baddbmm(W, A, B)` (peft/tuners/lora/layer.py,
 _LoraFactorsProxy), so the merged weight W + B·A exists once and the matmuls keep it for backward; its gradient
 comes after the layer's expert activations have started to go. Was 2 (counted merged weight + gradient); the
-2-layer GPT-OSS LoRA run on the H200 peaked 0.74 GiB (one stack is 0.37) below that figure: fitted to 1 there."""
+2-layer GPT-OSS LoRA run on the H200 peaked one stack below that figure: fitted to 1 there
+(benchmarks/estimator-notes.md)."""
 
 CUDA_CONTEXT_GIB = 0.6
 """CUDA context and kernels outside PyTorch's allocator (~500–600 MiB on Hopper with lazy module loading)."""
@@ -98,19 +98,17 @@ NCCL_GIB = 1.0
 """NCCL communicator buffers with more than one rank."""
 CPU_PROCESS_GIB = 0.56
 """Peak resident memory of a CPU rank before its training tensors: the interpreter, torch, transformers, the
-tokenizer, gloo, and what loading them passes through. Measured: the embedded demo's ranks peak at 0.58 GiB with
-0.02 GiB of tensors (512-token blocks). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report
+tokenizer, gloo, and what loading them passes through. Fitted on the embedded demo's ranks (512-token blocks;
+benchmarks/estimator-notes.md). A CPU estimate predicts peak RSS per rank, the quantity CPU ranks report
 (`mem_gib`, `peak_mem_gib.rss`: the process's high-water mark)."""
 FRAGMENTATION_FRACTION = 0.15
 """Reserved beyond the allocated peak and the streams' pools (memory_model's default_pool + reduce_pool), as a
 share of the allocated peak: blocks cached at one phase's sizes that another phase cannot reuse. Fitted on the
-seven native runs of memory-calibration-h200.json (H200): their median is 0.16 (range 0.02 to 0.29)."""
+seven native runs of memory-calibration-h200.json (H200): about their median (benchmarks/estimator-notes.md)."""
 TRL_FRAGMENTATION_FRACTION = 0.04
-"""The same share for the TRL engine, whose allocation pattern leaves fewer holes. With 0.15 the reserved peak of
-the TRL rows of memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k, full and LoRA) was over-predicted
-by 5 to 14 %, with 0.04 it is within -4 to +4 %; and TRL's limit on one H200 (4.02B, full, bench-h200/
-limit-4b-trl.json) fits at 229,376 tokens with 133.2 GiB allocated as counted, which leaves room for at most 4.5 %
-(0.15 predicted 196,608)."""
+"""The same share for the TRL engine, whose allocation pattern leaves fewer holes. Fitted on the TRL rows of
+memory-calibration-h200.md (dense 0.6B, 1.72B and 4B, 8k and 32k, full and LoRA) and checked against TRL's largest
+block on one H200 (bench-h200/limit-4b-trl.json; the figures in benchmarks/estimator-notes.md)."""
 TIGHT_FRACTION = 0.05
 """Headroom below this share of device memory is 'tight': it should fit, but a longer document or a different
 allocator pattern can tip it over."""
@@ -154,37 +152,34 @@ the rate and the per-step overhead together; the compiled native rate on the lat
 exceptions listed there with their reasons. A missing (engine, GPU, compiled) falls back to the same engine on
 the H200, then to the other compile setting."""
 HOST_LINK_GB_S = 47.0
-"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at. Measured on one H200
-(benchmarks/host_link_bw.py, benchmarks/host-link-h200.json): 55.3 GB/s each way alone, 47.4 GB/s each way with
-both directions at once (offload copies out and back can overlap), 55.2 GB/s beside a running matmul, which kept
-its rate (678 vs 676 TFLOP/s). The conservative figure is used."""
+"""Host-to-GPU copy rate from pinned memory that offloaded activations come back at: the rate with both
+directions at once (offload copies out and back can overlap), the conservative one of those measured on one H200
+(benchmarks/host_link_bw.py, benchmarks/host-link-h200.json; the figures in benchmarks/estimator-notes.md)."""
 GPU_STEP_OVERHEAD_S = 0.05
 """Per-step host work (data, logging, the ranks' agreement all-reduce) not hidden by the GPU."""
 UNWRAPPED_RATE_FACTOR = 1.064
 UNWRAPPED_STEP_OVERHEAD_S = 0.0
-"""One native rank that trains the plain module (no FSDP2): the CALIBRATION rates and GPU_STEP_OVERHEAD_S were
-fitted on wrapped runs, whose per-layer copies cost GPU and host time. The rate fitted on the 1.72B runs of the same
-commands unwrapped: 0.681 s at 32k (bench-1p7b-32k-unwrapped; 0.701 wrapped). No per-step overhead shows beside
-it: the 30-step 8k rows on realistic conversations (longchat-*-8k-native, both families) average within 2-6.5 % of
-the FLOPs at that rate alone. (0.021 s was fitted before on 8k rows whose steps included the fused loss compiling
-again after the warm-up: runner/train/loss.py, CompiledChunkCE.)"""
+"""One native rank that trains the plain module (no FSDP2): the CALIBRATION rates and GPU_STEP_OVERHEAD_S were fitted
+on wrapped runs, whose per-layer copies cost GPU and host time. The rate is fitted on the 1.72B runs of the same
+commands unwrapped at 32k (bench-1p7b-32k-unwrapped against bench-1p7b-32k). No per-step overhead shows beside it on
+the 30-step 8k rows of realistic conversations (longchat-*-8k-native, both families). An overhead fitted before on 8k
+rows came from the fused loss compiling again after the warm-up (runner/train/loss.py, CompiledChunkCE). The step
+times: benchmarks/estimator-notes.md."""
 TRL_STEP_OVERHEAD_S = 0.12
 """The same for the TRL engine (Trainer callbacks, logging, accelerate's step): fitted with its H200 rate above, and
-refitted on the 30-step 8k rows of realistic conversations (longchat-*-8k-trl*, within 7 % on both families; 0.14
-before, from 8-step rows)."""
+refitted on the 30-step 8k rows of realistic conversations (longchat-*-8k-trl*; benchmarks/estimator-notes.md)."""
 TRL_UNWRAPPED_RATE_FACTOR = 0.93
 """One TRL process training the plain module (autocast casts each fp32 weight to bf16 in forward, in the
 recompute and in backward, where FSDP2 copied each layer once per pass): its H200 rate was fitted wrapped. Fitted
-on the 32k rows of the same commands plain: 0.919 s at 1.72B (bench-1p7b-32k-plain; 0.821-0.852 wrapped) and
-2.074 s at 4.02B (bench-4b-32k-plain; 1.939 wrapped)."""
+on the 32k rows of the same commands plain, 1.72B and 4.02B (bench-1p7b-32k-plain, bench-4b-32k-plain, against the
+wrapped rows; benchmarks/estimator-notes.md)."""
 CPU_RANK_GFLOPS = 25.0
 CPU_STEP_OVERHEAD_S = 0.06
 """A CPU rank runs one thread (runner/launch/command.py sets OMP_NUM_THREADS=1): hardware FLOPs at this rate per rank, up to
 one rank per core, plus this per-step overhead (gloo collectives, Python). The slope was fitted on a 2-core machine
-shared with other work (load 7.7: 0.36-0.38 s a step at 512 tokens and 2.3-2.6 s at 2,048, 31.4e9 FLOPs, scaled by
-the 3.7× slowdown of the 512-token point); the overhead on the embedded demo (`runner run tiny-cpu`, 3.0e9 hardware
-FLOPs a step, whole conversations packed by bfd) on a quiet 2-core machine: median 0.121 s a step, 20.6 s for 150
-steps, 34 s for the whole command. Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a
+shared with other work, at 512 and 2,048 tokens, scaled by that machine's slowdown; the overhead on the embedded
+demo (`runner run tiny-cpu`, whole conversations packed by bfd) on a quiet 2-core machine (the step times:
+benchmarks/estimator-notes.md). Tolerance: within 25 % of a quiet machine's step; other load on the cores slows a
 run by as much as it takes."""
 SETUP_BASE_S = {"cuda": 90.0, "cpu": 13.0}
 """Launch, imports, process group, tokenizer and first data before step 1."""
@@ -200,7 +195,6 @@ KNOWN_DATASETS: dict[tuple[str, str], dict[str, Any]] = {
         "source": "dataset card: 1,000 rows, 8.9 MB of which about half is the messages column; 4 chars per token"},
 }
 
-PHASES = ("loss", "backward_start", "backward_end", "optimizer")
 BREAKDOWN_KEYS = ("params", "quantized", "quant_scales", "dequant", "grads", "optimizer", "fsdp_buffers",
                   "activations", "logits_loss", "lora", "cuda_context_nccl", "fragmentation")
 """The parts of a GPU estimate; a CPU estimate has `process` (CPU_PROCESS_GIB) where a GPU has `cuda_context_nccl`.
@@ -210,9 +204,9 @@ QUANT_KEYS = ("quantized", "quant_scales", "dequant")
 
 
 ATTENTION_RATE_FACTOR = {"flash-attn-4": 1.2}
-"""Attention FLOPs through flash-attn-4's varlen kernel run at this multiple of the engine's fitted rate (the rest
-of the step runs at the rate itself). Fitted on the long-conversation rows (benchmarks/bench-h200/longchat-*.json:
-1.72B and Llama-3.2-3B layouts, 8k and 32k, both engines, where attention is 15-30% of the hardware FLOPs); with
-1.0 the 8k rows came out 10-13% slow. The kernel itself runs below the matmul rate (301 TFLOP/s forward, 350
-backward on 2k-token documents, benchmarks/attention-h200.txt): the factor also absorbs that the rate, fitted on
-short documents, understates these steps' dense part. torch's kernel keeps 1.0 (no long-document rows with it)."""
+"""Attention FLOPs through flash-attn-4's varlen kernel run at this multiple of the engine's fitted rate (the rest of
+the step runs at the rate itself). Fitted on the long-conversation rows (benchmarks/bench-h200/longchat-*.json: 1.72B
+and Llama-3.2-3B layouts, 8k and 32k, both engines); with 1.0 the 8k rows came out slow. The kernel itself runs below
+the matmul rate (benchmarks/attention-h200.txt; the figures in benchmarks/estimator-notes.md): the factor also
+absorbs that the rate, fitted on short documents, understates these steps' dense part. torch's kernel keeps 1.0 (no
+long-document rows with it)."""

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-
-from runner.engines import engine_for
-
 from runner.plan.constants import (
     BREAKDOWN_KEYS,
     QUANT_KEYS,
@@ -71,7 +68,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
         reasons.append(host_limit_reason(plan, mem, host, alone=headroom + mem.host_short >= 0))
 
     data = dataset_size(spec, plan.loaded)
-    packs = engine_for(spec.engine).packs(t.packing)
+    packs = t.packing
     attn_len = doc_len
     if doc_len is None:
         doc_len = int(round(data.avg_tokens)) if data.avg_tokens else DEFAULT_DOC_LEN
@@ -81,7 +78,7 @@ def predict(spec: RunSpec, doc_len: int | None = None) -> Estimate:
     step_s, hfu, hfu_source = step_time(plan, mem, flops, attn_flops)
     packing = None
     if packs and data.lengths:
-        from runner.train.packing import packing_preview
+        from runner.data.packing import packing_preview
 
         packing = {**packing_preview(list(data.lengths), t.seq_len, t.packing_strategy),
                    "sampled_rows": len(data.lengths)}

@@ -171,7 +171,7 @@ def reader_lengths(spec: RunSpec, data: DataSize, readers: int) -> list[list[int
 @functools.lru_cache(maxsize=16)
 def _reader_lengths(path: str, mtime_ns: int, split: str, seed: int, readers: int,
                     row_lengths: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
-    from runner.train.data import load_examples
+    from runner.data.shard import load_examples
 
     rows, _ = _sample_rows(path, len(row_lengths))
     length = {json.dumps(_without_nulls(r), sort_keys=True, default=str): n for r, n in zip(rows, row_lengths)}

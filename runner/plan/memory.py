@@ -484,12 +484,10 @@ def state_holes(s: Step, p: Parts) -> float:
     """One unwrapped TRL process: its fp32 AdamW states are created at the first optimizer step, in the blocks the
     first step freed wherever a state tensor fits in one; the second step then reserves that working set again.
     The blocks that take states are the layer inputs the recomputed layers kept (when a state tensor fits in one)
-    and the backward's transients. Measured on the H200 with TRL's liger kernels on conversations of realistic
-    lengths (benchmarks/bench-h200/longchat-*): reserved beyond allocated and fragmentation 5.0 GiB for the 1.72B
-    and 5.0 for the Llama-3.2-3B layout at 32k (counted 4.5 and 6.6); at 8k, where a layer input is smaller than
-    an MLP weight's state, about 0.3. Without liger the loss's and autocast's buffers were taken too (1.72B at 32k:
-    25.9 GiB reserved after step 1, 38.7 from step 2 on, trl_reserved_steps.py), which TRL's best settings no
-    longer leave."""
+    and the backward's transients. Checked on the H200 with TRL's liger kernels on conversations of realistic
+    lengths at 8k and 32k (benchmarks/bench-h200/longchat-*; the figures in benchmarks/estimator-notes.md). Without
+    liger the loss's and autocast's buffers were taken too (benchmarks/trl_reserved_steps.py), which TRL's best
+    settings no longer leave."""
     if not (s.trl and not p.sharded and s.cuda and p.states.optimizer) or s.lora:  # adapters' states: small
         return 0.0
     a = p.act

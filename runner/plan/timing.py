@@ -80,7 +80,7 @@ def tokens_per_step(spec: RunSpec, world: int, doc_len: int) -> int:
     """Tokens of one optimizer step over all ranks: whole blocks when packed, one document per sequence when not."""
     t = spec.train
     per_rank_seqs = t.micro_batch * t.grad_accum
-    if engine_for(spec.engine).packs(t.packing):
+    if t.packing:
         return t.seq_len * per_rank_seqs * world
     return min(doc_len, t.seq_len) * per_rank_seqs * world
 
@@ -98,7 +98,7 @@ def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
     exact = shard_steps(spec, data, world)
     if exact is not None:
         return exact
-    packs = engine_for(spec.engine).packs(t.packing)
+    packs = t.packing
     if packs and data.tokens:
         trained = data.tokens * (1.0 - spec.dataset.eval_fraction) * t.epochs
         return max(1, math.ceil(trained / (tokens * (packing_efficiency or 1.0))))
@@ -109,7 +109,7 @@ def planned_steps(spec: RunSpec, data: DataSize, tokens: int, world: int,
 
 def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     """The steps a run of one epoch makes when every row's length is known (`DataSize.row_lengths`): each rank's
-    shard, read by the rank's own reader (runner.train.data.load_examples: shuffled, then every n-th row; a reader
+    shard, read by the rank's own reader (runner.data.shard.load_examples: shuffled, then every n-th row; a reader
     is a rank, or a rank's DataLoader worker), cut into blocks as the rank's packer cuts them, then the engine's
     rule for ranks with unequal blocks. None when it cannot be exact: other than one epoch, held-out rows, or
     lengths not all known."""
@@ -117,7 +117,7 @@ def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     if not data.row_lengths or t.epochs != 1 or spec.dataset.eval_fraction or not spec.dataset.path:
         return None
     from runner.plan.data_size import reader_lengths
-    from runner.train.packing import packing_preview
+    from runner.data.packing import packing_preview
 
     engine = engine_for(spec.engine)
     workers = max(1, t.data_workers) if engine.data_workers else 1
@@ -128,7 +128,7 @@ def shard_steps(spec: RunSpec, data: DataSize, world: int) -> int | None:
     for rank in range(world):
         n = 0
         for lengths in shards[rank * workers:(rank + 1) * workers]:
-            if engine.packs(t.packing):
+            if t.packing:
                 n += packing_preview(lengths, t.seq_len, t.packing_strategy)["blocks"]
             else:
                 n += sum(math.ceil(x / t.seq_len) for x in lengths)

@@ -5,42 +5,18 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from runner.facts.nvml import driver_pins
-from runner.spec import RunSpec, resolve_embedded
+from runner.spec import RunSpec, model_source, resolve_embedded
 from runner.versions import NUMERIC, dist_name, imported_version
+from runner.writes import redact, redact_text
 
 # Environment variables that change numerics or communication; their values are recorded (redacted).
 ENV_PREFIXES = ("NCCL_", "CUDA_", "PYTORCH_", "TORCH_", "HF_", "CUBLAS_", "OMP_", "MKL_", "TOKENIZERS_")
-# Whole name parts (HF_TOKEN, OPENAI_API_KEY, AUTH) but not TOKENIZERS_PARALLELISM or KEYBOARD.
-SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|AUTH|CREDENTIALS?|PAT)(?:$|_)|SECRET|PASSW", re.I)
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
-TOKEN_LIKE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|ghp_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})\b")
-REDACTED = "<redacted>"
-
-
-def redact_text(text: str) -> str:
-    """Remove credentials inside URLs and token-shaped strings."""
-    text = URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
-    return TOKEN_LIKE.sub(REDACTED, text)
-
-
-def redact(value: Any, key: str = "") -> Any:
-    """Recursively redact a JSON-like value: secret-named keys lose their value, strings lose embedded secrets."""
-    if key and SECRET_NAME.search(key) and value not in (None, "", False):
-        return REDACTED
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    if isinstance(value, str):
-        return redact_text(value)
-    return value
 
 
 def relevant_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -91,10 +67,6 @@ def torch_pins() -> dict[str, Any]:
 def gpu_pins() -> dict[str, Any]:
     """Driver, names and count through NVML; empty on machines without NVIDIA GPUs."""
     return driver_pins()
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def system_pins() -> dict[str, Any]:
@@ -203,8 +175,6 @@ def source_pins(spec: RunSpec) -> dict[str, Any]:
 
 
 def tokenizer_hash(spec: RunSpec) -> str | None:
-    from runner.train.model import model_source
-
     src, _ = model_source(spec)
     p = Path(src)
     files = [p / n for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja") if (p / n).is_file()]

@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,10 +17,8 @@ from runner.events.failure import Failure
 from runner.errors import UserError
 from runner.events.lines import EndEvent, Event, StartEvent, TrainBeginEvent, events_of, first_event, latest_evals, latest_samples, latest_steps, read_events
 from runner.facts.flops import utilisation
-from runner.record.pins import redact
 from runner.record.schema import PREFIX, SCHEMA, VERSION, migrate, version_of
-
-STATUSES = ("running", "succeeded", "failed", "cancelled")
+from runner.writes import atomic_write_json, redact
 
 
 class RankMetrics(TypedDict, total=False):
@@ -96,45 +93,6 @@ def canonical(obj: Any) -> bytes:
 
 def compute_lock(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({k: v for k, v in record.items() if k != "lock"})).hexdigest()
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where Linux tells it (/proc), else by setting it back."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes 0600; a record is shared with a team, so it gets what open() would give (the umask's).
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save(path: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -262,6 +220,14 @@ def find_record(ref: str, records_dir: Path) -> Path:
     if not hits:
         raise RecordError(f"no record '{ref}' in {records_dir}")
     raise RecordError(f"'{ref}' matches {len(hits)} records in {records_dir}: give more of the id")
+
+
+def load_record(ref: str, records_dir: Path) -> dict[str, Any]:
+    """A record by path or id, as `runner` commands take it."""
+    try:
+        return dict(load(find_record(ref, records_dir)))
+    except RecordError as e:
+        raise UserError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------

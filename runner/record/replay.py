@@ -131,8 +131,8 @@ CPU_PIN = "cpu"
 
 OTHER_CPU_TOLERANCE = 1e-4
 """|Δloss| a CPU replay on another CPU model is held to: torch's CPU kernels take the vector paths the CPU has
-(AVX-512 or AVX2, with or without FMA), whose float sums round differently (measured: 6.6e-7 by step 3 of the
-embedded recipe, recorded on an Intel Xeon and replayed on an AMD EPYC)."""
+(AVX-512 or AVX2, with or without FMA), whose float sums round differently (docs/records-and-replay.md gives the
+difference found between an Intel Xeon and an AMD EPYC)."""
 
 
 def tolerance(spec: RunSpec, drift_rows: list[dict[str, Any]] | None = None) -> float:

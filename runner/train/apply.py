@@ -135,7 +135,7 @@ def checkpoint_in_compile(layer: nn.Module, recompute_attention: bool = True) ->
     although backward reads none of their outputs. With the checkpoint inside the compiled region, the partitioner
     keeps only the layer's inputs and recomputes, within the compiled backward, just the operations whose results
     backward reads: a dense decoder layer no longer recomputes its last projection (a third of the MLP's matmul
-    work; measured −5% step time on the 1.72B model at 32k). Later transformers releases checkpoint `forward`,
+    work; benchmarks/README.md has the step time it saved). Later transformers releases checkpoint `forward`,
     which comes to the same; this makes it so on every version.
     """
     forward = layer.forward

@@ -3,7 +3,7 @@
 Layout: runs/<id>/checkpoints/step<N>/ holds the DCP shards of {"model", "optim"} (every rank writes its own),
 `rank<r>.pt` (that rank's data position and RNG states) and `meta.json` (written last, by rank 0). A checkpoint
 is built in a hidden `.step<N>.tmp` folder and renamed when every rank has finished, so a half-written one is
-never picked up by `latest_checkpoint`.
+never picked up by `RunPaths.latest_checkpoint`.
 
 The TRL engine's checkpoints are the Hugging Face trainer's, in the same folder: `checkpoint-<N>/`, written in
 place, with `trainer_state.json` written after the model, optimizer, scheduler and RNG states. Both layouts count
@@ -22,47 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from runner.events.paths import CHECKPOINT_LAYOUTS, RunPaths
-
-META = "meta.json"
-
-
-def checkpoints_root(run_dir: Path) -> Path:
-    return RunPaths(run_dir).checkpoints
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return checkpoints_root(run_dir) / f"step{step}"
-
-
-LAYOUTS = CHECKPOINT_LAYOUTS
-
-
-def _step_of(path: Path) -> int | None:
-    """The step of a complete checkpoint folder, None for anything else (a half-written one included)."""
-    for prefix, last in LAYOUTS:
-        rest = path.name[len(prefix):]
-        if path.name.startswith(prefix) and rest.isdigit() and (path / last).is_file():
-            return int(rest)
-    return None
-
-
-def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint, oldest first."""
-    root = checkpoints_root(run_dir)
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        step = _step_of(p)
-        if step is not None:
-            out.append((step, p))
-    return sorted(out)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = complete_checkpoints(run_dir)
-    return done[-1][1] if done else None
+from runner.events.paths import CHECKPOINT_META, RunPaths
 
 
 def rng_state(device: str) -> dict[str, Any]:
@@ -96,7 +56,7 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
     from torch.distributed.checkpoint import save as dcp_save
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    final = step_dir(run_dir, step)
+    final = RunPaths(run_dir).step_checkpoint(step)
     tmp = final.parent / f".{final.name}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -108,7 +68,7 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
     _barrier(group)
     if rank == 0:
         meta = {"step": step, "world_size": world_size, "saved": round(time.time(), 3)}
-        with open(tmp / META, "w") as f:
+        with open(tmp / CHECKPOINT_META, "w") as f:
             json.dump(meta, f)
             f.flush()
             os.fsync(f.fileno())
@@ -125,7 +85,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, r
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    meta = json.loads((path / META).read_text())
+    meta = json.loads((path / CHECKPOINT_META).read_text())
     if meta["world_size"] != world_size:
         # Model and optimizer would reshard, but each rank's data position belongs to its own shard.
         raise ValueError(f"checkpoint {path} was written by {meta['world_size']} ranks, this run has {world_size}: "

@@ -9,10 +9,10 @@ Rules, in the order the data meets them:
   text; detected on the stream's first row unless dataset.format says) as messages with a trained flag each, or
   as text segments.
 * Tokenisation: templates with `{% generation %}` markers give ids and mask in one render when exactly the
-  assistant turns train; otherwise turns are bracketed one by one (the prefix method, below); text is tokenised
+  assistant turns train; otherwise turns are bracketed one by one (runner.data.tokens); text is tokenised
   as it is, ending in EOS. Examples without a trained token are skipped and counted (`skipped_no_assistant`).
 * Packing (`train.packing=true`, `train.packing_strategy=wrapped`; `bfd` keeps conversations whole and is
-  described in runner.train.packing): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
+  laid out by runner.data.packing): examples are concatenated and cut into blocks of exactly seq_len tokens. Inside
   a block each document is a segment: position_ids restart at 0, `cu_seqlens` / `seq_idx` / `max_len` give the
   boundaries, and the label of a segment's first token is -100 so the shifted loss never predicts across a
   boundary. A document longer than the room left in a block is cut at the block end and continues at the start
@@ -34,9 +34,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,159 +43,11 @@ from typing import Any
 import torch
 
 from runner.data import doclengths
-from runner.data.formats import RowFormat, RowReader, Sample
+from runner.data.formats import RowFormat, RowReader
+from runner.data.packing import BFD_BUFFER_BLOCKS, bfd_layout, shuffle_blocks
+from runner.data.shard import load_examples
+from runner.data.tokens import Example, has_generation_markers, tokenize_sample
 from runner.train.blocks import IGNORE, PackedBlock, carry_counts, empty_block, make_block  # noqa: F401 - re-exported
-Example = tuple[list[int], list[bool]]
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenisation
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation: bool = False) -> list[int]:
-    return _ids(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=True,
-                                              return_dict=False))
-
-
-def tokenize_sft(tokenizer: Any, messages: list[dict[str, Any]], trained: list[bool] | None = None,
-                 tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[bool]]:
-    """Token ids of a conversation and a mask that is True only on the trained turns' responses (any template).
-
-    `trained` flags the turns that carry the loss (default: every assistant turn). Each is bracketed by two
-    renders: the conversation up to just before it with the generation prompt, and the conversation through it.
-    The response is what lies between where each render stops agreeing with the full conversation: measuring
-    agreement (a common prefix) rather than render length keeps the mask right for templates whose generation
-    prompt adds tokens the full render lacks (a prefilled `<think>`). The generation prompt itself is never a
-    target: the model is given it at inference time, also when the full render spells it differently
-    (`_align_to_header`).
-    """
-    if trained is None:
-        trained = [m.get("role") == "assistant" for m in messages]
-    full = _render(tokenizer, messages, tools)
-    mask = [False] * len(full)
-    for i, _ in enumerate(messages):
-        if not trained[i]:
-            continue
-        prefix = _render(tokenizer, messages[:i], tools, generation=True) if i else []
-        through = _render(tokenizer, messages[: i + 1], tools)
-        start, end = _common_prefix(prefix, full), _common_prefix(through, full)
-        if start < len(prefix):
-            start = _align_to_header(tokenizer, full, start, end, prefix, _render(tokenizer, messages[:i], tools))
-        for j in range(start, end):
-            mask[j] = True
-    return full, mask
-
-
-HEADER_SLACK = 4  # tokens the full render may add before the turn header that the generation prompt lacks
-
-
-def _align_to_header(tokenizer: Any, full: list[int], start: int, end: int, prompt: list[int],
-                     before: list[int]) -> int:
-    """Where the response starts when the generation prompt is not a prefix of the full render.
-
-    Templates that put a separator before each turn header (a newline between turns) render the header
-    differently in the full conversation than at the end of the generation prompt, so agreement stops before the
-    header and the header would be trained. Find the generation prompt's header (less leading and trailing
-    whitespace tokens) just after `start` in the full render and start after it and its trailing whitespace.
-    A prefilled generation prompt (`<think>` the full render lacks) agrees through its header: nothing to find.
-    """
-    header = prompt[_common_prefix(before, prompt):]
-    blank = [not tokenizer.decode([t]).strip() for t in header]
-    lo, hi = 0, len(header)
-    while lo < hi and blank[lo]:
-        lo += 1
-    while hi > lo and blank[hi - 1]:
-        hi -= 1
-    core = header[lo:hi]
-    if not core:
-        return start
-    for p in range(start, min(end - len(core), start + HEADER_SLACK + lo) + 1):
-        if full[p:p + len(core)] == core:
-            q = p + len(core)
-            for _ in range(len(header) - hi):  # the header's trailing whitespace, as the full render spells it
-                if q < end and not tokenizer.decode([full[q]]).strip():
-                    q += 1
-            return q
-    return start
-
-
-PROBE = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."},
-         {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
-
-
-def generation_prompt_is_prefix(tokenizer: Any) -> bool:
-    """Whether the template's generation prompt is a prefix of its full render (when not, the turn header is
-    found by `_align_to_header`, and the preview says so)."""
-    prompt = _render(tokenizer, PROBE[:3], None, generation=True)
-    return _render(tokenizer, PROBE, None)[:len(prompt)] == prompt
-
-
-def tokenize_sft_generation(tokenizer: Any, messages: list[dict[str, Any]],
-                            tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[bool]]:
-    """Fast path for templates with `{% generation %}` markers: one render gives ids and mask."""
-    out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                        return_assistant_tokens_mask=True)
-    return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
-
-
-def tokenize_text(tokenizer: Any, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
-    """Plain text segments (text, trained?) as one document ending in EOS (TRL's standard prompt/completion and
-    language-modeling rows); a segment's mask starts where the tokenisation of the text so far stops agreeing
-    with the text before it, so a token merged across a boundary belongs to the later segment."""
-    ids: list[int] = []
-    mask: list[bool] = []
-    text = ""
-    for piece, trained in segments:
-        text += piece
-        cur = list(tokenizer(text, add_special_tokens=True)["input_ids"])
-        keep = _common_prefix(ids, cur)
-        ids, mask = cur, mask[:keep] + [trained] * (len(cur) - keep)
-    eos = tokenizer.eos_token_id
-    if eos is not None and (not ids or ids[-1] != eos):
-        ids.append(eos)
-        mask.append(bool(segments) and segments[-1][1])
-    return ids, mask
-
-
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-def has_generation_markers(tokenizer: Any) -> bool:
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return isinstance(template, str) and bool(_GENERATION_TAG.search(template))
-
-
-def tokenizer_fn(tokenizer: Any) -> Callable[[Any, list[dict[str, Any]]], tuple[list[int], list[bool]]]:
-    return tokenize_sft_generation if has_generation_markers(tokenizer) else tokenize_sft
-
-
-def tokenize_sample(tokenizer: Any, sample: Sample, markers: bool | None = None) -> tuple[list[int], list[bool]]:
-    """One row (runner.data.formats.Sample) as ids and loss mask. Generation markers mark every assistant turn, so they
-    serve only when exactly the assistant turns train; any other choice of turns is bracketed turn by turn."""
-    if sample.segments is not None:
-        return tokenize_text(tokenizer, sample.segments)
-    messages = sample.messages or []
-    if markers is None:
-        markers = has_generation_markers(tokenizer)
-    if markers and sample.trained == [m.get("role") == "assistant" for m in messages]:
-        return tokenize_sft_generation(tokenizer, messages, sample.tools)
-    return tokenize_sft(tokenizer, messages, sample.trained, sample.tools)
-
-
-def _ids(x: Any) -> list[int]:
-    # apply_chat_template returns a list, or a BatchEncoding in some versions even with return_dict=False.
-    if isinstance(x, dict) or hasattr(x, "input_ids"):
-        x = x["input_ids"]
-    return list(x)
 
 
 @dataclass
@@ -296,15 +147,13 @@ def block_counts(block: PackedBlock) -> dict[str, int]:
 def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStats | None = None,
          packing: bool = True, strategy: str = "wrapped", seed: int = 0) -> Iterator[PackedBlock]:
     """Concatenate tokenised examples and cut exact seq_len blocks (the rules are in the module docstring);
-    `strategy="bfd"` packs whole conversations by best-fit decreasing instead (runner.train.packing), its blocks
+    `strategy="bfd"` packs whole conversations by best-fit decreasing instead (runner.data.packing), its blocks
     in an order drawn from `seed`.
 
     Each block carries what was consumed to build it (examples, skipped, split documents); `stats`, when
     given, is updated as blocks are yielded.
     """
     if packing and strategy == "bfd":
-        from runner.train.packing import pack_bfd
-
         yield from pack_bfd(examples, seq_len, pad_id, stats, seed=seed)
         return
     buf: list[int] = []
@@ -346,6 +195,52 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int, stats: PackStat
             starts = [s - seq_len for s in starts if s >= seq_len]
     if buf:
         yield emit(buf, loss, starts, not starts or starts[0] != 0, False)
+
+
+def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: PackStats | None = None,
+             buffer_blocks: int = BFD_BUFFER_BLOCKS, seed: int = 0) -> Iterator[PackedBlock]:
+    """`pack`'s contract with the bfd strategy (runner.data.packing lays the blocks out): PackedBlocks carrying
+    what the stream consumed for them."""
+    docs: list[tuple[list[int], list[bool]]] = []
+    buffered = 0
+    buffers = 0
+    pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
+
+    def flush() -> Iterator[PackedBlock]:
+        nonlocal docs, buffered, buffers
+        layout = shuffle_blocks(bfd_layout([len(ids) for ids, _ in docs], seq_len), seed, buffers)
+        buffers += 1
+        for block_items in layout:
+            ids: list[int] = []
+            mask: list[bool] = []
+            starts: list[int] = []
+            for i, a, b in block_items:
+                starts.append(len(ids))
+                ids.extend(docs[i][0][a:b])
+                mask.extend(docs[i][1][a:b])
+            # The consumed counts ride on the first block of the buffer, so they add up wherever blocks go; each
+            # block carries its document segments (whole documents, or the pieces of split ones it holds).
+            block = carry_counts(make_block(ids, mask, starts, seq_len, pad_id), pending)
+            block.doc_lengths = tuple(b - a for _, a, b in block_items)
+            block.doc_splits = sum((a, b) != (0, len(docs[i][0])) for i, a, b in block_items)
+            if stats is not None:
+                stats.add(block)
+            yield block
+        docs, buffered = [], 0
+
+    for ids, mask in examples:
+        pending["examples"] += 1
+        if not any(mask):
+            pending["skipped_no_assistant"] += 1
+            continue
+        if len(ids) > seq_len:
+            pending["split_documents"] += 1
+        docs.append((ids, mask))
+        buffered += len(ids)
+        if buffered >= buffer_blocks * seq_len:
+            yield from flush()
+    if docs:
+        yield from flush()
 
 
 def collate(blocks: list[PackedBlock]) -> dict[str, Any]:
@@ -392,24 +287,6 @@ def to_device(batch: dict[str, Any], device: str | torch.device) -> dict[str, An
 # Streaming this rank's shard
 
 
-def load_examples(dataset_path: Path | None, dataset_id: str | None, revision: str | None, split: str,
-                  shard_rank: int, shard_world: int, seed: int, epoch: int = 0, shuffle_buffer: int = 1000):
-    """A streamed, shuffled, disjoint shard of the dataset for one (rank, dataloader worker)."""
-    from datasets import load_dataset
-    from datasets.distributed import split_dataset_by_node
-
-    if dataset_path is not None and dataset_path.is_dir():
-        ds = load_dataset(str(dataset_path), split=split, streaming=True)
-    elif dataset_path is not None:
-        ds = load_dataset(local_builder(dataset_path), data_files=str(dataset_path), split="train", streaming=True)
-    else:
-        ds = load_dataset(dataset_id, revision=revision, split=split, streaming=True)
-    ds = split_dataset_by_node(ds, rank=shard_rank, world_size=shard_world)
-    if shuffle_buffer > 1:
-        ds = ds.shuffle(seed=seed + epoch, buffer_size=shuffle_buffer)
-    return ds
-
-
 _END = object()
 
 
@@ -434,21 +311,6 @@ def _iterate_unsplit(ds: Any) -> Iterator[dict[str, Any]]:
         return
     yield first
     yield from it
-
-
-LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-def local_builder(path: Path) -> str:
-    """The `datasets` builder of a local file; a .jsonl.gz / .json.gz / .csv.gz takes its inner format's (the
-    builder decompresses it)."""
-    from runner.data.datafiles import data_suffix
-
-    builder = LOCAL_BUILDERS.get(data_suffix(path))
-    if builder is None:
-        raise ValueError(f"unsupported dataset file type {path.suffix!r} (expected one of {', '.join(LOCAL_BUILDERS)},"
-                         f" or .gz of a text one)")
-    return builder
 
 
 @dataclass

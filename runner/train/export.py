@@ -88,7 +88,8 @@ def write_merged(peft_state: dict[str, torch.Tensor], config: dict[str, Any], sp
 def write_model(state: dict[str, torch.Tensor], spec: RunSpec, tokenizer: Any, out_dir: Path) -> None:
     """A plain model's state dict written as a standalone HF model: config, safetensors shards, the tokenizer with
     its chat template, and generation_config.json (the base's own where it has one)."""
-    from runner.train.model import load_config, model_class, model_source
+    from runner.spec import model_source
+    from runner.train.model import load_config, model_class
 
     GenerationConfig = from_transformers("GenerationConfig")
     config = load_config(spec)

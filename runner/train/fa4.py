@@ -1,7 +1,7 @@
 """Varlen attention through flash-attn-4's Hopper/Blackwell kernels, with `varlen_attn`'s signature.
 
-PyTorch's own `varlen_attn` runs the FlashAttention-2 kernels, which on an H200 reach about 225 TFLOP/s forward and
-200 backward on packed conversations of one to two thousand tokens (benchmarks/attention-h200.md); flash-attn-4
+PyTorch's own `varlen_attn` runs the FlashAttention-2 kernels, which on an H200 run well below the matmul rate on
+packed conversations of one to two thousand tokens (benchmarks/attention-h200.txt); flash-attn-4
 (the `flash-attn-4` package, CuTe DSL kernels compiled at first use) uses Hopper's warpgroup matrix instructions.
 On real SFT data attention is the larger part of a 32k step, so this is the kernel that matters most there.
 
@@ -34,8 +34,8 @@ def _interface() -> Any:
 
 def keep_kernels() -> None:
     """Have flash-attn-4 keep its compiled kernels on disk, in the runner's cache folder (runner.machine.cache_dir).
-    It compiles each kernel at its first call in a process: 16 to 31 s for a head layout in a new process on an
-    H100, 5 to 6 s with the kernels kept (benchmarks/packcheck-h200.md). Kept, the packing check's compile serves
+    It compiles each kernel at its first call in a process, which kept kernels make several times shorter
+    (benchmarks/packcheck-h200.md). Kept, the packing check's compile serves
     the run's ranks after it (all but the one or two kernels the run's own sizes select) and every later launch on
     the machine; flash-attn-4 keys each kernel by its own sources, package versions and shapes. Read when
     flash-attn-4 is first imported, so set before; a user's own setting of either variable wins."""

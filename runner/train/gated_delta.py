@@ -5,7 +5,7 @@ It reads only the layer's parameters (its input projections, conv1d, A_log, dt_b
 its sizes, which checkpoints pin, not the module functions transformers' forward calls: a
 release that moves or renames those cannot take packing away from the family. The math is the gated delta rule
 (DeltaNet with a per-token decay), computed chunk by chunk as transformers' and flash-linear-attention's PyTorch
-references compute it; the packing check (runner.plan.packcheck) compares it with transformers' own forward of each
+references compute it; the packing check (runner.gate.packcheck) compares it with transformers' own forward of each
 document alone, tests/unit/test_packcheck.py with flash-linear-attention's reference of the rule where that is
 installed, and where flash-linear-attention and causal-conv1d are installed the layer's own forward runs instead
 (those kernels read cu_seqlens themselves).
@@ -23,7 +23,6 @@ COMMON_PARTS = ("conv1d", "A_log", "dt_bias", "norm", "out_proj")
 LAYOUTS = {"qwen3_5": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
            "qwen3_next": ("in_proj_qkvz", "in_proj_ba")}
 """The projections of each layout: Qwen3.5 projects q/k/v, z, b and a apart; Qwen3-Next fuses them per key head."""
-LAYER_PARTS = LAYOUTS["qwen3_5"] + COMMON_PARTS
 SIZES = ("key_dim", "value_dim", "head_k_dim", "head_v_dim", "num_k_heads", "num_v_heads")
 CHUNK = 64
 

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from runner.imports import from_transformers
+from runner.spec import model_source
 # Where callers look for them:
 from runner.decide.loader import WEIGHT_FILES, has_weights, is_vlm_config, load_config, model_class  # noqa: F401
-from runner.decide.loader import model_source
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec

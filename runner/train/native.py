@@ -26,6 +26,7 @@ from runner.train.data import PackedBlock, PackStats, collate, empty_block, to_d
 from runner.train.loss import loss_sum
 from runner.train.samples import with_samples
 from runner.engines import saved_as
+from runner.events.paths import RunPaths
 
 if TYPE_CHECKING:
     from runner.decide.decisions import Decisions
@@ -38,10 +39,10 @@ from runner.train.ulysses import SequenceParallel
 
 
 GC_FREEZE_AFTER_STEPS = 2
-"""Steps after which every live object (the model, compiled graphs and their guards: millions of them) is frozen
-out of Python's garbage collector. A full collection over them took 330-420 ms on the H200 host (measured with
-gc.callbacks), two steps' worth at 8k-token blocks; frozen, they are never traversed again. (The run-to-run
-spread at 8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
+"""Steps after which every live object (the model, compiled graphs and their guards: millions of them) is frozen out
+of Python's garbage collector. A full collection over them took about two steps' worth of time at 8k-token blocks on
+the H200 host (gc.callbacks; benchmarks/README.md); frozen, they are never traversed again. (The run-to-run spread at
+8k blocks is not from this: it stayed, benchmarks/throughput-h200.md.)"""
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
@@ -176,9 +177,9 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, r
     """Load the latest checkpoint and replay the blocks it had consumed: (step, blocks consumed, checkpoint)."""
     from runner.train import checkpoint as ckpt
 
-    path = ckpt.latest_checkpoint(run_dir)
+    path = RunPaths(run_dir).latest_checkpoint()
     if path is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint under {ckpt.checkpoints_root(run_dir)}")
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {RunPaths(run_dir).checkpoints}")
     saved = ckpt.load(path, model, opt, rt.rank, rt.world_size, rt.device)
     step = saved["step"]
     blocks_consumed = 0
@@ -255,7 +256,7 @@ def _checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.opt
 
     ckpt.save(run_dir, step, model, opt, rt.rank, rt.world_size, rt.device, {"blocks_consumed": blocks_consumed},
               group=control)
-    events.checkpoint(step=step, path=str(ckpt.step_dir(run_dir, step)))
+    events.checkpoint(step=step, path=str(RunPaths(run_dir).step_checkpoint(step)))
     return step
 
 

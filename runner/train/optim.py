@@ -6,8 +6,8 @@ lr / w < 2^-9 (at lr 1e-5 and w 0.02, every one). Rounding up with probability e
 expected weight equal to the fp32 one, at 8 bytes per parameter (bf16 weights, gradients and both moments).
 
 Why the noise is a hash and not a generator: a step is a pass over every weight, and its cost is the bytes it moves.
-Eager, the update makes about a dozen fp32 passes plus a drawn noise tensor (~180 bytes per parameter: +0.35 s a step
-for 3.2B parameters on an H100, a fifth of a 32k step). On CUDA the update is one Triton kernel launch over all
+Eager, the update makes about a dozen fp32 passes plus a drawn noise tensor (~180 bytes per parameter: a fifth of a 32k
+step for a 3B model on an H100, benchmarks/README.md). On CUDA the update is one Triton kernel launch over all
 parameters (`optim_kernel.py`) that reads weight, gradient and both moments and writes three of them back (14 bytes per
 parameter, as torch's fused AdamW), which needs noise made inside the kernel: an integer hash of the element's index
 and a per-(step, parameter) key. The same function runs eagerly (in chunks, on CPU): the noise of an element does not

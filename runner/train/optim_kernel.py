@@ -2,12 +2,12 @@
 
 Why a kernel of our own and not torch.compile: the update must read weight, gradient and both moments once and
 write three of them back (14 bytes per parameter, as torch's fused AdamW), with the rounding noise made inside the
-kernel. Compiled per parameter, each call paid the compiled wrapper's host cost (~0.6 ms, ~0.16 s a step for the
-~255 parameters of a 3B model); compiled once over all of them, the graph took minutes to compile.
+kernel. Compiled per parameter, each call paid the compiled wrapper's host cost, every step for every parameter
+(benchmarks/README.md); compiled once over all of them, the graph took minutes to compile.
 
 Why one launch for all parameters: a Triton launch costs the host tens of microseconds, and the training step is
-queued by the host ahead of the GPU. One launch per parameter cost ~19 ms of host time a step for the 310 tensors of
-a 1.7B model (H200, 8.7 ms of GPU time), and a step whose host work runs behind its GPU work is as slow as the host.
+queued by the host ahead of the GPU. One launch per parameter cost more host time a step than the update takes on
+the GPU (benchmarks/README.md), and a step whose host work runs behind its GPU work is as slow as the host.
 So the launch takes a table, one row per parameter (its four tensors' addresses, its size, its noise key), and each
 program finds its parameter by binary search over the parameters' first block numbers: a few loads from a table of a
 few kilobytes, where the block's own work moves 7 KB.
@@ -26,8 +26,8 @@ import triton.language as tl
 
 BLOCK = 512
 WARPS = 4
-"""Measured on an H200 over 1.72B bf16 parameters: 512 elements per program with 4 warps moves 3.2 TB/s (7.5 ms;
-torch's fused AdamW 9.4 ms); 2,048 with 4 warps, 1.4 TB/s (benchmarks/precision-h200/optim-kernel-sweep.txt)."""
+"""Elements per program and warps: the fastest of the sweep on an H200 over 1.72B bf16 parameters
+(benchmarks/precision-h200/optim-kernel-sweep.txt; the rates in benchmarks/README.md)."""
 ROW = 7
 """A table row: weight, gradient, exp_avg, exp_avg_sq addresses, numel, key low 32 bits, key high 32 bits."""
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32, torch.float16: tl.float16}

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runner.train.lifetime import signal_on_parent_death
+from runner.lifetime import signal_on_parent_death
 
 # After a cancel signal, a rank stuck in a collective (a peer died) cannot reach the step boundary:
 # leave this long for a clean stop, then exit hard so the launcher is never left waiting.

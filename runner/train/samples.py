@@ -32,7 +32,7 @@ def eval_prompts(spec: RunSpec) -> list[str]:
 def base_generation_config(spec: RunSpec) -> Any:
     """The model's generation_config.json, or None where it has none."""
     from runner.imports import from_transformers
-    from runner.train.model import model_source
+    from runner.spec import model_source
 
     src, rev = model_source(spec)
     try:

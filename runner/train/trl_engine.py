@@ -43,16 +43,16 @@ from runner.decide.decisions import Decisions
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
 from runner.engines import saved_as
-from runner.spec import RunSpec
+from runner.spec import RunSpec, model_source
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
-from runner.train.data import PackStats, has_generation_markers
+from runner.data.tokens import has_generation_markers
+from runner.train.data import PackStats
 from runner.train.evaluation import EVAL_METHOD, Evaluator, attach_eval
 from runner.train.samples import with_samples
 from runner.train.lora import apply_lora, lora_notes, lora_problems_from_config, trainable_params
 from runner.train.runtime import Runtime
 from runner.train.schedule import lr_at
 from runner.train.trl_qlora import bnb_4bit_config, bnb_4bit_problems, bnb_4bit_record
-from runner.train.checkpoint import latest_checkpoint
 from runner.train.summary import end_summary
 from runner.train.trl_data import (  # noqa: F401 - the engine's data, re-exported for its callers
     CountingCollator,
@@ -149,7 +149,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
     if is_mxfp4(config) and spec.model.init != "random":
         from transformers import Mxfp4Config
 
-        src, rev = model_mod.model_source(spec)
+        src, rev = model_source(spec)
         cls = model_mod.model_class(spec, config)
         model = cls.from_pretrained(src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn,
                                     quantization_config=Mxfp4Config(dequantize=True),
@@ -161,7 +161,7 @@ def load_model(spec: RunSpec, device: str, config: Any, attn: str, varlen_kernel
 
         if attn == VARLEN:
             register_varlen(varlen_kernel or None)
-        src, rev = model_mod.model_source(spec)
+        src, rev = model_source(spec)
         model = model_mod.model_class(spec, config).from_pretrained(
             src, revision=rev, dtype=torch.bfloat16, attn_implementation=attn, quantization_config=bnb_4bit_config(),
             device_map={"": torch.cuda.current_device()}, trust_remote_code=spec.model.trust_remote_code)
@@ -227,7 +227,7 @@ def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
 
 def _resume_from(run_dir: Path) -> str | None:
     """The latest complete checkpoint, named: the trainer's own pick is the newest folder, finished or not."""
-    last = latest_checkpoint(run_dir)
+    last = RunPaths(run_dir).latest_checkpoint()
     return str(last) if last is not None else None
 
 

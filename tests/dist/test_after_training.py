@@ -174,7 +174,7 @@ def _read_until(fd: int, seen: bytearray, needle: bytes, start: int = 0, timeout
 
 
 def test_chat_through_a_pty_keeps_the_conversation(full_run):
-    from runner.record.generate import load_for_try
+    from runner.train.generate import load_for_try
 
     model = load_for_try(full_run["record"])
     first = model.answer([{"role": "user", "content": PROMPT}], 16).text

@@ -101,7 +101,7 @@ def test_two_ranks_match_a_single_process_reference(full_run):
     assert norm > spec.train.max_grad_norm  # clipping was active
 
     trained = _embedded_model()
-    ckpt.load_model_weights(ckpt.step_dir(run_dir, 1), trained)
+    ckpt.load_model_weights(RunPaths(run_dir).step_checkpoint(1), trained)
     ref = dict(model.named_parameters())
     worst = max(float((p - ref[n]).abs().max()) for n, p in trained.named_parameters())
     moved = max(float((p - q).abs().max()) for (n, p), q in zip(_embedded_model().named_parameters(),
@@ -111,9 +111,9 @@ def test_two_ranks_match_a_single_process_reference(full_run):
 
 def test_checkpoints_are_complete_and_nothing_half_written_remains(full_run):
     run_dir = full_run["run_dir"]
-    assert [s for s, _ in ckpt.complete_checkpoints(run_dir)] == [1, 2, 3, 4]
-    assert ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, 4)
-    assert not [p for p in ckpt.checkpoints_root(run_dir).iterdir() if p.name.startswith(".")]
+    assert [s for s, _ in RunPaths(run_dir).complete_checkpoints()] == [1, 2, 3, 4]
+    assert RunPaths(run_dir).latest_checkpoint() == RunPaths(run_dir).step_checkpoint(4)
+    assert not [p for p in RunPaths(run_dir).checkpoints.iterdir() if p.name.startswith(".")]
     assert len(_events(run_dir, 0, "checkpoint")) == 4
 
 
@@ -130,7 +130,7 @@ def test_exported_model_loads_and_gives_the_trained_logits(full_run):
 
     exported = AutoModelForCausalLM.from_pretrained(export["dir"], dtype=torch.float32, attn_implementation="sdpa")
     trained = _embedded_model()
-    ckpt.load_model_weights(ckpt.step_dir(run_dir, STEPS), trained)
+    ckpt.load_model_weights(RunPaths(run_dir).step_checkpoint(STEPS), trained)
     ids = AutoTokenizer.from_pretrained(export["dir"]).apply_chat_template(
         [{"role": "user", "content": "Uppercase this word: river"}], add_generation_prompt=True, return_tensors="pt",
         return_dict=True)["input_ids"]
@@ -146,7 +146,7 @@ def test_resume_gives_the_same_losses_bit_for_bit(full_run, tmp_path):
     stopped = _run(spec, tmp_path)
     run_dir = stopped.paths.run_dir
     assert stopped.record["status"] == "succeeded"
-    assert ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, 2)
+    assert RunPaths(run_dir).latest_checkpoint() == RunPaths(run_dir).step_checkpoint(2)
     # Extend the run to 4 steps and continue it, as `runner run --resume` does.
     data = json.loads((run_dir / "spec.json").read_text())
     data["train"]["max_steps"] = STEPS
@@ -192,7 +192,7 @@ def test_one_rank_trains_the_plain_module_as_fsdp2_would(tmp_path):
     assert max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())) < 1e-6
 
     # Without its last checkpoint, the unwrapped run resumes from step 2 and repeats steps 3 and 4 bit for bit.
-    shutil.rmtree(ckpt.step_dir(plain, STEPS))
+    shutil.rmtree(RunPaths(plain).step_checkpoint(STEPS))
     paths = RunPaths(plain)
     launcher = Launcher(build_command(spec, paths.spec, plain.name) + ["--resume"], paths, run_env())
     launcher.start()
@@ -216,8 +216,8 @@ def test_cancel_stops_every_rank_at_one_step_and_checkpoints(tmp_path):
     ends = [_events(run_dir, r, "end")[-1] for r in (0, 1)]
     assert ends[0]["reason"] == ends[1]["reason"] == "cancelled"
     assert ends[0]["steps"] == ends[1]["steps"] >= 1
-    assert ckpt.latest_checkpoint(run_dir) == ckpt.step_dir(run_dir, ends[0]["steps"])
-    assert ckpt.complete_checkpoints(run_dir)[-1][0] == max(_steps(run_dir, 0))
+    assert RunPaths(run_dir).latest_checkpoint() == RunPaths(run_dir).step_checkpoint(ends[0]["steps"])
+    assert RunPaths(run_dir).complete_checkpoints()[-1][0] == max(_steps(run_dir, 0))
 
 
 def test_ragged_end_stops_both_ranks_on_the_same_step(tmp_path):
@@ -285,7 +285,7 @@ def test_hybrid_vlm_random_init_packs_trains_and_exports(tmp_path):
     export = _events(run_dir, 0, "end")[-1]["export"]
     exported = AutoModelForImageTextToText.from_pretrained(export["dir"], dtype=torch.float32)
     trained = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    ckpt.load_model_weights(ckpt.step_dir(run_dir, 2), trained)
+    ckpt.load_model_weights(RunPaths(run_dir).step_checkpoint(2), trained)
     ids = torch.tensor([[5, 17, 42, 99, 7, 3, 11, 64]])
     with torch.no_grad():
         assert torch.equal(exported(input_ids=ids).logits, trained(input_ids=ids).logits)
@@ -304,7 +304,7 @@ def test_lora_adapter_export_round_trip(tmp_path):
     assert "adapter_model.safetensors" in export["files"] and "adapter_config.json" in export["files"]
     loaded = PeftModel.from_pretrained(_embedded_model(), export["dir"])
     trained = apply_lora(_embedded_model(), spec)
-    ckpt.load_model_weights(ckpt.step_dir(run_dir, 2), trained)
+    ckpt.load_model_weights(RunPaths(run_dir).step_checkpoint(2), trained)
     ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
     with torch.no_grad():
         a, b, base = loaded(ids).logits, trained(ids).logits, _embedded_model()(ids).logits

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
-from runner.plan.shrink import shrunk_config
+from runner.gate.shrink import shrunk_config
 from tests.conftest import last_json, run_cli
 from tests.families import TOKENIZER
 

@@ -28,7 +28,7 @@ def _cli(args: list[str]) -> tuple[int, str]:
 
 
 def test_samples_are_written_recorded_and_replayed(tmp_path: Path):
-    from runner.record.generate import load_for_try
+    from runner.train.generate import load_for_try
 
     dirs = ["--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")]
     code, out = _cli(["run", "tiny-cpu", "--set", "train.max_steps=8", "--set", "train.warmup_steps=1",
@@ -56,7 +56,7 @@ def test_samples_are_written_recorded_and_replayed(tmp_path: Path):
 
 
 def test_the_trl_engine_samples_too(tmp_path: Path):
-    from runner.record.generate import load_for_try
+    from runner.train.generate import load_for_try
 
     dirs = ["--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")]
     code, out = _cli(["run", "tiny-cpu", "--set", "engine=trl", "--set", "train.max_steps=4",

@@ -329,7 +329,7 @@ def test_this_environment_can_dequantize_mxfp4():
 
 
 def test_preflight_reports_lora_problems_before_launch():
-    from runner.plan.preflight import preflight_problems
+    from runner.gate.preflight import preflight_problems
 
     spec = load_spec(RECIPE, ["method.lora.target_parameters=[mlp.experts.up_proj]",
                               "method.lora.rank_pattern={}"])

@@ -108,7 +108,7 @@ def test_the_preview_shows_characters_whole_and_packs_enough_conversations(tmp_p
     of a loaded machine allowed."""
     import unicodedata
 
-    from tui.preview import SAMPLE_CONVERSATIONS_MIN
+    from runner.gate.preview import SAMPLE_CONVERSATIONS_MIN
 
     names = tmp_path / "names.jsonl"
     rows = [{"instruction": f"Who is Klämbt? ({i})", "input": "",

@@ -280,10 +280,10 @@ def test_a_finished_run_without_steps_does_not_say_waiting(synth: Path) -> None:
 
 
 def test_an_unreachable_hub_model_is_reported_in_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runner.plan.hub
+    import runner.gate.hub
 
-    monkeypatch.setattr(runner.plan.hub, "hub_reachable", lambda: False)
-    monkeypatch.setattr(runner.plan.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
+    monkeypatch.setattr(runner.gate.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(runner.gate.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
     data = load_recipe_dict("tiny-cpu", ["model.path=null", "model.id=org/not-cached"])
 
     async def go() -> None:

@@ -146,7 +146,7 @@ def test_cancel_with_confirmation_leaves_no_process(tmp_path: Path) -> None:
             assert rec["status"] == "cancelled"
             assert 2 <= rec["metrics"]["steps"] < 400
             # Whether and how it resumes, in the CLI's words (no checkpoint here: train.checkpoint_every is 0).
-            from runner.cli.follow import resume_sentence
+            from runner.record.compare import resume_sentence
 
             assert rec["cancel"]["resumable"] is False
             assert "resume: " + resume_sentence(rec) == text_of(app.screen.query_one("#summary-resume"))

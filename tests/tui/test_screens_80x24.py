@@ -279,7 +279,7 @@ def test_training_lines_leave_warnings_and_progress_bars_out() -> None:
 
 def test_a_cancelled_runs_summary_says_how_to_resume_it(synth: Path) -> None:
     """The wizard's summary of a cancelled run says, in the CLI's words, whether and how it resumes."""
-    from runner.cli.follow import resume_sentence
+    from runner.record.compare import resume_sentence
     from runner.record import records as records_mod
     from tests.tui.conftest import synthetic_record
     from tui.screens.summary import SummaryScreen

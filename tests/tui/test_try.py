@@ -66,7 +66,7 @@ def test_try_screen_answers_with_both_models_from_the_records_browser(try_record
 
 
 async def _walk(try_records: Path, tmp_path: Path) -> None:
-    from runner.record.generate import load_for_try
+    from runner.train.generate import load_for_try
 
     app = make_app(runs_dir=tmp_path, records_dir=try_records, start_screen="records")
     async with app.run_test(size=(80, 24)) as pilot:

@@ -233,7 +233,12 @@ def test_save_refuses_a_non_yaml_name(tmp_path: Path) -> None:
 
 
 def test_cli_headless_goes_through_runner_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """`sft-tui --headless` = `runner run`: the resolved spec reaches runner.cli.session.run_headless unchanged."""
+    """`sft-tui --headless` = `runner run` (exec'd in its place): the resolved spec reaches
+    runner.cli.session.run_headless unchanged."""
+    import os
+    import sys
+
+    import runner.cli.main
     import runner.cli.session
 
     seen = {}
@@ -243,9 +248,20 @@ def test_cli_headless_goes_through_runner_run(monkeypatch: pytest.MonkeyPatch, t
         seen.update(spec=spec, runs_dir=runs_dir, records_dir=records_dir, as_json=as_json, plain=plain)
         return 3
 
+    class Execd(Exception):
+        pass
+
+    def fake_execv(path, argv):
+        seen.update(exec_path=path, argv=argv)
+        raise Execd
+
     monkeypatch.setattr(runner.cli.session, "run_headless", fake_run_headless)
-    code = main(["--headless", "--recipe", "tiny-cpu", "--set", "train.max_steps=5", "--json", "--plain",
-                 "--runs-dir", str(tmp_path / "r"), "--records-dir", str(tmp_path / "rec")])
+    monkeypatch.setattr(os, "execv", fake_execv)
+    with pytest.raises(Execd):
+        main(["--headless", "--recipe", "tiny-cpu", "--set", "train.max_steps=5", "--json", "--plain",
+              "--runs-dir", str(tmp_path / "r"), "--records-dir", str(tmp_path / "rec")])
+    assert seen["exec_path"] == sys.executable and seen["argv"][:4] == [sys.executable, "-m", "runner", "run"]
+    code = runner.cli.main.main(seen["argv"][3:])  # what `python -m runner` runs with that command line
     assert code == 3
     assert seen["spec"].train.max_steps == 5 and seen["spec"].hardware.nproc_per_node == 2
     assert seen["runs_dir"] == tmp_path / "r" and seen["records_dir"] == tmp_path / "rec"

@@ -134,10 +134,10 @@ def test_piped_estimate_keeps_each_sentence_on_its_line(tmp_path: Path) -> None:
 
 def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    import runner.plan.hub
+    import runner.gate.hub
 
-    monkeypatch.setattr(runner.plan.hub, "hub_reachable", lambda: False)
-    monkeypatch.setattr(runner.plan.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
+    monkeypatch.setattr(runner.gate.hub, "hub_reachable", lambda: False)
+    monkeypatch.setattr(runner.gate.hub, "_cache_dir", lambda: tmp_path / "empty-cache")
     code = main(["run", "tiny-cpu", "--set", "model.path=null", "--set", "model.id=org/not-cached",
                  "--runs-dir", str(tmp_path / "runs"), "--records-dir", str(tmp_path / "records")])
     assert code == EXIT_BAD_INPUT
@@ -147,7 +147,7 @@ def test_run_refuses_a_hub_model_it_cannot_reach(tmp_path: Path, monkeypatch: py
     # local model and data: nothing to reach, no probe
     from runner.spec import load_spec
 
-    assert runner.plan.hub.hub_problems(load_spec("tiny-cpu")) == []
+    assert runner.gate.hub.hub_problems(load_spec("tiny-cpu")) == []
 
 
 def test_packaging_metadata_and_make_targets_say_what_a_new_user_needs() -> None:
@@ -232,7 +232,7 @@ def test_fields_takes_a_prefix(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_long_documents_tokenise_without_the_indexing_warning(capfd: pytest.CaptureFixture[str]) -> None:
     from runner.spec import load_spec
-    from runner.train.data import tokenize_text
+    from runner.data.tokens import tokenize_text
     from runner.train.model import load_tokenizer
 
     tok = load_tokenizer(load_spec("tiny-cpu"))

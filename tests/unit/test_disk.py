@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from runner.plan.choices import make_plan
-from runner.plan.disk import checkpoint_count, export_bytes, export_kind
+from runner.gate.disk import checkpoint_count, export_bytes, export_kind
 from runner.plan.lora import lora_params
 from runner.spec import load_spec
 from tests.conftest import run_cli
@@ -56,7 +56,7 @@ def test_refusal_names_folder_bytes_and_fix_and_a_resume_counts_only_what_is_lef
     import pytest
 
     from runner.errors import PredictedNotToFit
-    from runner.plan import disk
+    from runner.gate import disk
 
     spec = load_spec("tiny-cpu", ["train.checkpoint_every=4", "train.max_steps=12"])
     need = disk.disk_plan(spec, tmp_path, 12)

@@ -198,8 +198,8 @@ def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_
     from transformers import AutoConfig
 
     from runner.decide.rules import head_dim
-    from runner.plan.packcheck import Setup, _auto_class, _construct
-    from runner.plan.shrink import shrunk_config
+    from runner.gate.packcheck import Setup, _auto_class, _construct
+    from runner.gate.shrink import shrunk_config
 
     config = AutoConfig.for_model(model_type)
     kept = shrunk_config(config, 8192, 80, keep_head_dim=True)

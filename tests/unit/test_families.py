@@ -300,7 +300,7 @@ def test_preflight_refuses_a_family_whose_recurrent_state_would_cross_documents(
 
 @pytest.mark.parametrize("engine", ["native", "trl"])
 def test_preflight_refuses_an_attention_path_that_drops_the_sinks(tmp_path, engine):
-    from runner.plan.preflight import preflight_problems
+    from runner.gate.preflight import preflight_problems
     from runner.spec import resolve
 
     folder = write_model_folder("gpt_oss", tmp_path / "gpt_oss")

@@ -12,9 +12,9 @@ import trl
 from transformers import AutoTokenizer
 
 from runner.data.formats import FormatError, RowFormat, detect, row_texts, samples, to_sample
-from runner.plan.preflight import read_rows
+from runner.gate.preflight import read_rows
 from runner.spec import load_spec
-from runner.train.data import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
+from runner.data.tokens import generation_prompt_is_prefix, tokenize_sample, tokenize_sft
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "data"
@@ -173,7 +173,7 @@ def test_the_embedded_template_renders_tools_and_trains_calls_when_asked():
 
 
 def test_the_wizard_preview_shows_the_call_and_the_tool_list():
-    from tui.preview import tokenizer_preview
+    from runner.gate.preview import tokenizer_preview
 
     spec = load_spec("tiny-cpu", [f"dataset.path={DATA / 'glaive_toolcall_en_demo.json'}",
                                   "dataset.train_on=assistant+tool_calls"])
@@ -242,7 +242,7 @@ def test_generation_prompt_that_is_not_a_prefix_of_the_full_render_is_aligned():
 @pytest.mark.parametrize(("name", "shown"), [("glaive_toolcall_en_demo.json", "sharegpt (detected)"),
                                              ("prompt_completion.jsonl", "prompt_completion (standard)")])
 def test_wizard_preview_shows_the_detected_format_and_a_row_with_its_loss_tokens(name, shown):
-    from tui.preview import tokenizer_preview
+    from runner.gate.preview import tokenizer_preview
 
     p = tokenizer_preview(load_spec("tiny-cpu", [f"dataset.path={DATA / name}"]))
     assert p["detect"]["messages_ok"] and p["detect"]["detected"].startswith(shown)
@@ -250,7 +250,7 @@ def test_wizard_preview_shows_the_detected_format_and_a_row_with_its_loss_tokens
 
 
 def test_wizard_preview_names_what_does_not_fit(tmp_path):
-    from tui.preview import detect as preview_detect
+    from runner.gate.preview import detect as preview_detect
 
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
@@ -270,7 +270,7 @@ def test_formats_imports_no_torch():
 def test_wizard_preview_says_when_the_header_is_aligned(tmp_path):
     import shutil
 
-    from tui.preview import tokenizer_preview
+    from runner.gate.preview import tokenizer_preview
 
     model = tmp_path / "model"
     shutil.copytree(ROOT / "recipes" / "embedded" / "tokenizer", model)

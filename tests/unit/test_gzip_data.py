@@ -32,7 +32,7 @@ def files(tmp_path):
 
 
 def test_rows_formats_and_folders_look_through_gzip(files, tmp_path):
-    from tui.preview import detect
+    from runner.gate.preview import detect
 
     plain, packed, as_json, rows = files
     assert [data_suffix(p) for p in (plain, packed, as_json, Path("x.tar.gz"))] == [".jsonl", ".jsonl", ".json", ".gz"]
@@ -57,7 +57,7 @@ def test_a_gz_file_estimates_as_the_plain_one(files):
 
 def test_a_gz_file_streams_the_same_blocks(files):
     """The ranks' data path (both engines build their blocks with it): the same blocks from either file."""
-    from runner.plan.preflight import preflight
+    from runner.gate.preflight import preflight
     from runner.train.data import BlockStream, DataSource
     from runner.train.model import load_tokenizer
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORE = ("runner", "runner.cli.main", "runner.cli.session", "runner.events.monitor", "runner.cli.headless", "runner.record.records", "runner.spec")
+CORE = ("runner", "runner.api", "runner.cli.main", "runner.cli.session", "runner.events.monitor", "runner.cli.headless",
+        "runner.record.records", "runner.spec")
 
 PROBE = f"""
 import contextlib, io, sys

@@ -99,8 +99,8 @@ def _sky_check(python: str, task: Path) -> str:
 
 
 def test_skypilot_accepts_the_task_the_readme_example_writes(tmp_path):
-    """SkyPilot's own launch-time checks (tests/fixtures/skypilot/check_task.py) accept the README's example task,
-    and refuse what they should: the bucket prefix mounted in MOUNT mode, a misspelt field."""
+    """SkyPilot's own launch-time checks (tests/fixtures/skypilot/check_task.py) accept the task of the example in
+    docs/multi-node.md, and refuse what they should: the bucket prefix mounted in MOUNT mode, a misspelt field."""
     python = _skypilot_python()
     out, _, _ = _job(tmp_path, "skypilot", "--set", "train.checkpoint_every=200", "--volume", "s3://my-bucket/sft",
                      "--repo", "git@github.com:you/sft-tui.git", "--commit", "a" * 40)

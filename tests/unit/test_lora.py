@@ -206,7 +206,7 @@ def test_lora_problems_on_a_built_model_match_the_meta_check():
 def _unlisted(model_type: str) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from runner.plan.shrink import shrunk_config
+    from runner.gate.shrink import shrunk_config
 
     config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM

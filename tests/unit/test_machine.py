@@ -1,5 +1,5 @@
 """One rule resolves a spec's `auto` hardware for the machine its run will see: the launcher (`resolve`), the
-estimator (`make_plan`), the wizard (`plan_resolve`) and the wizard's sweep give the same ranks per node."""
+estimator (`make_plan`), the faces (`runner.api.resolve_for`) and the wizard's sweep give the same ranks per node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from runner.machine import Machine, target_machine
 from runner.plan.choices import make_plan
 from runner.plan.sweep import sweep
 from runner.spec import load_spec, resolve
-from tui.specform import plan_resolve, sweep_target
+from runner.api import resolve_for, sweep_target
 
 H200 = {"name": "NVIDIA H200", "mem_total_gib": 140.4}
 H100 = {"name": "NVIDIA H100 80GB HBM3", "mem_total_gib": 79.6}
@@ -31,7 +31,7 @@ def test_launch_plan_wizard_and_sweep_agree_on_ranks(machine, case, monkeypatch)
     spec = load_spec("tiny-cpu", ["hardware.nproc_per_node=auto", *SPECS[case]])
     if case == "cuda-auto" and not gpus:
         return  # nothing to plan for: the estimator asks for a GPU type (test_estimate)
-    wizard, declared = plan_resolve(spec, gpus)
+    wizard, declared = resolve_for(spec, gpus)
     plan = make_plan(spec)
     target = sweep_target(spec, wizard)  # the wizard's what-if: a CPU run is swept on as many GPUs
     assert target.hardware.device == "cuda" and target.hardware.nproc_per_node == wizard.hardware.nproc_per_node

@@ -10,7 +10,7 @@ import pytest
 import trl
 from transformers import AutoTokenizer
 
-from runner.train.data import _common_prefix, _ids, has_generation_markers, tokenize_sft, tokenize_sft_generation
+from runner.data.tokens import _common_prefix, _ids, has_generation_markers, tokenize_sft, tokenize_sft_generation
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "recipes" / "embedded" / "tokenizer"

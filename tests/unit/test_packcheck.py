@@ -1,4 +1,4 @@
-"""The packing check (runner.plan.packcheck): it refuses planted leaks, passes the registry's families, and over more
+"""The packing check (runner.gate.packcheck): it refuses planted leaks, passes the registry's families, and over more
 than 30 model types the registry does not list each one either matches or is refused before launch."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from runner.facts import families
 from runner.decide.rules import Kernels, choose_attention
-from runner.plan import packcheck
-from runner.plan.packcheck import EXACT, FAILED, MISMATCH, Setup, check_problems, packing_verdict, run_check
+from runner.gate import packcheck
+from runner.gate.packcheck import EXACT, FAILED, MISMATCH, Setup, check_problems, packing_verdict, run_check
 from runner.spec import load_spec, resolve
 from runner.train.attention import packing_support
 from tests.families import family_config
@@ -149,7 +149,7 @@ def test_doge_past_its_key_window_is_refused():
 def test_llama4_text_past_its_temperature_floor_is_refused():
     """Llama 4's no-rope layers scale queries by the token's position counted from the row's start: in a block of
     floor_scale tokens or more, a document after the first is computed unlike itself alone. The shrunk copy's
-    floor is crossed as the run's is (runner.plan.shrink), so the check sees it; below it, packing is exact."""
+    floor is crossed as the run's is (runner.gate.shrink), so the check sees it; below it, packing is exact."""
     config = AutoConfig.for_model("llama4_text")
     assert config.attn_temperature_tuning and config.floor_scale == 8192
     outcome = {}
@@ -246,7 +246,7 @@ def test_the_check_runs_flex_eagerly_and_nothing_else_changes(monkeypatch):
     a check may take, measured on an H100); compiled for every length when asked; other paths untouched."""
     import torch
 
-    from runner.plan import packcheck
+    from runner.gate import packcheck
 
     def stance() -> str:  # set_stance replaces the object: read it afresh
         return torch._dynamo.eval_frame._stance.stance

@@ -11,7 +11,7 @@ import torch
 
 from runner.train.data import PackStats, collate, make_block, pack
 from runner.train.loss import full_loss_sum
-from runner.train.packing import BFD_BUFFER_BLOCKS, bfd_layout, packing_preview
+from runner.data.packing import BFD_BUFFER_BLOCKS, bfd_layout, packing_preview
 from tests.unit.test_packing import _assert_equal, _loss_and_grads, _per_document, _qwen3
 
 

@@ -13,7 +13,7 @@ from transformers import GraniteMoeHybridConfig, Qwen3_5TextConfig
 
 from runner.cli import main as cli
 from runner.errors import SpecError
-from runner.plan.preflight import preflight, preflight_problems
+from runner.gate.preflight import preflight, preflight_problems
 from runner.spec import load_spec
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "recipes" / "embedded"
@@ -177,7 +177,7 @@ def test_cli_refuses_bad_input_before_creating_anything(tmp_path, capsys):
 
 
 def test_precision_advice_only_when_plain_bf16_would_round_updates_away():
-    from runner.plan.preflight import precision_advice
+    from runner.gate.preflight import precision_advice
 
     advice = precision_advice(load_spec("qwen3-1.7b-bench-h200", ["train.optimizer_precision=bf16"]))
     assert advice and "bf16_stochastic" in advice and "lr=1e-05" in advice

@@ -110,7 +110,7 @@ def test_the_dequantized_base_is_bf16_and_what_the_forward_uses():
 def test_the_packing_check_runs_through_nf4():
     from transformers import AutoConfig
 
-    from runner.plan.packcheck import EXACT, Setup, run_check, setup_for
+    from runner.gate.packcheck import EXACT, Setup, run_check, setup_for
 
     spec = load_spec("tiny-cpu", ["method.kind=qlora"])
     config = AutoConfig.from_pretrained(str(QWEN))

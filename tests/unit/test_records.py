@@ -14,7 +14,8 @@ import pytest
 
 from runner.record import records
 from runner.record.compare import diff_records, summary_row
-from runner.record.pins import redact, redact_text, relevant_env
+from runner.record.pins import relevant_env
+from runner.writes import redact, redact_text
 from runner.record.records import RecordError, compare_curves
 
 
@@ -72,12 +73,12 @@ def test_missing_file_is_a_user_error(tmp_path: Path):
 _WRITER = r"""
 import sys, time
 from pathlib import Path
-from runner.record import records
+from runner.writes import atomic_write_json
 path = Path(sys.argv[1])
 big = {"blob": "x" * 5_000_000}
 i = 0
 while True:
-    records.atomic_write_json(path, {"schema": "sft-tui.record/1", "i": i, **big})
+    atomic_write_json(path, {"schema": "sft-tui.record/1", "i": i, **big})
     i += 1
 """
 

@@ -166,7 +166,7 @@ def test_regeneration_is_exact_on_layouts_the_registry_does_not_list(model_type,
     tuple-returning layers, Llama 4's no-rope layers, Cohere's parallel blocks)."""
     from transformers import AutoConfig
 
-    from runner.plan.shrink import shrunk_config
+    from runner.gate.shrink import shrunk_config
     from runner.train.model import expose_backbone
 
     config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)

@@ -11,7 +11,7 @@ import pytest
 
 from runner.events.paths import RunPaths
 from runner.launch.supervisor import read_requests, send_request
-from runner.record.records import atomic_write_json
+from runner.writes import atomic_write_json
 from tests.conftest import run_cli
 
 

@@ -1,5 +1,5 @@
-"""The shape of the code: runner/ laid out by stage (a stage imports only the stages below it), no import cycle, and
-no module or function in runner/ or tui/ past the size limit."""
+"""The shape of the code: runner/ laid out by stage (a stage imports only the stages its row of MAY_IMPORT lists), no
+import cycle, and no module or function in runner/ or tui/ past the size limit."""
 
 from __future__ import annotations
 
@@ -9,11 +9,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "runner"
 SIZED = (RUNNER, REPO / "tui")
-# runner/'s stages, lowest first: each may import its own and the ones before it, never one after it. The root holds
-# the spec and its errors; the rank's code (train) sits below plan because preflight runs the rank's own packer and
-# model; the launcher sits above record because the supervisor writes the record.
-STAGES = ("root", "facts", "data", "events", "decide", "train", "plan", "record", "launch", "cli")
-ROOT_MODULES_MAX = 8
+# runner/'s stages (docs/design.md's layout) and the stages each may import besides its own: a table, not a line,
+# because the graph is not a chain. The root holds the errors and the helpers every stage uses; the spec sits above
+# the facts and data, whose registries (engines, dataset formats) give its fields their allowed values. The rank's
+# code (train) imports no stage that plans, gates, launches or records: those stay out of the ranks, and the gate is
+# the one that runs the rank's own packer and model before launch. The launcher sits above record (the supervisor
+# writes the record) and gate (it keeps the disk reserve the gate checks); api is the faces' door; cli is a face.
+_BELOW_TRAIN = frozenset({"root", "facts", "data", "spec", "events", "decide"})
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "root": frozenset(),
+    "facts": frozenset({"root"}),
+    "data": frozenset({"root", "facts"}),
+    "spec": frozenset({"root", "facts", "data"}),
+    "events": frozenset({"root", "facts", "data", "spec"}),
+    "decide": frozenset({"root", "facts", "data", "spec", "events"}),
+    "train": _BELOW_TRAIN,
+    "plan": frozenset({"root", "facts", "data", "spec", "decide"}),
+    "gate": _BELOW_TRAIN | {"train", "plan"},
+    "record": _BELOW_TRAIN,
+    "launch": _BELOW_TRAIN | {"plan", "gate", "record"},
+    "api": _BELOW_TRAIN | {"train", "plan", "gate", "record", "launch"},
+    "cli": _BELOW_TRAIN | {"train", "plan", "gate", "record", "launch", "api"},
+}
+STAGES = tuple(MAY_IMPORT)
+ROOT_MODULES_MAX = 10
+# What tui/ may import from runner/: the faces' door and the types it speaks in (the spec, its errors, the live view
+# model of a run's events). The CLI is the other face, never a library of tui/'s.
+TUI_ALLOWED = ("runner.api", "runner.spec", "runner.errors", "runner.events.monitor")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Nothing is excepted: a module or function that grows past the limit is split, not listed here.
@@ -112,32 +134,70 @@ def stage_of(module: str) -> str:
     parts = module.split(".")
     if parts[1] == "__main__":
         return "cli"  # `python -m runner` is the CLI
-    return parts[1] if parts[1] in STAGES else "root"
+    return parts[1] if parts[1] in STAGES else "root"  # `runner.spec` is its own stage
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    rank = {s: i for i, s in enumerate(STAGES)}
+def forbidden_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import across stages that MAY_IMPORT does not list."""
     return sorted((m, d) for m, deps in graph.items() for d in deps
-                  if m != "runner" and rank[stage_of(d)] > rank[stage_of(m)])
+                  if m != "runner" and stage_of(d) != stage_of(m) and stage_of(d) not in MAY_IMPORT[stage_of(m)])
 
 
 def test_every_runner_module_belongs_to_a_stage():
     assert {stage_of(m) for m in modules() if m != "runner"} <= set(STAGES)
 
 
-def test_no_stage_imports_a_later_stage():
-    assert upward_imports(import_graph()) == []
+def test_the_stage_table_is_a_dag_over_known_stages():
+    assert set().union(*MAY_IMPORT.values()) <= set(STAGES)
+    assert all(s not in allowed for s, allowed in MAY_IMPORT.items())
+    assert cycles({s: set(allowed) for s, allowed in MAY_IMPORT.items()}) == []
 
 
-def test_the_stage_check_would_catch_an_upward_import():
-    graph = {"runner.train.native": {"runner.plan.core"}, "runner.plan.core": {"runner.train.packing"},
-             "runner.train.packing": set()}
-    assert upward_imports(graph) == [("runner.train.native", "runner.plan.core")]
+def test_no_stage_imports_a_stage_it_may_not():
+    assert forbidden_imports(import_graph()) == []
+
+
+def test_the_stage_check_would_catch_a_forbidden_import():
+    graph = {"runner.train.native": {"runner.plan.core"}, "runner.plan.core": {"runner.data.packing"},
+             "runner.data.packing": set()}
+    assert forbidden_imports(graph) == [("runner.train.native", "runner.plan.core")]
+
+
+def test_the_stage_check_would_catch_plan_record_or_launch_importing_train():
+    graph = {"runner.plan.core": {"runner.train.packing", "runner.facts.flops"},
+             "runner.record.weights": {"runner.train.model"}, "runner.launch.process": {"runner.train.lifetime"},
+             "runner.gate.packcheck": {"runner.train.model"}, "runner.train.model": {"runner.events.paths"},
+             "runner.train.packing": set(), "runner.train.lifetime": set(), "runner.facts.flops": set(),
+             "runner.events.paths": set()}
+    assert forbidden_imports(graph) == [("runner.launch.process", "runner.train.lifetime"),
+                                        ("runner.plan.core", "runner.train.packing"),
+                                        ("runner.record.weights", "runner.train.model")]
 
 
 def test_runner_root_holds_only_a_few_modules():
-    root = sorted(p.name for p in RUNNER.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    root = sorted(p.name for p in RUNNER.glob("*.py")
+                  if p.name not in ("__init__.py", "__main__.py") and p.stem not in STAGES)
     assert len(root) <= ROOT_MODULES_MAX, root
+
+
+def tui_import_graph() -> dict[str, set[str]]:
+    known = set(modules())
+    return {str(p.relative_to(REPO)): imports_of(p, known) for p in sorted((REPO / "tui").rglob("*.py"))}
+
+
+def past_the_door(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((f, m) for f, deps in graph.items() for m in deps if m not in TUI_ALLOWED)
+
+
+def test_tui_imports_only_the_api_and_its_types():
+    assert past_the_door(tui_import_graph()) == []
+
+
+def test_the_door_check_sees_imports_at_the_top_and_inside_functions():
+    graph = tui_import_graph()
+    assert "runner.api" in graph["tui/app.py"] and "runner.api" in graph["tui/backends.py"]
+    assert past_the_door({"tui/x.py": {"runner.api", "runner.cli.main", "runner.gate.disk"}}) == [
+        ("tui/x.py", "runner.cli.main"), ("tui/x.py", "runner.gate.disk")]
 
 
 def _sized_files() -> list[Path]:

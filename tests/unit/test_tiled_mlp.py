@@ -224,7 +224,7 @@ def test_tiling_is_exact_on_layouts_the_registry_does_not_list(model_type):
     `block_sparse_moe`, and Llama 4, `feed_forward`), and their final norms, give the plain loss and gradients."""
     from transformers import AutoConfig
 
-    from runner.plan.shrink import shrunk_config
+    from runner.gate.shrink import shrunk_config
     from runner.train.model import expose_backbone
 
     config = shrunk_config(AutoConfig.for_model(model_type), 512, 80)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from runner.errors import SpecError
-from runner.plan import versioncheck
-from runner.plan.preflight import preflight
+from runner.gate import versioncheck
+from runner.gate.preflight import preflight
 from runner.record import pins
 from runner.record.replay import drift, folds
 from runner.spec import load_spec

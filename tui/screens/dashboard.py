@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
@@ -19,11 +19,13 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.events.paths import RunPaths
-from runner.events.failure import log_tail
+from runner import api
 from runner.events.monitor import RunView
 from tui import format as fmt
 from tui.widgets.chart import LossChart
+
+if TYPE_CHECKING:
+    from runner.api import RunHandle
 
 POLL_S = 0.5  # new events reach the screen within this plus one frame
 LOG_TAIL_BYTES = 16_000
@@ -41,8 +43,9 @@ class RunEnded(Message):
 
 
 class DashboardScreen(Screen):
-    """Reads `run_dir/events` through a RunView polled on the app thread; with an `active` run (launched by this
-    process) it also watches the torchrun process, cancels it, and finishes the record when it exits."""
+    """Reads `run_dir/events` through a RunView polled on the app thread; with an `active` run (a RunHandle: launched
+    here, or attached to from the records browser) it also watches the run, cancels it, and takes its record at the
+    end."""
 
     BINDINGS = [
         Binding("c", "cancel_run", "Cancel"),
@@ -52,7 +55,7 @@ class DashboardScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, run_dir: Path, active: Any = None, estimate: dict[str, Any] | None = None,
+    def __init__(self, run_dir: Path, active: RunHandle | None = None, estimate: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time, poll_s: float = POLL_S,
                  original: dict[str, Any] | None = None, attached: bool = False) -> None:
         super().__init__()
@@ -65,7 +68,7 @@ class DashboardScreen(Screen):
         self.clock = clock
         self.poll_s = poll_s
         self.original = original  # the record being replayed, if this run is a replay
-        self.view = RunView(self.run_dir, clock=clock)
+        self.view = active.view(clock) if active is not None else RunView(self.run_dir, clock=clock)
         self.log_rank = 0
         self.smoothed = False
         self.ending = False  # an end worker (cancel or finish) is running or has run
@@ -276,7 +279,7 @@ class DashboardScreen(Screen):
         panel.update(Content("\n").join(lines))
 
     def _update_log(self) -> None:
-        path = RunPaths(self.run_dir).rank_log(self.log_rank)
+        path = api.run_paths(self.run_dir).rank_log(self.log_rank)
         try:
             size = path.stat().st_size
         except OSError:
@@ -286,7 +289,7 @@ class DashboardScreen(Screen):
         if (size, steps) == self._log_size and self._log_rank_shown == self.log_rank:
             return
         self._log_size, self._log_rank_shown = (size, steps), self.log_rank
-        text = log_tail(path, LOG_TAIL_BYTES) if size else ""
+        text = api.log_tail(path, LOG_TAIL_BYTES) if size else ""
         kept, hidden = training_lines(terminal_lines(text) if text else [])
         # The rank's steps come from its events (the log file holds no step lines), then what the rank printed
         # itself: its summary, our warnings, a traceback.
@@ -365,10 +368,7 @@ class DashboardScreen(Screen):
             code = active.wait()
             record = active.finish(code)
             if record is not None and self.original is not None:
-                from runner.record.replay import compare, drift, tolerance
-
-                rows = drift(self.original.get("pins") or {}, record.get("pins") or {})
-                replay = compare(self.original, record, tolerance(active.spec, rows))
+                replay = api.replay_result(self.original, record, active.spec)
         except Exception as e:  # noqa: BLE001 - the screen must learn that the end failed
             error = f"{type(e).__name__}: {e}"
         self.post_message(RunEnded(record, code, replay, error))

@@ -18,9 +18,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from runner.record.compare import diff_records, origin, summary_row
+from runner import api
+from runner.api import diff_records, list_records, origin, summary_row, verify
 from runner.errors import UserError
-from runner.record.records import RecordError, list_records, verify
 from tui import format as fmt
 from tui.widgets.chart import LossChart
 
@@ -74,9 +74,7 @@ class RecordsScreen(Screen):
     def action_reload(self) -> None:
         table = self.query_one("#records", DataTable)
         table.clear()
-        from runner.launch.supervised import reap_lost
-
-        reap_lost(self.records_dir)  # a run whose supervisor died is finished as failed, never left `running`
+        api.reap_lost(self.records_dir)  # a run whose supervisor died is finished as failed, never left `running`
         recs = sorted(list_records(self.records_dir), key=lambda r: (r.get("created") or "", r.get("id") or ""),
                       reverse=True)
         self.records = {r["id"]: r for r in recs if r.get("id")}
@@ -105,9 +103,7 @@ class RecordsScreen(Screen):
         text = f"{n} record{'s' if n != 1 else ''} in {fmt.show_path(self.records_dir)}"
         if self.marked:
             text += f" · marked: {', '.join(self.marked)}"
-        from runner.launch.supervised import is_live
-
-        live = sum(is_live(r) for r in self.records.values())
+        live = sum(api.is_live(r) for r in self.records.values())
         if live:
             text += f" · {live} running (enter: live dashboard)"
         hint = "  (space: mark two, d: diff · enter: open · p: replay)"
@@ -144,10 +140,8 @@ class RecordsScreen(Screen):
         self._update_head()
 
     def action_open(self) -> None:
-        from runner.launch.supervised import is_live
-
         rec = self._current()
-        if rec is not None and is_live(rec):
+        if rec is not None and api.is_live(rec):
             self._open_live(rec)
         elif rec is not None:
             self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
@@ -161,11 +155,10 @@ class RecordsScreen(Screen):
 
     def _open_live(self, rec: dict[str, Any]) -> None:
         """A running run opens its live dashboard, attached to its supervisor: it can be cancelled from there."""
-        from runner.launch.supervised import attach
         from tui.screens.dashboard import DashboardScreen
 
         try:
-            active = attach(rec["run_dir"], Path(rec["run_dir"]).parent)
+            active = api.attach(rec["run_dir"], Path(rec["run_dir"]).parent)
         except UserError as e:
             self.notify(str(e), severity="warning")
             self.app.push_screen(RecordScreen(rec, self.records_dir / f"{rec['id']}.json"))
@@ -203,12 +196,10 @@ class RecordsScreen(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="replay")
     def prepare_replay(self, record_id: str) -> None:
         """Verify the lock, rebuild the spec, and list the pins that drifted (as `runner replay` does)."""
-        from runner.launch.replay import prepare_replay
-
         try:
-            prepared = prepare_replay(self.records_dir / f"{record_id}.json", len(self.app.detected_gpus()))
+            prepared = api.prepare_replay(self.records_dir / f"{record_id}.json", len(self.app.detected_gpus()))
             self.post_message(self.ReplayReady(prepared.original, prepared.spec, prepared.drift))
-        except (UserError, RecordError) as e:
+        except (UserError, api.RecordError) as e:
             self.post_message(self.ReplayReady({"id": record_id}, None, [], str(e)))
         except Exception as e:  # noqa: BLE001
             self.post_message(self.ReplayReady({"id": record_id}, None, [], f"{type(e).__name__}: {e}"))
@@ -313,7 +304,7 @@ class RecordScreen(Screen):
 
         try:
             ok, reason = verify(self.path)
-        except RecordError as e:
+        except api.RecordError as e:
             ok, reason = False, str(e)
         row = summary_row(self.record)
         lines = [
@@ -348,7 +339,7 @@ class RecordScreen(Screen):
 def dataset_line(spec: dict[str, Any]) -> str:
     """The data a record trained on, as a new user set it: its name, the file, and the format and columns when
     they were set (`local/qa (qa.json) · alpaca · instruction=question, output=answer`)."""
-    from runner.record.compare import dataset_name
+    from runner.api import dataset_name
 
     ds = spec.get("dataset") or {}
     parts = [str(dataset_name(spec) or "-")]

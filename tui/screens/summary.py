@@ -111,7 +111,7 @@ class SummaryScreen(Screen):
     def _resume(self) -> Content | None:
         """A cancelled run (or one whose supervisor was lost): whether it can be resumed and the command that does
         it, in the CLI's words."""
-        from runner.cli.follow import resume_sentence
+        from runner.api import resume_sentence
 
         sentence = resume_sentence(self.record)
         if sentence is None:

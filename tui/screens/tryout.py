@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
 from runner.errors import UserError
-from runner.record.generate import TryModel, load_for_try
+from runner.api import TryModel, load_for_try
 
 SIDES = ("tuned", "base")
 MAX_NEW_TOKENS = 96

@@ -15,13 +15,13 @@ from textual.screen import Screen
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
+from runner import api
 from runner.errors import Problem, UserError
 from runner.spec import RunSpec, validate
 from tui.backends import SWEEP_GPU_TYPES, SWEEP_METHODS, SWEEP_SEQ_LENS, EstimatorUnavailable, sweep_grid
 from tui.screens.wizard.fields import ARCH_INPUTS, DATA_INPUTS, spec_key
 from tui.screens.wizard.render import (render_arch, render_detect, render_packing, render_plan, render_sweep,
                                        render_tokens)
-from tui.specform import plan_resolve, sweep_target
 
 DEBOUNCE_S = 0.4
 
@@ -122,10 +122,9 @@ class WizardChecks(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="weights")
     def check_weights(self, path: str) -> None:
         from runner.spec import resolve_embedded
-        from runner.decide.loader import has_weights
 
         folder = Path(resolve_embedded(path))
-        self.post_message(self.WeightsChecked(path, has_weights(folder) if (folder / "config.json").is_file()
+        self.post_message(self.WeightsChecked(path, api.has_weights(folder) if (folder / "config.json").is_file()
                                               else None))
 
     def on_wizard_checks_weights_checked(self, message: WeightsChecked) -> None:
@@ -169,17 +168,14 @@ class WizardChecks(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data")
     def load_preview(self, data: dict[str, Any], key: str) -> None:
-        from runner.plan.hub import hub_problems
-        from tui.preview import tokenizer_preview
-
         spec = None
         try:
             spec = validate(data)
-            unreachable = hub_problems(spec)
+            unreachable = api.hub_problems(spec)
             if unreachable:  # said in seconds, not after the hub client's retries
                 self.post_message(self.DataReady(key, None, "; ".join(map(str, unreachable)), unreachable))
                 return
-            preview = tokenizer_preview(spec)
+            preview = api.preview_tokens(spec)
             found: list[Problem] = []
             if (preview.get("detect") or {}).get("messages_ok") is False:  # shown with ✗: it blocks Launch too
                 found = self._data_preflight(spec) or [Problem("dataset", "no conversation in the rows' format")]
@@ -194,7 +190,7 @@ class WizardChecks(Screen):
     def _data_preflight(self, spec: RunSpec) -> list[Problem]:
         """Preflight's model and dataset findings: what `runner run` would say about the same input."""
         try:
-            resolved, _ = plan_resolve(spec, self.app.detected_gpus())
+            resolved, _ = api.resolve_for(spec, self.app.detected_gpus())
             problems = self.app.backends.preflight(resolved)
         except Exception:  # noqa: BLE001 - then the preview's own error is shown
             return []
@@ -226,7 +222,7 @@ class WizardChecks(Screen):
         try:
             spec = validate(data)
             gpus = self.app.detected_gpus()
-            resolved, planned = plan_resolve(spec, gpus)
+            resolved, planned = api.resolve_for(spec, gpus)
         except UserError as e:
             self.post_message(self.PlanReady(key, {"error": str(e)}))
             return
@@ -241,10 +237,7 @@ class WizardChecks(Screen):
         except Exception as e:  # noqa: BLE001
             plan["estimate_error"] = f"the estimator failed: {type(e).__name__}: {e}"
         try:
-            from runner.launch.command import build_command, command_line
-
-            plan["commands"] = [command_line(build_command(resolved, Path("runs/<id>/spec.json"), "<id>", n))
-                                for n in range(resolved.hardware.nodes)]
+            plan["commands"] = api.launch_commands(resolved)
         except Exception as e:  # noqa: BLE001
             plan["command_error"] = f"{type(e).__name__}: {e}"
         self.post_message(self.PlanReady(key, plan))
@@ -304,7 +297,7 @@ class WizardChecks(Screen):
             # The what-if compares GPU types: on a CPU plan a table of GPUs answers a question nobody asked (and
             # takes the 80×24 pane); it says where to ask it.
             return {"cpu": True}
-        target = sweep_target(spec, resolved)
+        target = api.sweep_target(spec, resolved)
         try:
             rows = self.app.backends.sweep(target, axes)
         except Exception as e:  # noqa: BLE001 - EstimatorUnavailable, UserError or a bug: shown in the table title

@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Static
 
 from runner.errors import UserError
-from runner.naming import follow_run
+from runner.api import follow_run
 from runner.spec import validate
 from tui import format as fmt
 from tui.screens.wizard.fields import ALL_FIELDS, STEP_OF_FIELD, spec_key
@@ -124,7 +124,7 @@ class WizardLaunch(Screen):
         self.app.push_screen(SaveRecipePrompt(name, description, proposed_path(name)), done)
 
     def proposed_name(self) -> tuple[str, str]:
-        """The run name and description to save or launch under (runner.naming.follow_run, as `runner run`)."""
+        """The run name and description to save or launch under (runner.naming's follow_run, as `runner run`)."""
         data = copy.deepcopy(self.data)
         follow_run(data, self.origin)
         return data.get("name") or "run", data.get("description") or ""

@@ -8,6 +8,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Static
 
+from runner import api
 from runner.spec import RunSpec, spec_warnings
 from tui import format as fmt
 from tui.widgets.membar import MemoryBar
@@ -130,10 +131,7 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
             lines.append(Content(f"levers: {est['levers_reason']}"))
         if est.get("approximate") and est.get("approximate_reason"):
             lines.append(Content(f"approximate: {est['approximate_reason']}").stylize("$text-muted"))
-        # Imported here, not at the top: runner.plan (the estimator) is a third of the first screen's imports.
-        from runner.plan.preflight import precision_advice
-
-        advice = precision_advice(spec)
+        advice = api.precision_advice(spec)
         if advice:
             lines.append(Content(f"note: {advice}").stylize("$text-warning"))
         lines += [Content(f"warning: {w}").stylize("$text-warning") for w in spec_warnings(spec)]
@@ -143,10 +141,8 @@ def render_plan(screen: Screen, plan: dict[str, Any]) -> None:
                        f"≈ {fmt.duration(est.get('total_s'))}")
         disk = plan.get("disk")
         if disk:  # checkpoints and export against the runs folder's free space (launch refuses what cannot fit)
-            from runner.plan.disk import human  # here: runner.plan is a third of the first screen's imports
-
-            line = Content(f"disk: {human(disk['needed_bytes'])} needed of "
-                           f"{human(disk['free_bytes']) if disk['free_bytes'] is not None else '?'} free in "
+            line = Content(f"disk: {api.human_bytes(disk['needed_bytes'])} needed of "
+                           f"{api.human_bytes(disk['free_bytes']) if disk['free_bytes'] is not None else '?'} free in "
                            f"{disk['folder']}" + ("" if disk["fits"] else ": does not fit"))
             time = Content("\n").join([time, line if disk["fits"] else line.stylize("$text-error")])
         time_w.update(time)

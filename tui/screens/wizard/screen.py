@@ -293,7 +293,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
     def _follow_path(self, path_field: str) -> None:
         """A new local path renames the model or data after it (local/<name>), unless its id was typed here:
         the id is what `runner list`, the records and the pins show, and the recipe's would name every run alike."""
-        from runner.naming import path_name
+        from runner.api import path_name
 
         id_field, path = FOLLOWED_IDS[path_field], get_path(self.data, path_field)
         if id_field in self.named_ids or not path or str(path).startswith("embedded:"):

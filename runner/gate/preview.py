@@ -1,5 +1,5 @@
-"""Dataset preview for the wizard: file type, columns and row format, one row as the trainer tokenises it, packing
-efficiency on a sample. Blocking (tokenizer load): call it from a thread worker."""
+"""Dataset preview (the wizard's data step): file type, columns and row format, one row as the trainer tokenises it,
+packing efficiency on a sample. Blocking (tokenizer load): a UI calls it from a thread worker."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def detect(spec: RunSpec) -> dict[str, Any]:
     from runner.data.formats import FormatError, RowFormat, samples
     from runner.data.formats import detect as detect_format
     from runner.data.datafiles import data_suffix, is_gzip
-    from runner.plan.preflight import data_file, read_rows
+    from runner.gate.preflight import data_file, read_rows
 
     d = spec.dataset
     if not d.path:
@@ -44,17 +44,17 @@ def detect(spec: RunSpec) -> dict[str, Any]:
         samples(rows, fmt, found)
     except FormatError as e:
         return {**info, "messages_ok": False, "detected": f"{e} (fix: {e.fix})", "chat": False}
-    return {**info, "messages_ok": True, "detected": found.describe(), "chat": found.format != "text" and
-            found.variant != "standard"}
+    return {**info, "messages_ok": True, "detected": found.describe(), "chat": found.chat}
 
 
 def tokenizer_preview(spec: RunSpec) -> dict[str, Any]:
     """One conversation as (token text, trained?) pairs and PackStats over a sample, through the trainer's own
-    tokenisation (runner.train.data) and tokenizer loading (runner.train.model)."""
+    tokenisation (runner.data.tokens) and tokenizer loading (runner.train.model)."""
     from runner.data.formats import RowFormat, RowReader
     from runner.data.formats import detect as detect_format
-    from runner.plan.preflight import read_rows
-    from runner.train.data import PackStats, has_generation_markers, pack, tokenize_sample
+    from runner.gate.preflight import read_rows
+    from runner.data.tokens import has_generation_markers, tokenize_sample
+    from runner.train.data import PackStats, pack
     from runner.train.model import load_tokenizer
 
     d = spec.dataset
@@ -118,7 +118,7 @@ def token_texts(tok: Any, ids: list[int], mask: list[int]) -> list[tuple[str, bo
 
 
 def _mask_method(tok: Any, markers: bool) -> str:
-    from runner.train.data import generation_prompt_is_prefix
+    from runner.data.tokens import generation_prompt_is_prefix
 
     if markers:
         return "generation markers"

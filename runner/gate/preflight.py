@@ -22,13 +22,13 @@ from runner.data.datafiles import (  # noqa: F401 - re-exported
     read_rows,
 )
 from runner.errors import Problem, SpecError
-from runner.data.formats import FormatError, RowFormat, Sample, detect, samples
+from runner.data.formats import FORMATS, FormatError, RowFormat, Sample, detect, samples
 from runner.imports import from_transformers
 from runner.engines import engine_for
 from runner.spec import RunSpec, resolve_embedded
 from runner.events.tracking import tracker_problems
 from runner.facts.tiling import tiled_mlp_problems
-from runner.plan.versioncheck import version_problems
+from runner.gate.versioncheck import version_problems
 
 SAMPLE_ROWS = 16
 TEMPLATE_ROWS = 8  # rows rendered through the chat template (each trained turn costs two renders of its prefix)
@@ -67,9 +67,9 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
         packing = _packing_problems(spec, config)
         out += packing
         if not packing and not out:
-            # A shrunk copy of the model proves packing exact on the run's path (runner.plan.packcheck); only for a
+            # A shrunk copy of the model proves packing exact on the run's path (runner.gate.packcheck); only for a
             # spec that is otherwise sound, since it builds and runs that copy.
-            from runner.plan.packcheck import check_problems
+            from runner.gate.packcheck import check_problems
 
             out += check_problems(spec, config, _device(spec))
         out += _lora_problems(spec, config)
@@ -89,14 +89,14 @@ def preflight_problems(spec: RunSpec) -> list[Problem]:
 
 
 def packing_check(spec: RunSpec) -> Any:
-    """The packing check's verdict for this run (runner.plan.packcheck.Verdict; cached by the preflight that
+    """The packing check's verdict for this run (runner.gate.packcheck.Verdict; cached by the preflight that
     computed it), or None when there is none: no packing, no readable config, or an attention path refused."""
     if not spec.train.packing:
         return None
     config, problems = _model_config(spec)
     if config is None or problems:
         return None
-    from runner.plan.packcheck import packing_verdict
+    from runner.gate.packcheck import packing_verdict
 
     return packing_verdict(spec, config, _device(spec))
 
@@ -183,8 +183,7 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     except FormatError as e:
         return [], [Problem(e.field, f"{f.name}: {e}", e.fix)]
     if not any(s.has_targets for s in out):
-        what = ("no assistant turn" if detected.format not in ("text", "prompt_completion")
-                else "nothing to train on")
+        what = "no assistant turn" if FORMATS[detected.format].roles_train else "nothing to train on"
         return out, [Problem("dataset.roles", f"{what} in the first {len(rows)} rows of {f.name} "
                                               f"({detected.describe()})",
                              "SFT trains on assistant turns: map the dataset's role names with dataset.roles, "
@@ -192,12 +191,9 @@ def _sample_rows(spec: RunSpec) -> tuple[list[Sample], list[Problem]]:
     return out, []
 
 
-def _local_files_only(spec: RunSpec) -> bool:
-    return bool(spec.model.path)
-
-
 def _model_config(spec: RunSpec) -> tuple[Any | None, list[Problem]]:
-    from runner.train.model import has_weights, model_source
+    from runner.spec import model_source
+    from runner.train.model import has_weights
 
     src, rev = model_source(spec)
     problems: list[Problem] = []
@@ -271,12 +267,13 @@ def _token_id_problems(spec: RunSpec, config: Any) -> list[Problem]:
 
 
 def _template_problems(spec: RunSpec, sampled: list[Sample]) -> list[Problem]:
-    from runner.train.data import tokenize_sample
+    from runner.data.tokens import tokenize_sample
 
     try:
         AutoTokenizer = from_transformers("AutoTokenizer")
 
-        from runner.train.model import model_source, quiet_length_warning
+        from runner.spec import model_source
+        from runner.train.model import quiet_length_warning
 
         src, rev = model_source(spec)
         tok = quiet_length_warning(AutoTokenizer.from_pretrained(

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from runner.errors import UserError
-from runner.record.weights import base_model, load_model_dir, plain_state, record_spec, run_weights
+from runner.train.weights import base_model, load_model_dir, plain_state, record_spec, run_weights
 from runner.spec import RunSpec
 
 if TYPE_CHECKING:  # torch loads in the caller's worker (the Try screen imports this module on its UI thread)
@@ -157,14 +156,3 @@ def load_for_try(record: dict[str, Any], base: bool = False, device: str | None 
                 model.load_state_dict(plain_state(weights))
         model.config.use_cache = True
         return TryModel(model.to(device), load_tokenizer(spec), source, device)
-
-
-def load_record(ref: str, records_dir: Path) -> dict[str, Any]:
-    """A record by path or id, as `runner` commands take it."""
-    from runner.record.records import RecordError, find_record, load
-
-    try:
-        return dict(load(find_record(ref, records_dir)))
-    except RecordError as e:
-        raise UserError(str(e)) from None
-

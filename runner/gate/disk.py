@@ -80,7 +80,7 @@ def _adapter_params(spec: RunSpec, arch: Any) -> int:
 def export_bytes(spec: RunSpec, arch: Any, weight_b: float = 2, master_b: float = 4) -> int:
     """Bytes output.save writes at the end, for every value by name: none; adapter (the adapter weights in the
     trainable dtype); full (every weight as trained: the master dtype for a full fine-tune, the base as loaded plus
-    the adapter otherwise); merged (the whole model, as loaded); auto as runner.plan.disk.export_kind says."""
+    the adapter otherwise); merged (the whole model, as loaded); auto as runner.gate.disk.export_kind says."""
     kind = export_kind(spec)
     lora = spec.method.kind in ("lora", "qlora")
     if kind == "none":

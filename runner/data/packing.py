@@ -1,6 +1,7 @@
-"""Best-fit-decreasing packing that keeps conversations whole, and a packing preview from document lengths.
+"""The best-fit-decreasing layout that keeps conversations whole, and a packing preview from document lengths.
 
-Two strategies fill the exact `train.seq_len` blocks of runner.train.data (`train.packing_strategy`):
+Two strategies fill the exact `train.seq_len` blocks the ranks build (runner.train.data.pack,
+`train.packing_strategy`):
 
 * `wrapped`: documents are concatenated in stream order and cut every seq_len tokens; a document that does not
   fit in the room left continues in the next block without the context before the cut (data.pack).
@@ -24,16 +25,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 STRATEGIES = ("bfd", "wrapped")
 Layout = list[list[tuple[int, int, int]]]  # blocks, each a list of (document index, start, end)
 BFD_BUFFER_BLOCKS = 64
 """Blocks' worth of tokens that one bfd buffer holds before it is packed: large enough that the sort finds fits,
-small enough that a block waits on few documents. The embedded data (2,500 conversations) in 512-token blocks:
-98.7% real tokens, against 99.4% with the whole data set in one buffer and 99.9% wrapped (which cuts 238 of the
-conversations); 94.5% with a buffer of 16 blocks."""
+small enough that a block waits on few documents. docs/data.md gives the share of real tokens it packs on the
+embedded data against other buffer sizes and `wrapped`."""
 
 
 def pieces(length: int, seq_len: int) -> list[tuple[int, int]]:
@@ -79,53 +78,6 @@ def shuffle_blocks(layout: Layout, seed: int, buffer: int) -> Layout:
     order = list(layout)
     random.Random(f"bfd:{seed}:{buffer}").shuffle(order)
     return order
-
-
-def pack_bfd(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, stats: Any = None,
-             buffer_blocks: int = BFD_BUFFER_BLOCKS, seed: int = 0) -> Iterator[Any]:
-    """data.pack's contract with the bfd strategy: PackedBlocks carrying what the stream consumed for them."""
-    from runner.train.blocks import carry_counts, make_block
-
-    docs: list[tuple[list[int], list[bool]]] = []
-    buffered = 0
-    buffers = 0
-    pending = {"examples": 0, "skipped_no_assistant": 0, "split_documents": 0}
-
-    def flush() -> Iterator[Any]:
-        nonlocal docs, buffered, buffers
-        layout = shuffle_blocks(bfd_layout([len(ids) for ids, _ in docs], seq_len), seed, buffers)
-        buffers += 1
-        for block_items in layout:
-            ids: list[int] = []
-            mask: list[bool] = []
-            starts: list[int] = []
-            for i, a, b in block_items:
-                starts.append(len(ids))
-                ids.extend(docs[i][0][a:b])
-                mask.extend(docs[i][1][a:b])
-            # The consumed counts ride on the first block of the buffer, so they add up wherever blocks go; each
-            # block carries its document segments (whole documents, or the pieces of split ones it holds).
-            block = carry_counts(make_block(ids, mask, starts, seq_len, pad_id), pending)
-            block.doc_lengths = tuple(b - a for _, a, b in block_items)
-            block.doc_splits = sum((a, b) != (0, len(docs[i][0])) for i, a, b in block_items)
-            if stats is not None:
-                stats.add(block)
-            yield block
-        docs, buffered = [], 0
-
-    for ids, mask in examples:
-        pending["examples"] += 1
-        if not any(mask):
-            pending["skipped_no_assistant"] += 1
-            continue
-        if len(ids) > seq_len:
-            pending["split_documents"] += 1
-        docs.append((ids, mask))
-        buffered += len(ids)
-        if buffered >= buffer_blocks * seq_len:
-            yield from flush()
-    if docs:
-        yield from flush()
 
 
 def packing_preview(lengths: list[int], seq_len: int, strategy: str = "bfd",

@@ -27,7 +27,7 @@ run's blocks reach them, so the check's block crosses one as the run's do; left 
 POSITION_SLOPES = {"attn_scale": 1.0}
 """How steeply a crossed position scale grows (Llama 4: 0.1 per log-unit of position), set ten times steeper as
 INIT_STD sharpens attention: at 0.1 the shrunk copy's documents moved by 0.14 nats in bf16, under the check's bf16
-tolerance (runner.plan.packcheck); at 1.0 by 0.45 (0.017 with the scale not crossed)."""
+tolerance (runner.gate.packcheck); at 1.0 by 0.45 (0.017 with the scale not crossed)."""
 WIDTHS = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64,
     "intermediate_size": 128, "intermediate_size_mlp": 128, "ffn_hidden_size": 128, "n_inner": 128,
@@ -44,7 +44,7 @@ EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_
 TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
 INIT_STD = 0.2
 """Weights drawn ten times wider than the usual 0.02: attention gets sharp, so a token that sees another document
-moves its loss by far more than rounding does (runner.plan.packcheck argues the tolerances)."""
+moves its loss by far more than rounding does (runner.gate.packcheck argues the tolerances)."""
 
 
 def crossed(key: str, value: int, seq_len: int) -> bool:

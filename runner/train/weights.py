@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
-from runner.events.paths import RunPaths
+from runner.events.paths import CHECKPOINT_META, RunPaths
 from runner.engines import ADAPTER_METHODS
 from runner.spec import RunSpec
 
@@ -34,10 +34,6 @@ class RunWeights:
     model_dir: Path | None = None
     state: dict[str, torch.Tensor] | None = None
     adapter: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
-
-    @property
-    def is_adapter(self) -> bool:
-        return self.adapter is not None
 
 
 def record_spec(record: dict[str, Any]) -> RunSpec:
@@ -97,8 +93,6 @@ def _load_alone(folder: Path, model: torch.nn.Module) -> None:
 
 def run_weights(record: dict[str, Any], prefer_checkpoint: bool = False) -> RunWeights:
     """The run's final weights: its export when it has one (unless prefer_checkpoint), else its last checkpoint."""
-    from runner.train.checkpoint import META, latest_checkpoint
-
     spec = record_spec(record)
     run_dir = run_dir_of(record)
     export = ((record.get("metrics") or {}).get("export") or {})
@@ -109,12 +103,12 @@ def run_weights(record: dict[str, Any], prefer_checkpoint: bool = False) -> RunW
             return RunWeights(spec, "export (adapter)", state=base_model(spec).state_dict(),
                               adapter=_adapter_files(folder))
         return RunWeights(spec, f"export ({kind})", model_dir=folder)
-    ckpt = latest_checkpoint(run_dir)
+    ckpt = RunPaths(run_dir).latest_checkpoint()
     if ckpt is None:
         raise UserError(f"record {record.get('id')}: the run kept no weights (output.save="
                         f"{spec.output.save}, no checkpoint in {RunPaths(run_dir).checkpoints}); re-run it with "
                         "output.save=auto or train.checkpoint_every set")
-    if (ckpt / META).is_file():
+    if (ckpt / CHECKPOINT_META).is_file():
         return _from_native_checkpoint(spec, ckpt)
     if (ckpt / "adapter_model.safetensors").is_file():
         return RunWeights(spec, f"checkpoint {ckpt.name}", state=base_model(spec).state_dict(),

@@ -14,19 +14,19 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner.errors import Problem
+from runner.writes import atomic_write_text
 
 CHECK_VERSION = 1
 """Bumped when the check's method changes: cached verdicts of another version are not reused."""
 DOC_LENGTHS = (37, 80, 11, 23)
 """Documents of different lengths: a short one right after the longest (the most of it would be another
-document's tokens if attention leaked), and a long one past the shrunk windows (runner.plan.shrink)."""
+document's tokens if attention leaked), and a long one past the shrunk windows (runner.gate.shrink)."""
 PAD_SEGMENTS = 1
 BLOCK_EXTRA = 9
 """Padding after the documents: one full segment and a short one, cut as the run cuts it
@@ -64,9 +64,9 @@ FLEX_SHAPES = "eager"
 """How the check runs flex attention. "static": compiled as transformers compiles it, specialised to each new
 length (the packed block and each document alone); "dynamic": compiled once for every length (dynamo's
 assume_static_by_default off while the check runs); "eager": flex's reference implementation, the same mask_mod,
-block mask and positions evaluated densely, no compiled kernel. Measured in a new process with a cold compile
-cache on an H100 (benchmarks/packcheck-h200.md, its last table), the shrunk Llama's check took 32 s static, 30 s dynamic (the
-first compile in a process is the cost, not the recompiles) and 5 s eager, all exact; eager is the default: what
+block mask and positions evaluated densely, no compiled kernel. In a new process with a cold compile cache
+on an H100 the compiled checks took several times the eager one, all exact (the first compile in a process is the
+cost, not the recompiles: benchmarks/packcheck-h200.md, its last table); eager is the default: what
 keeps documents apart (masks, positions) is the same in both, and the fused kernel's agreement with the reference
 is PyTorch's own test. What eager cannot see is a block the compiled kernel skips or keeps wrongly by its sparse
 block map."""
@@ -128,7 +128,7 @@ def cache_path() -> Path:
 def _source_digest() -> str:
     """The code the check exercises (attention paths, masks, blocks, losses, this check): a change to it is a new
     verdict, as a package upgrade is."""
-    import runner.plan.shrink as shrink
+    import runner.gate.shrink as shrink
     import runner.train.attention as attention
     import runner.train.blocks as blocks
     import runner.train.loss as loss
@@ -153,7 +153,7 @@ def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for k in ("_name_or_path", "transformers_version", "_commit_hash", "architectures"):
         cfg.pop(k, None)
-    # The window regime the check puts documents in depends on seq_len (runner.plan.shrink): which side of each
+    # The window regime the check puts documents in depends on seq_len (runner.gate.shrink): which side of each
     # window the run's blocks fall on is part of the key, not seq_len itself.
     windows = _window_regime(config, seq_len)
     data = {"v": CHECK_VERSION, "config": cfg, "path": path, "kernel": kernel, "engine": engine, "loss": loss_impl,
@@ -164,7 +164,7 @@ def cache_key(config: Any, path: str, kernel: str, engine: str, loss_impl: str, 
 
 def _window_regime(config: Any, seq_len: int) -> list[bool]:
     from runner.facts.families import text_config
-    from runner.plan.shrink import POSITION_SCALE_KEYS, WINDOW_KEYS, crossed
+    from runner.gate.shrink import POSITION_SCALE_KEYS, WINDOW_KEYS, crossed
 
     text = text_config(config)
     return [crossed(k, w, seq_len) for k in WINDOW_KEYS + POSITION_SCALE_KEYS
@@ -191,10 +191,7 @@ def _write_cache(key: str, verdict: Verdict) -> None:
     data = _read_cache()
     data[key] = {k: v for k, v in verdict.to_dict().items() if k != "cached"}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:  # a read-only home: the check still ran, it is only not remembered
         pass
 
@@ -325,7 +322,7 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
     import torch
 
     from runner.decide.rules import FA4_KERNEL
-    from runner.plan.shrink import shrunk_config
+    from runner.gate.shrink import shrunk_config
     from runner.train.attention import keep_documents_apart, register_varlen
     from runner.train.model import DTYPES, disable_cache, expose_backbone
 
