@@ -145,14 +145,13 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                     plain: bool = False, node_rank: int = 0, force: bool = False) -> int:
     """Continue a run from its latest complete checkpoint (same ranks and nodes); `--set` may raise max_steps."""
     from runner.spec import apply_override, read_spec_file, validate
-    from runner.train.checkpoint import complete_checkpoints
 
     spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     check_run_target(run_dir.parent, records_dir, run_dir.name)
     _refuse_live(run_dir)
-    done = complete_checkpoints(run_dir)
+    done = RunPaths(run_dir).complete_checkpoints()
     data = read_spec_file(spec_path)
     for assignment in overrides:
         apply_override(data, assignment)
