@@ -212,10 +212,12 @@ def main() -> None:
                 row["allocated_before_gib"] = round(torch.cuda.memory_allocated() / 2**30, 3)
                 torch.cuda.memory._record_memory_history(max_entries=2_000_000)
             engine = trl_engine if spec.engine == "trl" else native
+            from runner.decide import decide_run
             run_dir = work / f"run{len(result['rows'])}"
             run_dir.mkdir()
             try:
-                summary = engine.train(spec, rt, EventWriter(run_dir / "events.jsonl", 0), run_dir=run_dir)
+                summary = engine.train(spec, rt, EventWriter(run_dir / "events.jsonl", 0), decide_run(spec, probe=True),
+                                       run_dir=run_dir)
                 if snapshot:
                     snap = torch.cuda.memory._snapshot()
                     row["at_peak"] = live_at_peak(snap)

@@ -6,7 +6,7 @@ query-gradient difference relative to the reference's largest gradient (bf16 rou
     python benchmarks/fa4_head_sizes.py          # on an SM90/SM100 GPU with flash-attn-4 installed
 
 Measured on an H100 with flash-attn-4 4.0.0b40 (benchmarks/fa4-head-sizes-h100.txt): heads of 16 give a correct
-forward and a wrong backward, which is why runner.facts.decisions.FA4_MIN_HEAD_DIM is 32.
+forward and a wrong backward, which is why runner.decide.rules.FA4_MIN_HEAD_DIM is 32.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def lora_settings(config: Any) -> dict[str, Any]:
 
 def cell_spec(family: str, engine: str, seq_len: int, folder: Path, data: Path, args: argparse.Namespace) -> Any:
     from runner.engines import with_plain_levers
-    from runner.facts.decisions import chunked_supported
+    from runner.decide.rules import chunked_supported
     from runner.spec import load_spec, resolve
     from tests.families import family_config
 
@@ -83,6 +83,8 @@ def _problem_text(problems: list[Any]) -> str:
 
 def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cells to train, rows refused at preflight)."""
+    from runner.decide import decide_run
+    from runner.events.paths import RunPaths
     from runner.gate.preflight import preflight_problems
     from tests.families import GPU, TINY, write_model_folder
 
@@ -103,6 +105,7 @@ def plan_cells(args: argparse.Namespace, work: Path, data: Path) -> tuple[list[d
                 run_dir = work / "runs" / f"{family}-{engine}-{seq_len}"
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
+                decide_run(spec, probe=True).write(RunPaths(run_dir).decisions)  # as a launch decides, once
                 cells.append({**row, "run_dir": str(run_dir)})
     return cells, refused
 
@@ -126,13 +129,16 @@ def _cleanup(device: str) -> None:
 def run_cell(cell: dict[str, Any], rt: Any) -> None:
     """One cell on this rank, as runner.train.__main__ runs a rank: its events file gets start, the engine's
     events, and end or error."""
+    from runner.decide import Decisions
     from runner.events.lines import EventWriter
     from runner.events.failure import classify_exception
+    from runner.events.paths import RunPaths
     from runner.spec import RunSpec
     from runner.train import runtime
 
     run_dir = Path(cell["run_dir"])
     spec = RunSpec.model_validate(json.loads((run_dir / "spec.json").read_text()))
+    decisions = Decisions.read(RunPaths(run_dir).decisions)
     events = EventWriter(run_dir / "events" / f"rank{rt.rank}.jsonl", rt.rank)
     events.event("start", world_size=rt.world_size, pid=os.getpid(), max_steps=spec.train.max_steps)
     print(f"== {cell['family']} {cell['engine']} {cell['seq_len']}", flush=True)
@@ -142,7 +148,7 @@ def run_cell(cell: dict[str, Any], rt: Any) -> None:
             from runner.train.trl_engine import train
         else:
             from runner.train.native import train
-        summary = train(spec, rt, events, run_dir=run_dir)
+        summary = train(spec, rt, events, decisions, run_dir=run_dir)
         events.event("end", step=summary["steps"], **summary)
     except Exception as e:  # noqa: BLE001 - a failed cell is a row of the table, the next cell still runs
         traceback.print_exc()

@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 from runner.facts.catalog import parse_arch  # noqa: E402
 from runner.facts.tiling import flash_backward_workspace_bytes  # noqa: E402
 from runner.train import attention  # noqa: E402
-from runner.train.model import enable_recompute, text_decoder_layers  # noqa: E402
+from runner.train.apply import enable_recompute  # noqa: E402
+from runner.train.model import text_decoder_layers  # noqa: E402
+from runner.train.apply import set_head_groups  # noqa: E402
 from runner.train.tiling import tile_layers  # noqa: E402
 
 
@@ -93,19 +95,17 @@ def exactness(kernel: str, tokens: int) -> dict:
     batch = _batch(base.config.vocab_size, tokens)
     plain = copy.deepcopy(base).train()
     enable_recompute(plain, None)
-    attention.set_head_groups(1)
     ref_loss, ref = _loss_and_grads(plain, batch)
     out: dict = {"tokens": tokens, "loss": ref_loss}
     for name, groups, offload in (("regenerated", 1, True), ("head_groups", 8, False)):
         model = copy.deepcopy(base).train()
         # Host memory on a GPU (runner.train.offload); on CPU the source's input stays where it is.
         enable_recompute(model, None, offload=offload and DEVICE == "cuda", offload_layers=1, regenerate=offload)
-        attention.set_head_groups(groups)
+        set_head_groups(text_decoder_layers(model), groups)
         loss, grads = _loss_and_grads(model, batch)
         rel = max(float((grads[n] - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-30)) for n in ref)
         out[name] = {"loss": loss, "loss_diff": abs(loss - ref_loss), "max_rel_grad_diff": rel,
                      "bit_for_bit": loss == ref_loss and all(torch.equal(grads[n], ref[n]) for n in ref)}
-    attention.set_head_groups(1)
     return out
 
 

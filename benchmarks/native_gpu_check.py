@@ -151,7 +151,8 @@ def build(config: Any, attn: str, compile_layers: bool) -> tuple[Any, Any]:
 
     from runner.train.attention import VARLEN, install_document_reset, register_varlen
     from runner.train.loss import attach_chunked_loss
-    from runner.train.model import disable_cache, shard_model
+    from runner.train.apply import enable_recompute
+    from runner.train.model import decoder_layers, disable_cache
 
     if attn == VARLEN:
         register_varlen()
@@ -160,7 +161,9 @@ def build(config: Any, attn: str, compile_layers: bool) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
     disable_cache(model)
     install_document_reset(model)
-    model = shard_model(model, "cuda", activation_checkpointing=True, compile_layers=compile_layers)
+    enable_recompute(model, None, inside_compile=compile_layers)
+    for layer in decoder_layers(model) if compile_layers else ():
+        layer.compile()  # one GPU, bf16 weights: the plain module, as the engine trains it
     model.train()
     attach_chunked_loss(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=True)

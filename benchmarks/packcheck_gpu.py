@@ -52,12 +52,12 @@ LIMIT_S = 10.0
 def cell(model_type: str, path: str, kernel: str, seq_len: int) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    from runner.facts.decisions import FA4_KERNEL, attention_refusal, choose_loss, head_dim, varlen_kernel_refusal
+    from runner.decide.rules import FA4_KERNEL, attention_refusal, choose_loss, head_dim, varlen_kernel_refusal
     from runner.facts.families import family_of
     from runner.gate.packcheck import Setup, run_check
     from runner.train import fa4
     from runner.train.attention import available_kernels, concrete_model_class, supported_attention
-    from runner.train.loader import is_vlm_config
+    from runner.decide.loader import is_vlm_config
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     # The family's own default sizes (the check shrinks them).
@@ -132,7 +132,7 @@ def run_shapes_call(config: Any, seq_len: int) -> dict[str, Any]:
     served the run."""
     import torch
 
-    from runner.facts.decisions import head_dim
+    from runner.decide.rules import head_dim
     from runner.train import fa4
 
     text = config.get_text_config()

@@ -130,7 +130,9 @@ def main() -> int:
     spec = resolve_levers(resolve(load_spec(args.spec, args.overrides)))  # the levers a launch would pick
     rt = runtime.init(spec.hardware.device)
     runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
-    parts = native.build(spec, rt)
+    from runner.decide import decide_run
+
+    parts = native.build(spec, rt, decide_run(spec, probe=True))
     model, opt = parts["model"], parts["optimizer"]
     blocks = native.block_iterator(spec, parts["tokenizer"], rt.rank, rt.world_size, rt.device)
 

@@ -80,7 +80,8 @@ def run(as_shapes: bool, args: argparse.Namespace) -> dict:
 
     import runner.train.loss as loss
     from runner.train.data import to_device
-    from runner.train.model import decoder_layers, enable_recompute
+    from runner.train.apply import enable_recompute
+    from runner.train.model import decoder_layers
 
     torch._dynamo.reset()
     counters.clear()

@@ -54,7 +54,10 @@ def main() -> None:
                    cuda_available=True, gpu_count=1)
     spec = resolve_levers(spec)
     work = Path(tempfile.mkdtemp())
-    summary = trl_engine.train(spec, rt, EventWriter(work / "events" / "rank0.jsonl", 0), run_dir=work)
+    from runner.decide import decide_run
+
+    summary = trl_engine.train(spec, rt, EventWriter(work / "events" / "rank0.jsonl", 0), decide_run(spec, probe=True),
+                               run_dir=work)
     events = [json.loads(line) for line in (work / "events" / "rank0.jsonl").read_text().splitlines()]
     steps = [e for e in events if "event" not in e]
     out = {"variant": args.variant, "seq_len": args.seq_len,

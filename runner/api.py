@@ -41,7 +41,7 @@ __all__ = ["Machine", "RunSpec", "arch_summary", "attach", "dataset_name", "dete
            "hub_problems", "human_bytes", "is_live", "launch", "launch_commands", "list_records", "live_runs", "load",
            "load_for_try", "load_record", "log_tail", "origin", "overridden_fields", "overridden_sections",
            "packing_check", "path_name", "precision_advice", "preflight_problems", "prepare_replay", "preview_detect",
-           "preview_tokens", "reap_lost", "replay_result", "resolve_for", "resume_sentence", "run_paths",
+           "preview_tokens", "reap_lost", "recorded_decisions", "replay_result", "resolve_for", "resume_sentence", "run_paths",
            "summary_row", "sweep", "sweep_target", "verify", "warm_imports", *_LAZY_TYPES]
 
 
@@ -164,7 +164,7 @@ def launch_commands(resolved: RunSpec) -> list[str]:
 
 def has_weights(model_dir: Path) -> bool:
     """Whether a local model folder holds weights (a folder with config.json and a tokenizer alone has none)."""
-    from runner.train.loader import has_weights as folder_has_weights
+    from runner.decide.loader import has_weights as folder_has_weights
 
     return folder_has_weights(model_dir)
 
@@ -217,13 +217,14 @@ def precision_advice(spec: RunSpec) -> str | None:
 
 def launch(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
            replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
-           resume: bool = False) -> SupervisedRun:
+           resume: bool = False, decisions: Any = None) -> SupervisedRun:
     """Start a gated, resolved run under its own supervisor (apart from this process and its terminal: closing a
-    face never stops it) and return its RunHandle once torchrun started; SupervisorFailed when it could not."""
+    face never stops it) and return its RunHandle once torchrun started; SupervisorFailed when it could not.
+    `decisions`: a replay's recorded ones (`PreparedReplay.decisions`), which its ranks get whole."""
     from runner.launch.supervised import spawn
 
     return spawn(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of, node_rank=node_rank,
-                 run_id=run_id, resume=resume)
+                 run_id=run_id, resume=resume, decisions=decisions)
 
 
 def attach(run_ref: str | Path, runs_dir: Path) -> SupervisedRun:
@@ -277,6 +278,14 @@ def prepare_replay(path: Path, gpu_count: int | None = None, trust_remote_code: 
     from runner.launch.replay import prepare_replay as prepare
 
     return prepare(path, gpu_count, trust_remote_code)
+
+
+def recorded_decisions(rec: dict[str, Any]) -> Any:
+    """The decisions a record's replay gives its ranks whole (a schema-3 record's); None for a record written before,
+    whose replay decides again with its recorded choices pinned in the spec."""
+    from runner.record.replay import recorded_decisions as whole
+
+    return whole(rec)
 
 
 def replay_result(original: dict[str, Any], replayed: dict[str, Any], spec: RunSpec) -> dict[str, Any]:

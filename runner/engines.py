@@ -140,7 +140,7 @@ AUTO = "auto"
 SPEED_LEVERS = ("activation_checkpointing", "recompute_layers", "recompute_attention", "offload_activations", "compile",
                 "loss_impl", "fsdp_one_rank", "micro_batch", "grad_accum")
 """The train fields the planner fills when they are `auto` (train.optimizer_precision has its own rule in
-runner.precision; the attention path and kernel are picked by runner.facts.decisions)."""
+runner.precision; the attention path and kernel are picked by runner.decide.rules)."""
 
 PLAIN = {"activation_checkpointing": False, "recompute_layers": None, "recompute_attention": True,
          "offload_activations": False, "compile": False, "loss_impl": "chunked", "fsdp_one_rank": False,

@@ -171,7 +171,8 @@ class SftApp(App):
                     estimate = None
             # The run's own supervisor, apart from this terminal: closing the wizard never stops or orphans it.
             active = api.launch(resolved, self.runs_dir, self.records_dir, estimate=estimate,
-                                replay_of=original["id"] if original else None)
+                                replay_of=original["id"] if original else None,
+                                decisions=api.recorded_decisions(original) if original else None)
         except UserError as e:
             self.post_message(LaunchFailed(str(e)))
             return

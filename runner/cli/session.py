@@ -34,15 +34,17 @@ def gate_estimate(spec: RunSpec, force: bool, console: Console, runs_dir: Path,
 
 def launch_and_watch(spec: RunSpec, runs_dir: Path, records_dir: Path, plain: bool, console: Console,
                      estimate: dict[str, Any] | None = None, replay_of: str | None = None, node_rank: int = 0,
-                     run_id: str | None = None, resume: bool = False) -> tuple[SupervisedRun, int]:
-    """Start the run's supervisor (apart from this process and its terminal) and follow it to its end."""
+                     run_id: str | None = None, resume: bool = False,
+                     decisions: Any = None) -> tuple[SupervisedRun, int]:
+    """Start the run's supervisor (apart from this process and its terminal) and follow it to its end; `decisions`:
+    a replay's recorded ones, which its ranks get whole."""
     from runner.cli.follow import ViewSignals, follow, say_detached
 
     # Signals are taken from before the start: a Ctrl+C while the supervisor hashes pins cancels the run it launches.
     with ViewSignals() as signals:
         try:
             active = api.launch(spec, runs_dir, records_dir, estimate=estimate, replay_of=replay_of,
-                                node_rank=node_rank, run_id=run_id, resume=resume)
+                                node_rank=node_rank, run_id=run_id, resume=resume, decisions=decisions)
         except SupervisorFailed as e:
             raise UserError(str(e)) from None
         console.print(f"run {active.run_id}: {spec.world_size} rank(s) on {spec.hardware.device}; "
@@ -143,14 +145,13 @@ def resume_headless(run_dir: Path, overrides: list[str], records_dir: Path, as_j
                     plain: bool = False, node_rank: int = 0, force: bool = False) -> int:
     """Continue a run from its latest complete checkpoint (same ranks and nodes); `--set` may raise max_steps."""
     from runner.spec import apply_override, read_spec_file, validate
-    from runner.train.checkpoint import complete_checkpoints
 
     spec_path = RunPaths(run_dir).spec
     if not spec_path.is_file():
         raise UserError(f"--resume {run_dir}: no spec.json there (expected a run folder such as runs/<id>)")
     check_run_target(run_dir.parent, records_dir, run_dir.name)
     _refuse_live(run_dir)
-    done = complete_checkpoints(run_dir)
+    done = RunPaths(run_dir).complete_checkpoints()
     data = read_spec_file(spec_path)
     for assignment in overrides:
         apply_override(data, assignment)
@@ -236,6 +237,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
     original, spec, rows = prepared.original, prepared.spec, prepared.drift
     pinned = pinned_decisions(original)
     console.print("engine decisions pinned from the record: " + (
+        "all (its decisions file)" if prepared.decisions is not None else
         ", ".join(f"{k}={v}" for k, v in pinned.items()) if pinned else "none (the record holds none: today's rules "
         "decide)"))
     print_drift(console, rows)
@@ -244,7 +246,7 @@ def replay_headless(ref: str, runs_dir: Path, records_dir: Path, strict: bool = 
         raise UserError(f"--strict: {len(strict_rows)} pin(s) differ from the record "
                         f"({', '.join(r['pin'] for r in strict_rows[:5])}{'…' if len(strict_rows) > 5 else ''})")
     active, code = launch_and_watch(spec, runs_dir, records_dir, plain, console, original.get("estimate"),
-                                    replay_of=original["id"])
+                                    replay_of=original["id"], decisions=prepared.decisions)
     if code == EXIT_DETACHED:
         return code
     _report(console, active)

@@ -109,8 +109,8 @@ class StartEvent(Event):
 
 @dataclass(frozen=True)
 class TrainBeginEvent(Event):
-    """The engine built its model and is about to train: what it decided (attention path, loss, FSDP, precision, ...);
-    `decisions()` is the part a record keeps and a replay pins."""
+    """The engine built its model and is about to train: what it was decided to run (attention path, loss, FSDP,
+    precision, ..., and `decisions` whole) and what it counted."""
 
     KIND = TRAIN_BEGIN
     max_steps: int | None = None
@@ -141,14 +141,9 @@ class TrainBeginEvent(Event):
     """method.kind=qlora: how the frozen base was stored (type, block sizes, library and version, what stayed in its
     own dtype); absent otherwise."""
 
-    DECISIONS: ClassVar[tuple[str, ...]] = (
-        "attn", "attn_reason", "attn_kernel", "loss_impl", "loss_reason", "loss_chunk_tokens", "fsdp", "fsdp_sharded",
-        "optimizer_precision", "precision", "liger_kernels", "packing", "packing_mechanism", "sequence_parallel",
-        "offloaded_layers", "regenerated_layers", "attention_head_groups", "quantization")
-    """The train_begin keys that say what the engine decided (rather than what it counted)."""
-
-    def decisions(self) -> dict[str, Any]:
-        return {k: self.line[k] for k in self.DECISIONS if self.line.get(k) is not None}
+    decisions: dict[str, Any] | None = None
+    """The run's decisions file, whole (runner.decide: made before launch, obeyed by every rank); absent from runs
+    before it."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,11 @@ class RunPaths:
         return self.run_dir / "spec.json"
 
     @property
+    def decisions(self) -> Path:
+        """The run's decisions (runner.decide), written once beside the spec before launch; every rank reads it."""
+        return self.run_dir / "decisions.json"
+
+    @property
     def events(self) -> Path:
         return self.run_dir / "events"
 

@@ -479,7 +479,7 @@ class LoadedArch:
     """The local directory holding config.json (and maybe tokenizer.json), when there is one."""
     note: str = ""
     config: dict[str, Any] = field(default_factory=dict)
-    """config.json itself, for the engines' decisions (runner.facts.decisions) the estimator plans with."""
+    """config.json itself, for the engines' decisions (runner.decide.rules) the estimator plans with."""
 
 
 def load_arch(spec: Any) -> LoadedArch:

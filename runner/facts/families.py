@@ -52,7 +52,7 @@ class Family:
     attention_paths: tuple[str, ...] = ALL_PATHS
     """Attention paths that keep packed documents apart and compute this family's attention exactly, and that its
     transformers class declares (`_supports_*`; tests check the two agree), before the device and the kernels
-    installed are taken into account (runner.facts.decisions does that)."""
+    installed are taken into account (runner.decide.rules does that)."""
     moe: bool = False
     recurrent: str | None = None
     """None for attention-only families; GATED_DELTA or STATE_SPACE for families with recurrent layers."""

@@ -321,7 +321,7 @@ def shrunk_copies(config: Any, setup: Setup, model_cls: Any, errors: list[str]) 
     shrunk. What refuses to build is appended to `errors`."""
     import torch
 
-    from runner.facts.decisions import FA4_KERNEL
+    from runner.decide.rules import FA4_KERNEL
     from runner.gate.shrink import shrunk_config
     from runner.train.attention import keep_documents_apart, register_varlen
     from runner.train.model import DTYPES, disable_cache, expose_backbone
@@ -388,7 +388,7 @@ def _layers(config: Any) -> Any:
 
 def _auto_class(config: Any, setup: Setup) -> Any:
     from runner.imports import from_transformers
-    from runner.train.loader import is_vlm_config
+    from runner.decide.loader import is_vlm_config
 
     causal, vlm = from_transformers("AutoModelForCausalLM", "AutoModelForImageTextToText")
     if setup.loader == "image_text_to_text" or (setup.loader == "auto" and is_vlm_config(config)):
@@ -493,7 +493,7 @@ def compare(model: Any, setup: Setup) -> tuple[float, float, float]:
 def setup_for(spec: Any, config: Any, device: str, path: str | None = None) -> Setup | None:
     """The run's path, kernel, loss and dtype (None when the attention choice itself is refused: preflight says
     why elsewhere)."""
-    from runner.facts.decisions import choose_loss
+    from runner.decide.rules import choose_loss
     from runner.train.attention import attention_for
 
     choice, refusal = attention_for(spec, config, device)
@@ -528,7 +528,7 @@ def checked(config: Any, setup: Setup, use_cache: bool = True) -> Verdict:
 
 def passing_paths(spec: Any, config: Any, device: str, setup: Setup) -> list[str]:
     """Other attention paths this model may take here that pass the check (what a refusal proposes)."""
-    from runner.facts.decisions import attention_refusal
+    from runner.decide.rules import attention_refusal
     from runner.train.attention import available_kernels, concrete_model_class, supported_attention
 
     kernels = available_kernels(device)

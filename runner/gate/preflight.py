@@ -393,7 +393,7 @@ def _lora_problems(spec: RunSpec, config: Any) -> list[Problem]:
 
 def _attention_problems(spec: RunSpec, config: Any = None) -> list[Problem]:
     """The attention path the engine would load must keep packed documents apart and apply the family's attention
-    (runner.facts.decisions via runner.train.attention.attention_for); the trl engine's own check covers it there."""
+    (runner.decide.rules via runner.train.attention.attention_for); the trl engine's own check covers it there."""
     from runner.train.attention import attention_for, attention_problem
 
     if config is None or engine_for(spec.engine).checks_own_attention:

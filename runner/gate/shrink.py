@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from runner.facts.decisions import head_dim
+from runner.decide.rules import head_dim
 
 SMALL_WINDOW = 16
 """A window shorter than the check's long documents: their tokens past it see only part of their own document."""

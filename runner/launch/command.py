@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -9,6 +10,7 @@ import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from runner.errors import UserError
 from runner.events.paths import RunPaths
@@ -109,6 +111,24 @@ def write_spec(paths: RunPaths, spec: RunSpec) -> None:
     # Credentials never belong in a spec (use HF_TOKEN and friends); any that slipped in are not written down.
     # Atomic: on a shared filesystem every node of a multi-node run writes the same file.
     atomic_write_json(paths.spec, redact(spec.to_dict()))
+
+
+def prepare_run(paths: RunPaths, spec: RunSpec, decisions: Any = None) -> tuple[RunSpec, Any]:
+    """The run folder's spec (levers resolved) and decisions (runner.decide), each written once before launch: a
+    folder that holds them already (the supervisor after `spawn`, a resumed run, another node on a shared
+    filesystem) keeps them (a resumed spec that goes on past its train.max_steps is written again). `decisions`: given whole (a replay's recorded ones), else decided here, probing this
+    node's attention kernels."""
+    from runner.decide import Decisions, decide_run
+    from runner.plan.autotune import resolve_levers
+
+    spec = resolve_levers(spec)  # what the estimate planned; a recorded spec (replay, resume) has nothing left to pick
+    if not paths.spec.is_file() or json.loads(paths.spec.read_text()) != redact(spec.to_dict()):
+        write_spec(paths, spec)  # a resume may carry on past the recorded train.max_steps
+    if paths.decisions.is_file():
+        return spec, Decisions.read(paths.decisions)
+    decisions = decisions if decisions is not None else decide_run(spec, probe=True)
+    decisions.write(paths.decisions)
+    return spec, decisions
 
 
 def run_env(extra: dict[str, str] | None = None) -> dict[str, str]:

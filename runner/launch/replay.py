@@ -10,7 +10,7 @@ from typing import Any
 from runner.errors import UserError
 from runner.launch.run import REPO_DIR
 from runner.record import records
-from runner.record.replay import current_pins, drift, spec_from_record
+from runner.record.replay import current_pins, drift, recorded_decisions, spec_from_record
 from runner.spec import RunSpec, resolve
 
 
@@ -19,6 +19,7 @@ class PreparedReplay:
     original: dict[str, Any]  # the record replayed
     spec: RunSpec  # its spec, resolved for this machine
     drift: list[dict[str, Any]]  # the pins that differ: pin, recorded, current, strict
+    decisions: Any = None  # the record's whole decisions, given to the replay's ranks (None: decided again)
 
 
 def prepare_replay(path: Path, gpu_count: int | None = None, trust_remote_code: bool = False) -> PreparedReplay:
@@ -37,4 +38,5 @@ def prepare_replay(path: Path, gpu_count: int | None = None, trust_remote_code: 
         raise UserError(f"{original['id']} ran on GPUs and this machine has none visible: replay it on a GPU "
                         f"machine (`runner replay {path}` there)")
     spec = resolve(spec, cuda_available=gpu_count > 0, gpu_count=gpu_count)
-    return PreparedReplay(original, spec, drift(original["pins"], current_pins(spec, REPO_DIR)))
+    return PreparedReplay(original, spec, drift(original["pins"], current_pins(spec, REPO_DIR)),
+                          recorded_decisions(original))

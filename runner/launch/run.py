@@ -20,7 +20,7 @@ from runner.launch.reserve import disk_full_failure
 from runner.events.monitor import RunView
 from runner.events.paths import RunPaths
 from runner.launch.handle import run_view
-from runner.launch.command import build_command, command_line, new_run_id, run_env, write_spec
+from runner.launch.command import build_command, command_line, new_run_id, prepare_run, run_env
 from runner.launch.sampler import NodeSampler
 from runner.errors import EXIT_CANCELLED, EXIT_STOPPED
 from runner.launch.scheduler import job_facts, scheduler_facts
@@ -104,7 +104,9 @@ class ActiveRun:
         # A resumed run's wall time covers every launch, as its train_s does (each launch's end event adds its own).
         before = ((rec.get("resumes") or [{}])[-1]).get("wall_s_before") or 0.0
         rec["metrics"]["wall_s"] = round(time.time() - self.started + before, 3)
-        rec["decisions"] = records.decisions_from_events(self.paths.events)
+        quantization = records.quantization_from_events(self.paths.events)
+        if quantization:
+            rec["quantization"] = quantization
         rec["finished"] = records.now_iso()
         if self.launcher.cancelled:
             rec["status"] = "cancelled"
@@ -164,18 +166,15 @@ def _run_flops(spec: RunSpec) -> records.RunFlops | None:
 
 def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
           replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
-          resume: bool = False, stop_with_parent: bool = False) -> ActiveRun:
+          resume: bool = False, stop_with_parent: bool = False, decisions: Any = None) -> ActiveRun:
     """Create the run directory and (on node 0) the running record, then launch torchrun.
 
     With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
     `resumes`) and the ranks continue from the latest complete checkpoint."""
-    from runner.plan.autotune import resolve_levers
-
-    spec = resolve_levers(spec)  # what the estimate planned; a recorded spec (replay, resume) has nothing left to pick
     if run_id is None:
         run_id = new_run_id(spec.name, runs_dir, records_dir)
     paths = RunPaths(runs_dir / run_id)
-    write_spec(paths, spec)
+    spec, decided = prepare_run(paths, spec, decisions)
     argv = build_command(spec, paths.spec, run_id, node_rank, resume)
     env = run_env()
     record_path = None
@@ -193,7 +192,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                                                     "wall_s_before": _wall_before(rec.get("metrics") or {}),
                                                     "scheduler": scheduler_facts()}]
         rec.pop("cancel", None)
-        rec.update(status="running", finished=None, failure=None, spec=spec.to_dict())
+        rec.update(status="running", finished=None, failure=None, spec=spec.to_dict(), decisions=decided.to_dict())
         rec = records.save(record_path, rec)
     elif node_rank == 0:
         pins = pins_mod.capture(spec, REPO_DIR)
@@ -207,8 +206,9 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
                   "nodes": spec.hardware.nodes, "nproc_per_node": spec.hardware.nproc_per_node,
                   "env": pins_mod.relevant_env(env), "scheduler": scheduler_facts(), "job": job_facts()}
         record_path = records_dir / f"{run_id}.json"
-        rec = records.save(record_path, records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
-                                                             paths.run_dir, replay_of))
+        rec = records.save(record_path, {**records.new_record(run_id, spec.to_dict(), pins, launch, estimate,
+                                                                paths.run_dir, replay_of),
+                                         "decisions": decided.to_dict()})
     trackers = open_trackers(spec, run_id, paths.run_dir) if node_rank == 0 else None
     if trackers is not None and rec is not None and record_path is not None:
         rec = records.save(record_path, {**rec, "trackers": trackers.idents})

@@ -145,17 +145,18 @@ def supervisor_alive(state: dict[str, Any], proc: subprocess.Popen[bytes] | None
 
 def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
           replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
-          resume: bool = False) -> SupervisedRun:
+          resume: bool = False, decisions: Any = None) -> SupervisedRun:
     """Start the run's supervisor apart from this process (own session, no terminal, SIGHUP ignored) and return
-    once it has launched torchrun; raise SupervisorFailed when it could not."""
-    from runner.launch.command import check_run_target, new_run_id, write_spec
+    once it has launched torchrun; raise SupervisorFailed when it could not. The run's spec and decisions are
+    written here, once (`prepare_run`; `decisions`: a replay's recorded ones), and the supervisor reads them."""
+    from runner.launch.command import check_run_target, new_run_id, prepare_run
     from runner.launch.process import ignore_preemption_warning
 
     check_run_target(runs_dir, records_dir, run_id)
     if run_id is None:
         run_id = new_run_id(spec.name, runs_dir, records_dir)
     paths = RunPaths(runs_dir / run_id)
-    write_spec(paths, spec)
+    spec, _ = prepare_run(paths, spec, decisions)
     # A resumed run's previous supervisor said its last word, and the requests it got are not for this launch.
     state_path(paths, node_rank).unlink(missing_ok=True)
     if node_rank == 0:

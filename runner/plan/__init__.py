@@ -18,10 +18,8 @@ from runner.plan.choices import (
     fused_chunk_tokens,
     gdn_kernels_installed,
     make_plan,
-    offloads_activations,
     planned_attention,
     planned_loss,
-    recomputed_layers,
 )
 from runner.plan.result import Estimate
 from runner.plan.sweep import parse_sweep, sweep
@@ -31,6 +29,6 @@ from runner.plan.whatif import estimate, method_comparison, suggestion
 __all__ = [
     "DataSize", "Estimate", "Plan", "_load_arch_cached", "backward_transient_bytes", "calibration", "dataset_size",
     "estimate", "flops_per_step", "predict", "fused_chunk_tokens", "gdn_kernels_installed", "layer_activation_bytes",
-    "lora_params", "make_plan", "memory_model", "method_comparison", "offloads_activations", "parse_sweep",
-    "planned_attention", "planned_loss", "recomputed_layers", "suggestion", "sweep",
+    "lora_params", "make_plan", "memory_model", "method_comparison", "parse_sweep",
+    "planned_attention", "planned_loss", "suggestion", "sweep",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runner.facts.catalog import LAYER_LINEAR, Arch
-from runner.facts.decisions import ULYSSES
+from runner.decide.rules import ULYSSES
 from runner.facts.families import family
 from runner.facts.tiling import (
     NORM_BACKWARD_BYTES,

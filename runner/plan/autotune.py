@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import Problem, UserError
-from runner.facts.decisions import chunked_supported
+from runner.decide.rules import chunked_supported
 from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
@@ -140,7 +140,7 @@ def lever_space(spec: RunSpec, plan: Plan, splits: tuple[tuple[int, int], ...]) 
             (layers if t.recompute_layers is None else min(t.recompute_layers, layers),)
     else:
         counts = (layers,)
-    # Kept attention outputs are varlen's (runner.plan.choices.keeps_attention_outputs); offloaded layers keep none.
+    # Kept attention outputs are varlen's (runner.decide.decisions.layer_plans); offloaded layers keep none.
     attention = _pick(t.recompute_attention, (True, False) if "recompute_attention" in can and plan.attn == "varlen"
                       else (True,))
     offload = _pick(t.offload_activations, (False, True) if "offload_activations" in can else (False,))
@@ -169,7 +169,7 @@ class Pricer:
         base = self.plans[levers.micro_batch]
         fields = levers.train_fields(self.spec.engine, base.arch.layers)
         spec = self.spec.model_copy(update={"train": self.spec.train.model_copy(update=fields)})
-        plan = dataclasses.replace(base, spec=spec, loss_impl=levers.loss_impl)
+        plan = base.priced_with(spec)
         mem = memory_model(plan)
         dev = device_memory(plan, mem)
         per_gpu = mem.allocated + dev.fragmentation + dev.context

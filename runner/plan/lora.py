@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.facts.catalog import Arch
-from runner.facts.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank
+from runner.decide.rules import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank
 
 
 def _layer_name(i: int, name: str) -> str:
@@ -16,7 +16,7 @@ def _layer_name(i: int, name: str) -> str:
 def lora_params(arch: Arch, lora: Any) -> tuple[int, int, list[str]]:
     """(trainable adapter params, largest adapted expert stack of one layer in params, notes).
 
-    Targets and ranks are matched as peft matches them (runner.facts.decisions). A linear (in → out) gets r·(in + out); an expert tensor (E × in × out) via target_parameters gets
+    Targets and ranks are matched as peft matches them (runner.decide.rules). A linear (in → out) gets r·(in + out); an expert tensor (E × in × out) via target_parameters gets
     r·E·(in + out) (peft ParamWrapper: lora_A = Linear(in, r·E), lora_B = Linear(r·E, out)).
     """
     total = 0

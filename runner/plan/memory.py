@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
-from runner.facts.decisions import ULYSSES
-from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers, regenerated_layers
+from runner.decide.rules import ULYSSES
+from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, HOSTED, REGENERATED, SOURCE
 from runner.engines import engine_for
 from runner.plan.activations import (
     _norm_bytes, backward_transient_bytes, flash_backward_workspace_bytes, layer_activation_bytes, tile_bytes)
@@ -39,7 +39,7 @@ from runner.plan.constants import (
 )
 from runner.plan.lora import lora_params
 from runner.plan.quant import dequant_bytes, gathered_layer_bytes, quantized_params
-from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
+from runner.plan.choices import Plan
 from runner.spec import RunSpec
 
 
@@ -277,19 +277,17 @@ def activation_memory(s: Step) -> ActivationMemory:
         copy = SDPA_CPU_MASK_COPIES_PER_LAYER * cb * square
         per_layer = [x + (copy if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i, x in enumerate(per_layer)]
     layer_input = cb * arch.hidden * tokens
-    k = recomputed_layers(s.spec, arch.layers)  # the first k layers recompute, the others keep their activations
-    # Offloaded, a recomputed layer's input waits in host memory and comes back for its own recompute only.
-    # The first `hosted` of them as many as the node's host holds (all, where its memory is unknown).
-    offload = offloads_activations(s.spec, plan.device)
-    hosted = offloaded_layers(k, layer_input, plan.nproc, plan.host_bytes) if offload else 0
-    # Of the rest, as many as are hosted regenerate their input in backward from the layer before's (eager layers):
-    # at that moment the layer before's input is back on the GPU beside it, under the layer's own recompute peak.
-    regenerated = regenerated_layers(k, hosted, eager=not (t.compile and s.cuda)) if offload else 0
-    # A recomputed layer keeps its input; with train.recompute_attention=false a full-attention one also keeps its
-    # kernel's output and log-sum-exp (fp32) from forward.
-    attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens \
-        if keeps_attention_outputs(s.spec, plan.attn, plan.device) else 0.0
-    recomputed_kept = [(0.0 if i < hosted + regenerated else layer_input)  # runner.facts.gpus.layer_input_places
+    # The decisions' per-layer plan (runner.decide): the first k layers recompute, the others keep their
+    # activations. A recomputed layer's input waits in host memory (host, source) or is regenerated in backward from
+    # the layer before's: neither is on the GPU at the peak; with train.recompute_attention=false a full-attention
+    # layer also keeps its kernel's output and log-sum-exp (fp32) from forward.
+    layers = plan.layers
+    k = plan.recomputed
+    offload = plan.offloads
+    hosted = sum(1 for layer in layers if layer.input in (HOSTED, SOURCE))
+    regenerated = sum(1 for layer in layers if layer.input == REGENERATED)
+    attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens if plan.keeps_attention else 0.0
+    recomputed_kept = [(0.0 if layers[i].input in (HOSTED, SOURCE, REGENERATED) else layer_input)
                        + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i in range(k)]
     kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed

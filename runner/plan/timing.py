@@ -27,7 +27,7 @@ from runner.plan.constants import (
 from runner.plan.data_size import DataSize
 from runner.plan.memory import Memory
 from runner.plan.quant import quantized_params
-from runner.plan.choices import Plan, keeps_attention_outputs, offloads_activations, recomputed_layers
+from runner.plan.choices import Plan
 from runner.facts.flops import hardware_flops
 from runner.engines import engine_for
 from runner.spec import RunSpec
@@ -35,15 +35,15 @@ from runner.spec import RunSpec
 
 def recompute_skipped_params(plan: Plan) -> int:
     """Matmul parameters per token that recomputation does not run again. The native engine's compiled layers hold
-    their checkpoint inside the compiled graph (runner.train.model.checkpoint_in_compile), and backward never reads
+    their checkpoint inside the compiled graph (runner.train.apply.checkpoint_in_compile), and backward never reads
     a dense MLP's output projection, so it is not recomputed; a MoE layer's expert outputs feed the routing
     weights' gradient and are. Offloaded layers keep transformers' eager checkpoint."""
     spec = plan.spec
     if not engine_for(spec.engine).checkpoint_inside_compile or not spec.train.compile or plan.device != "cuda" \
-            or offloads_activations(spec, plan.device):
+            or plan.offloads:
         return 0
     arch = plan.arch
-    return sum(x.params for i in range(recomputed_layers(spec, arch.layers)) if not arch.is_moe_layer(i)
+    return sum(x.params for i in range(plan.recomputed) if not arch.is_moe_layer(i)
                for x in arch.linears(i) if x.name == "mlp.down_proj")
 
 
@@ -52,10 +52,10 @@ def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[floa
     spec, arch = plan.spec, plan.arch
     flops, attn_flops = hardware_flops(arch, tokens=tokens_per_step, seq_len=spec.train.seq_len, doc_len=doc_len,
                                        lora=spec.method.adapters,
-                                       recomputed=recomputed_layers(spec, arch.layers),
+                                       recomputed=plan.recomputed,
                                        not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
                                        packing=spec.train.packing,
-                                       attention_recomputed=not keeps_attention_outputs(spec, plan.attn, plan.device))
+                                       attention_recomputed=not plan.keeps_attention)
     if plan.loss_impl == "chunked":
         # Its chunks run lm_head forward again in backward (over the target tokens; counted over all of them, the
         # share is not known before tokenising). The fused loss does not (bench ablation-1p7b-chunked: 0.968 s a

@@ -77,7 +77,10 @@ class RunRecord(TypedDict, total=False):
     run_dir: str
     replay_of: str
     decisions: dict[str, Any]
-    """What the engine decided at run time (schema 2; runner.record.schema), pinned by replay."""
+    """The run's decisions file whole (schema 3; runner.decide), given whole to a replay's ranks; a schema-2 record's
+    are what its rank 0 reported, pinned field by field (runner.record.schema)."""
+    quantization: dict[str, Any]
+    """method.kind=qlora: how rank 0 stored the frozen base (its train_begin's `quantization`)."""
     migrated_from: str
     """The schema the record was stored in, when load() migrated it (never stored)."""
     exit_code: int
@@ -321,19 +324,6 @@ def metrics_from_events(events_dir: Path, world_size: int, device: str, flops: R
     return out
 
 
-def decisions_from_events(events_dir: Path) -> dict[str, Any]:
-    """What the engine decided (rank 0's first train_begin: `TrainBeginEvent.decisions`, every rank decides the
-    same), with whether FSDP2 sharded the model from its end event when the train_begin line does not say (a run
-    resumed from events an older version wrote). Empty when rank 0 never began training."""
-    evs = read_events(events_dir / "rank0.jsonl")
-    begin: TrainBeginEvent | None = first_event(evs, TrainBeginEvent)
-    out = begin.decisions() if begin else {}
-    ends: list[EndEvent] = events_of(evs, EndEvent)
-    if begin and "fsdp_sharded" not in out and ends and ends[-1].fsdp_sharded is not None:
-        out["fsdp_sharded"] = ends[-1].fsdp_sharded
-    return out
-
-
 def eval_metrics(rank0_events: list[Event], per_rank: dict[str, Any]) -> dict[str, Any]:
     """eval_curve (step → global eval loss, as a string-keyed map), eval_accuracy, the best and last eval, and
     whether the run stopped early; empty when the run evaluated nothing."""
@@ -428,3 +418,10 @@ def compare_curves(a: dict[str, list[list[float]]], b: dict[str, list[list[float
         s, r, la, lb = min(diverging)
         first = {"rank": r, "step": s, "original": la, "replay": lb}
     return {"max_abs_loss_diff": max_diff, "first_divergence": first, "same_steps": same_steps}
+
+
+def quantization_from_events(events_dir: Path) -> dict[str, Any] | None:
+    """How rank 0 stored the frozen base of a QLoRA run (its train_begin's `quantization`: type, block sizes,
+    library and version, what stayed in its own dtype); None otherwise."""
+    begin = first_event(read_events(events_dir / "rank0.jsonl"), TrainBeginEvent)
+    return begin.quantization if begin is not None else None

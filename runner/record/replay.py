@@ -35,9 +35,20 @@ def pinned_decisions(rec: dict[str, Any]) -> dict[str, Any]:
         value = decisions.get(key)
         if value is not None and value in get_args(SECTIONS[section].model_fields[name].annotation):
             out[f"{section}.{name}"] = value
-    if decisions.get("fsdp_sharded") is not None and _ranks(rec) in (1, None):
-        out["train.fsdp_one_rank"] = bool(decisions["fsdp_sharded"])
+    sharded = decisions.get("fsdp_sharded", decisions.get("fsdp"))
+    if sharded is not None and _ranks(rec) in (1, None):
+        out["train.fsdp_one_rank"] = bool(sharded)
     return out
+
+
+def recorded_decisions(rec: dict[str, Any]) -> Any:
+    """The run's whole decisions (a schema-3 record's, runner.decide.Decisions), which a replay gives its ranks
+    rather than deciding again; None for a record written before (its ranks' reported choices are pinned through
+    the spec, `pinned_decisions`, and today's rules decide the rest)."""
+    from runner.decide.decisions import FORMAT, Decisions
+
+    decisions = rec.get("decisions") or {}
+    return Decisions.from_dict(decisions) if decisions.get("format") == FORMAT else None
 
 
 def _ranks(rec: dict[str, Any]) -> int | None:

@@ -7,7 +7,9 @@ they migrate. A record saved again after a migration (a resumed run's) is writte
 Versions:
 1. the first: spec, pins, launch, estimate, metrics, failure.
 2. adds `decisions`: what the engine decided at run time (attention path and kernel, loss implementation, FSDP
-   wrapping, precision: rank 0's train_begin event, `TrainBeginEvent.DECISIONS`), which replay pins.
+   wrapping, precision: rank 0's train_begin event), which replay pins.
+3. `decisions` is the run's whole decisions file (runner.decide.Decisions, written once before launch and obeyed by
+   every rank), which replay gives its ranks whole. A schema-2 record keeps the part its ranks reported.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 PREFIX = "sft-tui.record/"
-VERSION = 2
+VERSION = 3
 SCHEMA = f"{PREFIX}{VERSION}"
 
 
@@ -45,7 +47,13 @@ def migrate_1_to_2(rec: dict[str, Any]) -> dict[str, Any]:
     return {**rec, "schema": f"{PREFIX}2", "decisions": schema1_decisions(rec)}
 
 
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [migrate_1_to_2]
+def migrate_2_to_3(rec: dict[str, Any]) -> dict[str, Any]:
+    """Nothing to move: a schema-2 record's `decisions` are what its ranks reported, which replay pins field by
+    field (runner.record.replay.pinned_decisions); only a schema-3 record's are whole."""
+    return {**rec, "schema": f"{PREFIX}3"}
+
+
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [migrate_1_to_2, migrate_2_to_3]
 """MIGRATIONS[v - 1] takes a record of version v to v + 1; the last one ends at VERSION."""
 assert len(MIGRATIONS) == VERSION - 1
 

@@ -1,4 +1,4 @@
-"""Entry point of one rank: `python -m runner.train --spec runs/<id>/spec.json` (started by torchrun)."""
+"""Entry point of one rank: `python -m runner.train --spec runs/<id>/spec.json` (started by torchrun), which obeys\nthe decisions file beside the spec (runs/<id>/decisions.json)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from runner.decide.decisions import Decisions
 from runner.events.paths import RunPaths
 from runner.events.lines import EventWriter
 from runner.events.failure import classify_exception
@@ -28,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = args.spec.parent
     spec = RunSpec.model_validate(json.loads(args.spec.read_text()))
+    paths = RunPaths(run_dir)
     rank = int(os.environ["RANK"])
 
     from runner.train import runtime
 
-    paths = RunPaths(run_dir)
     runtime.redirect_output(paths.rank_log(rank))
     events = EventWriter(paths.rank_events(rank), rank)
     events.start(local_rank=int(os.environ["LOCAL_RANK"]), node_rank=int(os.environ.get("GROUP_RANK", 0)),
@@ -43,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         rt = runtime.init(spec.hardware.device)
         runtime.hold_to(spec.hardware.memory_gib, rt.device, rt.local_rank)
         require_resolved(spec)
+        decisions = Decisions.read(paths.decisions)  # made before launch; the rank obeys them (runner.decide)
         runtime.set_determinism(spec.train.seed, spec.train.deterministic, rt.device)
         train = importlib.import_module(engine_for(spec.engine).entry).train
-        summary = train(spec, rt, events, run_dir=run_dir, resume=args.resume)
+        summary = train(spec, rt, events, decisions, run_dir=run_dir, resume=args.resume)
         step = summary["steps"]
         events.end(step=step, **summary)
         loss = summary["final_loss"]  # 4 decimals, as the dashboard's rank table and the summary give it

@@ -13,7 +13,7 @@ A packed block holds several documents. Nothing may flow from one document to th
 
 `packing_support(config)` says whether a model can be trained on packed blocks here; preflight refuses the run
 otherwise. Masks for forwards that build them without position_ids are runner.train.masks'; which paths a family
-may use and which one a run takes are runner.facts.families' and runner.facts.decisions'.
+may use and which one a run takes are runner.facts.families' and runner.decide.rules'.
 """
 
 from __future__ import annotations
@@ -29,12 +29,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from runner.facts.decisions import AttentionChoice, Kernels, attention_refusal
-from runner.facts.decisions import choose_attention as choose_attention  # benchmarks call it through this module
+from runner.decide.rules import AttentionChoice, attention_refusal
+from runner.decide.rules import choose_attention as choose_attention  # benchmarks call it through this module
 from runner.facts.families import GATED_DELTA, VARLEN, family_of
 from runner.facts.families import recurrent_layer_types as recurrent_layer_types  # noqa: F401 - used by the engines
-from runner.engines import tokens_per_forward
 from runner.train.head_groups import attend_in_groups
+from runner.decide.support import (  # noqa: F401 - the probes the engines and benchmarks call through here
+    attention_here,
+    available_kernels,
+    concrete_model_class,
+    flash_attn_available,
+    flex_available,
+    supported_attention,
+    varlen_available,
+)
 from runner.train.masks import (  # noqa: F401
     PACKED_MASK_HOOK,
     TEXT_POSITION_ROW,
@@ -47,77 +55,10 @@ from runner.train.masks import (  # noqa: F401
 # Kernels and what a model class supports
 
 
-def varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def flash_attn_available() -> bool:
-    # The flash-attn package's compiled FA2 extension: flash-attn-4 installs `flash_attn.cute` alone, which
-    # transformers' flash_attention_2 cannot use.
-    return importlib.util.find_spec("flash_attn_2_cuda") is not None
-
-
-def flex_available() -> bool:
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def available_kernels(device: str) -> Kernels:
-    """The attention kernels this process can use on `device` (what runner.facts.decisions.choose_attention is given)."""
-    cuda = device == "cuda"
-    varlen = cuda and varlen_available()
-    from runner.train import fa4
-
-    return Kernels(varlen=varlen, flash_attn=cuda and flash_attn_available(), flex=flex_available(),
-                   varlen_window=not varlen or "window_size" in _kernel_params(_torch_varlen_kernel()),
-                   fa4=cuda and fa4.available())
-
-
-def supported_attention(model_cls: Any, packed: bool = True) -> set[str] | None:
-    """The attention paths a model class supports on packed blocks (None when unknown, e.g. remote code).
-
-    From the class's `_supports_*` flags, less the mask-based paths (flex, sdpa, eager) when its forward neither
-    builds its masks from position_ids nor takes the per-layer-type masks `install_packed_mask` gives it: with
-    those, packed documents would see each other (`packed=False`: one document per block, no such concern).
-    """
-    if model_cls is None:
-        return None
-    flags = {"flash_attention_2": "_supports_flash_attn", "flex_attention": "_supports_flex_attn",
-             "sdpa": "_supports_sdpa"}
-    out = {"eager", VARLEN}  # varlen is registered as a custom function: any model that calls the interface
-    out |= {impl for impl, flag in flags.items() if getattr(model_cls, flag, False)}
-    if packed and packed_mask_route(model_cls) == "none":
-        out -= {"flex_attention", "sdpa", "eager"}
-    return out
-
-
-def concrete_model_class(auto_cls: Any, config: Any) -> Any:
-    """The class an Auto* class would build for this config (None for remote code or unknown configs)."""
-    try:
-        return auto_cls._model_mapping[type(config)]
-    except Exception:  # noqa: BLE001 - remote-code configs are not in the mapping
-        return None
-
-
 def attention_for(spec: Any, config: Any, device: str) -> tuple[AttentionChoice, tuple[str, str] | None]:
-    """The attention path both engines load this model with on `device` (runner.facts.decisions.choose_attention with
-    this class's support and the kernels installed here), and (why, fix) when that path cannot train it."""
-    from runner.train.loader import model_class
-
-    t = spec.train
-    supported = supported_attention(concrete_model_class(model_class(spec, config), config), t.packing)
-    kernels = available_kernels(device)
-    choice = choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), supported, config,
-                              kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
-                                                                                        kernels, config)
-    return choice, attention_refusal(choice.impl, device, config, supported, kernels, t.packing)
+    """The attention path a run of `spec` would take on `device` with the kernels installed here, and (why, fix)
+    when that path cannot train it (runner.decide.support.attention_here; preflight and the TRL engine's checks)."""
+    return attention_here(spec, config, device)
 
 
 def attention_problem(impl: str, device: str) -> str | None:
@@ -172,16 +113,6 @@ def _kernel_params(kernel: Callable[..., Any]) -> frozenset[str]:
         return frozenset(inspect.signature(kernel).parameters)
     except (TypeError, ValueError):
         return frozenset()
-
-
-_head_groups = 1
-"""KV-head groups varlen attention's backward runs in (runner.train.head_groups; 1 = the kernel's own backward)."""
-
-
-def set_head_groups(groups: int) -> None:
-    """The native engine's choice for its tiled layers (runner.facts.tiling `attention_head_groups`)."""
-    global _head_groups
-    _head_groups = max(1, int(groups))
 
 
 def set_varlen_kernel(kernel: Callable[..., torch.Tensor] | None) -> None:
@@ -269,8 +200,10 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
             rep = heads_q // heads_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     max_q, max_k = _length(max_q), _length(max_k)
-    if _head_groups > 1:  # a tiled layer's long block: the backward one KV-head group at a time
-        out = attend_in_groups(lambda q, k, v: kernel(q, k, v, cu_q, cu_k, max_q, max_k, **extra), _head_groups,
+    # A tiled layer's long block: the backward one KV-head group at a time (runner.train.apply.set_head_groups).
+    groups = getattr(module, "head_groups", 1)
+    if groups > 1:
+        out = attend_in_groups(lambda q, k, v: kernel(q, k, v, cu_q, cu_k, max_q, max_k, **extra), groups,
                                q, k, v)
     else:
         out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
@@ -290,10 +223,10 @@ def _length(value: Any) -> Any:
 
 def register_varlen(kernel: str | None = None) -> None:
     """Make attn_implementation="varlen" loadable by transformers (idempotent), its kernel resolved now: "torch"
-    (varlen_attn), "flash-attn-4" (runner.facts.decisions `varlen_kernel` chooses), None = keep the current one."""
+    (varlen_attn), "flash-attn-4" (runner.decide.rules `varlen_kernel` chooses), None = keep the current one."""
     from transformers import AttentionInterface
 
-    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL
+    from runner.decide.rules import FA4_KERNEL, TORCH_KERNEL
 
     if kernel == FA4_KERNEL:
         from runner.train import fa4

@@ -13,41 +13,18 @@ the process and is tied to one flash-attn-4 interface (PyTorch 2.11's breaks on 
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from runner.decide.support import fa4_available as available  # noqa: F401 - the engine asks here
+from runner.decide.support import has_cute as has_cute  # noqa: F401
+
 MODULE = "flash_attn.cute.interface"
 PERSIST = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 KERNELS_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-
-
-@functools.cache
-def available() -> bool:
-    """flash-attn-4 is installed with the CuTe DSL it compiles with, and this process's GPU is one its kernels are
-    built for (SM 9.x or 10.x). Without the DSL's `cutlass.cute` flash-attn-4 imports, then every kernel fails at its
-    first call: the DSL's own .pth file puts `cutlass` on the path (a copy of the wheels on PYTHONPATH does not run
-    it), and since 4.8 its Python sources come in a wheel of their own (nvidia-cutlass-dsl-libs-core), without which
-    `cutlass` is an empty namespace."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        if importlib.util.find_spec("flash_attn.cute") is None or not has_cute(importlib.util.find_spec("cutlass")):
-            return False
-    except (ImportError, ValueError):
-        return False
-    return torch.cuda.get_device_capability()[0] in (9, 10)
-
-
-def has_cute(spec: Any) -> bool:
-    """The `cutlass` package found (an import spec, or None) holds `cute`; read from its folders, not imported (the
-    DSL's import takes seconds)."""
-    return spec is not None and any((Path(p) / "cute" / "__init__.py").is_file()
-                                    for p in (spec.submodule_search_locations or []))
 
 
 def _interface() -> Any:

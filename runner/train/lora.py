@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from runner.facts.catalog import in_vision_part
-from runner.facts.decisions import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
+from runner.decide.rules import ALL_LINEAR, lora_module_targeted, lora_parameter_targeted, lora_rank_key
 from runner.errors import Problem, SpecError
 from runner.imports import from_transformers
 from runner.spec import RunSpec

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runner.facts.decisions import chunk_tokens_for, fused_chunk_tokens_for
-from runner.facts.decisions import resolve_loss_impl as resolve_loss_impl  # the loss decisions live with the others
+from runner.decide.rules import chunk_tokens_for, fused_chunk_tokens_for
+from runner.decide.rules import resolve_loss_impl as resolve_loss_impl  # the loss decisions live with the others
 from runner.train.attention import packing_kwargs, uses_varlen
 from runner.train.data import IGNORE
 

@@ -8,106 +8,18 @@ source (`packed_mask_route`), so a new transformers release is judged as it is, 
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib
 import inspect
-import sys
 from typing import Any
 
 import torch
 
+from runner.decide.support import packed_mask_route
 from runner.facts.families import BOUNDARY_PATHS
 
 BOUNDARY_KERNELS = tuple(sorted(BOUNDARY_PATHS))
 """Kernels that read cu_seqlens keep documents apart without any mask."""
 PACKED_MASK_HOOK = "document masks built from position_ids"
-MASK_BUILDERS = frozenset({"create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask"})
-
-
-def _mask_calls(forward: ast.FunctionDef) -> tuple[list[bool], bool]:
-    """([whether each mask-builder call in this forward is given position_ids], whether the forward takes a dict of
-    prepared masks as its attention_mask)."""
-    dict_keys: dict[str, set[str]] = {}
-    aliases = set(MASK_BUILDERS)
-    takes_dict = False
-    for node in ast.walk(forward):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            target, value = node.targets[0].id, node.value
-            if isinstance(value, ast.Dict):
-                dict_keys[target] = {k.value for k in value.keys if isinstance(k, ast.Constant)}
-            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "copy" \
-                    and isinstance(value.func.value, ast.Name):  # sliding_kwargs = mask_kwargs.copy()
-                dict_keys[target] = set(dict_keys.get(value.func.value.id, set()))
-            names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-            if names & MASK_BUILDERS and not isinstance(value, ast.Call):
-                aliases.add(target)  # mask_function = create_causal_mask if ... else create_sliding_...
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
-            if getattr(node.args[1], "id", None) == "dict" and "attention_mask" in ast.unparse(node.args[0]):
-                takes_dict = True
-    given: list[bool] = []
-    for node in ast.walk(forward):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in aliases:
-            keys = {k.arg for k in node.keywords if k.arg}
-            for k in node.keywords:
-                if k.arg is None and isinstance(k.value, ast.Name):
-                    keys |= dict_keys.get(k.value.id, set())
-            given.append("position_ids" in keys)
-    return given, takes_dict
-
-
-@functools.lru_cache(maxsize=128)
-def _route_of_class(module_name: str, class_name: str) -> str | None:
-    module = sys.modules.get(module_name) or importlib.import_module(module_name)
-    try:
-        tree = ast.parse(inspect.getsource(module))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            forward = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
-            if forward is None:
-                return None
-            given, takes_dict = _mask_calls(forward)
-            if not given:
-                return None
-            if all(given):
-                return "position_ids"
-            return "hook" if takes_dict else "none"
-    return None
-
-
-def _backbone_class(model_cls: type) -> type | None:
-    """The decoder-stack class under a causal-LM class: the base model of its module with the same config class."""
-    module = sys.modules.get(model_cls.__module__)
-    config_cls = getattr(model_cls, "config_class", None)
-    for obj in vars(module).values() if module else ():
-        if isinstance(obj, type) and obj.__module__ == model_cls.__module__ and "For" not in obj.__name__ \
-                and not obj.__name__.endswith("PreTrainedModel") and obj.__name__.endswith("Model") \
-                and getattr(obj, "config_class", None) is config_cls:
-            return obj
-    return None
-
-
-def packed_mask_route(model_cls: Any) -> str | None:
-    """How a model gets document masks on packed rows under flex / sdpa / eager, read from its decoder stack's
-    forward (`model_cls` is the causal-LM class or the decoder-stack class itself):
-
-    "position_ids": the forward gives position_ids to transformers' mask builders, which find the documents;
-    "hook": it builds masks without them but takes a dict of per-layer-type masks (`install_packed_mask`);
-    "none": neither, so only kernels that read cu_seqlens keep its documents apart; None: unknown (no source, or
-    the stack builds no mask itself).
-    """
-    name = getattr(model_cls, "__module__", None) or ""
-    if not name.startswith("transformers."):
-        return None
-    body = model_cls if "For" not in model_cls.__name__ else _backbone_class(model_cls)
-    if body is None:
-        return None
-    try:
-        return _route_of_class(name, body.__name__)
-    except ImportError:
-        return None
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:

@@ -29,6 +29,7 @@ from runner.engines import saved_as
 from runner.events.paths import RunPaths
 
 if TYPE_CHECKING:
+    from runner.decide.decisions import Decisions
     from runner.events.lines import EventWriter
     from runner.spec import RunSpec
 from runner.train import model as model_mod
@@ -116,80 +117,57 @@ def _agree(flags: list[int], targets: int, group: dist.ProcessGroup | None) -> t
     return [bool(x) for x in f.tolist()], int(n.item())
 
 
-def build(spec: RunSpec, rt: Runtime) -> dict[str, Any]:
-    """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and the choices made on the way."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from runner.facts.catalog import parse_arch
-    from runner.facts.decisions import choose_loss, loss_chunk_tokens, sequence_parallel_attention
-    from runner.engines import lever_values
-    from runner.facts.tiling import attention_head_groups, tiled_mlp_choice
-    from runner.errors import Problem, SpecError
-    from runner.train.attention import attention_for, keep_documents_apart, recurrent_layer_types, set_head_groups
+def build(spec: RunSpec, rt: Runtime, decisions: Decisions) -> dict[str, Any]:
+    """Tokenizer, model (LoRA applied, sharded, on the device), optimizer and what the rank reports of them, as
+    `decisions` say (made before launch: runner.decide); nothing is chosen here."""
+    from runner.facts.catalog import in_vision_part
+    from runner.train.apply import apply
+    from runner.train.attention import keep_documents_apart, recurrent_layer_types
     from runner.train.evaluation import attach_eval
     from runner.train.loss import attach_chunked_loss
-    from runner.train.model import load_config, load_model, load_tokenizer, param_count, shard_model
-    from runner.facts.catalog import in_vision_part
-    from runner.train.offload import hosted_layer_inputs, regenerated_layer_inputs
+    from runner.train.model import load_model, load_tokenizer, param_count
     from runner.train.optim import allocate_states, build_optimizer
+    from runner.train.qlora import not_quantized_notes, with_adapters
 
     t = spec.train
     tokenizer = load_tokenizer(spec)
-    config = load_config(spec)
-    attn, refusal = attention_for(spec, config, rt.device)
-    if refusal:
-        raise SpecError("the native engine cannot run this spec", [Problem("model.attn_implementation", *refusal)])
-    sp = SequenceParallel.build(spec.hardware.sequence_parallel, rt.rank, rt.world_size)
-    attn = sequence_parallel_attention(attn, sp.size)
-    loss_impl, loss_reason = choose_loss("native", t.loss_impl, config)
-    model = load_model(spec, attn.impl, seed=t.seed, device=rt.device, varlen_kernel=attn.kernel)
-    chunk_tokens = loss_chunk_tokens(loss_impl, model.get_output_embeddings().weight.shape[0])
-    levers = lever_values(spec, len(model_mod.decoder_layers(model)), loss_impl)
+    sp = SequenceParallel.build(decisions.sequence_parallel, rt.rank, rt.world_size)
+    model = load_model(spec, decisions.attn, seed=t.seed, device=rt.device, varlen_kernel=decisions.attn_kernel)
     recurrent = bool(recurrent_layer_types(model.config))
     # Document boundaries go to the model when they are honoured; a recurrent model without packing gets
     # one document per block, and only position_ids.
     pass_boundaries = t.packing or not recurrent
     packing_mechanism = keep_documents_apart(model, t.packing, model_mod.DTYPES.get(spec.model.dtype, torch.float32))
-    from runner.train.qlora import not_quantized_notes, with_adapters
-
     model, lora_left_out, quantization = with_adapters(model, spec, rt.world_size, rt.device)
     if quantization and rt.rank == 0:  # the rank log says it too, beside the train_begin event
         print(f"[native] qlora: {quantization['quantized_layers']} Linear layers in NF4 ({quantization['library']})"
               + "".join(f"; {n}" for n in not_quantized_notes(quantization)), flush=True)
     params = param_count(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory \
-        if rt.device == "cuda" else 0.0
-    arch = parse_arch(config.to_dict())
-    tokens = t.seq_len * t.micro_batch // sp.size
-    tiling = tiled_mlp_choice(t.tiled_mlp, spec.engine, rt.device, arch, tokens, gpu_bytes, t.compile)
-    head_groups = attention_head_groups(arch, tiling.on, attn.impl, rt.device, tokens, gpu_bytes)
-    set_head_groups(head_groups)
-    hosted = hosted_layer_inputs(spec, config, len(model_mod.text_decoder_layers(model)), tokens, rt.device)
-    model = shard_model(model, rt.device, t.activation_checkpointing, t.compile, t.recompute_layers,
-                        t.offload_activations, t.fsdp_one_rank, t.recompute_attention,
-                        mlp_tile=tiling.tile_tokens if tiling.on else None, offload_layers=hosted)
+    model = apply(model, decisions)
     model.to(rt.device)
     model.train()
-    if loss_impl in ("chunked", "fused"):
-        attach_chunked_loss(model, loss_impl, compiled=t.compile and rt.device == "cuda")
+    if decisions.loss_impl in ("chunked", "fused"):
+        attach_chunked_loss(model, decisions.loss_impl, decisions.loss_chunk_tokens, compiled=decisions.compile)
     attach_eval(model)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], t.optimizer_precision, t.lr,
                           tuple(t.betas), t.weight_decay, rt.device, t.seed, rt.rank)
     # States before the first forward (not in the blocks its backward frees); not for a vision tower, which
     # text-only data never gives a gradient (runner.plan.memory counts the same).
     allocate_states(opt, [p for n, p in model.named_parameters() if p.requires_grad and not in_vision_part(n)])
-    info = {**attn.to_dict(), "optimizer_precision": t.optimizer_precision, "loss_impl": loss_impl, "loss_reason": loss_reason, "loss_chunk_tokens": chunk_tokens, "tiled_mlp": tiling.reason,
+    info = {**decisions.attention.to_dict(), "optimizer_precision": t.optimizer_precision,
+            "loss_impl": decisions.loss_impl, "loss_reason": decisions.loss_reason,
+            "loss_chunk_tokens": decisions.loss_chunk_tokens, "tiled_mlp": decisions.tiled_mlp_reason,
             "packing": (f"on ({t.packing_strategy}): " + (packing_mechanism or "document mask / cu_seqlens"))
             if t.packing else "off: one document per block",
             "params": params, "trainable_params": trainable, "model_type": model.config.model_type,
             "lora_left_out": lora_left_out, "quantization": quantization,
-            "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if isinstance(model, FSDPModule)
-            else "none (one rank)", "fsdp_sharded": isinstance(model, FSDPModule), "levers": levers,
-            "sequence_parallel": sp.size, "offloaded_layers": hosted,
-            "regenerated_layers": regenerated_layer_inputs(spec, len(model_mod.text_decoder_layers(model)), hosted),
-            "attention_head_groups": head_groups}
-    return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": loss_impl,
+            "fsdp": (f"fsdp2 over {rt.world_size} rank" + "s" * (rt.world_size > 1)) if decisions.fsdp
+            else "none (one rank)", "fsdp_sharded": decisions.fsdp, "levers": decisions.levers,
+            "sequence_parallel": sp.size, "offloaded_layers": decisions.offloaded_layers,
+            "regenerated_layers": decisions.regenerated_layers, "attention_head_groups": decisions.head_groups,
+            "decisions": decisions.to_dict()}
+    return {"tokenizer": tokenizer, "model": model, "optimizer": opt, "loss_impl": decisions.loss_impl,
             "pass_boundaries": pass_boundaries, "info": info, "sp": sp}
 
 
@@ -306,15 +284,15 @@ def _log_step(events: EventWriter, rt: Runtime, step: int, micro: list[list[Pack
     return loss
 
 
-def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
+def train(spec: RunSpec, rt: Runtime, events: EventWriter, decisions: Decisions, run_dir: Path | None = None,
           resume: bool = False) -> dict[str, Any]:
-    """Train to the end of the data or max_steps; returns the rank's summary for its end event."""
+    """Train to the end of the data or max_steps as `decisions` say; returns the rank's summary for its end event."""
     from runner.train.evaluation import Evaluator
     from runner.train.export import export
     from runner.train.summary import end_summary
 
     t, run_dir = spec.train, run_dir or Path(".")
-    parts = build(spec, rt)
+    parts = build(spec, rt, decisions)
     model, opt, tokenizer, sp = parts["model"], parts["optimizer"], parts["tokenizer"], parts["sp"]
     # Host-side agreement goes over gloo even on GPU, so deciding to stop never waits for the device.
     control = dist.new_group(backend="gloo") if rt.device == "cuda" else None

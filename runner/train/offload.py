@@ -12,7 +12,7 @@ before the layer is recomputed (one copy of hidden × 2 bytes per token, small b
 
 Where the node's host memory cannot hold every recomputed layer's input, the first layers offload as many as it
 holds; as many of the others regenerate theirs in backward from a hosted one (runner.train.regenerate), and the
-rest keep theirs on the GPU (`hosted_layer_inputs`, `regenerated_layer_inputs`; the estimator counts the same).
+rest keep theirs on the GPU (runner.decide plans each layer's place before launch; the estimator prices the same).
 
 Host buffers come from `HostBuffers`, not from torch's pinned-memory allocator: that one rounds every request up
 to a power of two, so 36 layer inputs of 2.1 GB would ask for 147 GB of page-locked memory instead of 76. Ours are
@@ -21,15 +21,13 @@ plain CPU tensors of the exact size, page-locked once with cudaHostRegister and 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from runner.facts.catalog import parse_arch
-from runner.facts.gpus import HOST_RESERVE_BYTES, host_capacity, offloaded_layers, regenerated_layers
+from runner.facts.gpus import HOST_RESERVE_BYTES
 
 MIN_OFFLOAD_BYTES = 1 << 20
 """Smaller saved tensors stay where they are: the copy would cost more than the memory it frees."""
@@ -123,28 +121,3 @@ def offloaded_checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
     """torch.utils.checkpoint.checkpoint with the saved layer input in host memory (see the module docstring)."""
     with HostOffload():
         return checkpoint(function, *args, **kwargs)
-
-
-def hosted_layer_inputs(spec: Any, config: Any, layers: int, tokens: int, device: str) -> int | None:
-    """How many of the recomputed layers (the first ones) offload their input on this node, `tokens` to a forward
-    on this rank (runner.facts.gpus.offloaded_layers, from the node's host memory and its ranks); None where nothing
-    offloads. Native layers compute in bf16 on a GPU (runner.facts.decisions.precision): 2 bytes an element."""
-    t = spec.train
-    if not (t.offload_activations is True and t.activation_checkpointing is True and device == "cuda"):
-        return None
-    recomputed = _recomputed(spec, layers)
-    hidden = parse_arch(config.to_dict()).hidden
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this node
-    return offloaded_layers(recomputed, 2 * hidden * tokens, ranks, host_capacity(spec.hardware.host_memory_gib, True))
-
-
-def _recomputed(spec: Any, layers: int) -> int:
-    return layers if spec.train.recompute_layers is None else min(spec.train.recompute_layers, layers)
-
-
-def regenerated_layer_inputs(spec: Any, layers: int, hosted: int | None) -> int | None:
-    """Of the recomputed layers whose input the host cannot hold (beyond `hosted`), how many regenerate it in
-    backward (runner.facts.gpus.regenerated_layers: eager layers); None where nothing offloads."""
-    if hosted is None:
-        return None
-    return regenerated_layers(_recomputed(spec, layers), hosted, eager=not spec.train.compile)

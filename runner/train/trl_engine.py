@@ -13,7 +13,7 @@ Choices, recorded in the `train_begin` event:
   builds its attention mask without position_ids (GPT-OSS) get a pre-hook that builds the mask of every layer type
   from the position_ids (flash and varlen kernels read cu_seqlens); gated-delta layers restart per document from
   the cu_seq_lens / seq_idx that TRL's padding-free collator passes.
-- Attention: the native engine's choice (runner.facts.decisions, runner.facts.families): e.g. GPT-OSS's attention sinks get
+- Attention: the native engine's choice (runner.decide.rules, runner.facts.families): e.g. GPT-OSS's attention sinks get
   eager on CPU (flex cannot apply sinks there) and flex_attention on CUDA; sdpa, varlen and flash-attn are refused.
 - FSDP2 through accelerate with more than one rank (`fsdp_config` version 2, decoder-layer classes from
   `_no_split_modules`, reshard after forward, FSDP's own activation checkpointing). accelerate only enables FSDP on
@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from runner.events.paths import RunPaths
-from runner.facts.decisions import AttentionChoice
+from runner.decide.decisions import Decisions
 from runner.errors import Problem, SpecError
 from runner.events.lines import EventWriter, read_events
-from runner.engines import lever_values, saved_as
+from runner.engines import saved_as
 from runner.spec import RunSpec, model_source
 from runner.train.attention import PACKED_MASK_HOOK, keep_documents_apart
 from runner.data.tokens import has_generation_markers
@@ -91,15 +91,6 @@ def mxfp4_dequantize_available() -> tuple[bool, str]:
     except (ImportError, ValueError, RuntimeError) as e:
         return False, str(e).splitlines()[0]
     return True, ""
-
-
-def pick_attention(spec: RunSpec, device: str, config: Any) -> AttentionChoice:
-    """The attention path (and varlen kernel) for this model on this device, as the native engine picks it
-    (runner.train.attention.attention_for: attention sinks get eager on CPU, flex on CUDA)."""
-    from runner.train.attention import attention_for
-
-    choice, _ = attention_for(spec, config, device)
-    return choice
 
 
 def attention_problems(spec: RunSpec, device: str, config: Any) -> list[Problem]:
@@ -494,29 +485,28 @@ def _run_dir(events: EventWriter) -> Path:
     return Path(events._f.name).resolve().parent.parent  # runs/<id>/events/rank<r>.jsonl
 
 
-def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None = None,
+def train(spec: RunSpec, rt: Runtime, events: EventWriter, decisions: Decisions, run_dir: Path | None = None,
           resume: bool = False) -> dict[str, Any]:
-    """Train with TRL to the end of the data or max_steps; returns the rank's summary for its end event.
+    """Train with TRL to the end of the data or max_steps, as `decisions` say (attention, FSDP wrapping,
+    precision: runner.decide); returns the rank's summary for its end event.
 
     resume: continue from the latest trainer checkpoint in run_dir/checkpoints (model, optimizer, schedule, RNG, data).
     """
-    from runner.train.model import DTYPES, decoder_layers, load_config, load_tokenizer
+    from runner.train.model import DTYPES, load_config, load_tokenizer
 
     t = spec.train
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(events)
     config = load_config(spec)
     check(spec, config, rt.device)
-    choice = pick_attention(spec, rt.device, config)
+    choice = decisions.attention
     tokenizer = load_tokenizer(spec)
     torch.manual_seed(t.seed)
     model = load_model(spec, rt.device, config, choice.impl, choice.kernel)
     lora_left_out = lora_notes(model, spec)  # before the adapters: what 'all-linear' and LoRA leave out
     model = apply_lora(model, spec) if spec.method.adapters else model
     n_params = sum(p.numel() for p in model.parameters())
-    from runner.facts.decisions import fsdp_wrapped, precision
-
-    wrapped = fsdp_wrapped("trl", rt.world_size, rt.device, t.fsdp_one_rank)
-    prec = precision("trl", rt.device, spec.model.dtype, wrapped)
+    wrapped = decisions.fsdp
+    prec = decisions.precision_of
     bf16 = prec.autocast
     packing_mechanism = keep_documents_apart(model, t.packing,
                                              torch.bfloat16 if bf16 else DTYPES.get(spec.model.dtype, torch.float32))
@@ -546,8 +536,8 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, run_dir: Path | None 
                  model_type=getattr(config, "model_type", None), init=spec.model.init, lora_left_out=lora_left_out,
                  mxfp4_dequantized=is_mxfp4(config) and spec.model.init != "random",
                  **choice.to_dict(), packed_mask_hook=packing_mechanism == PACKED_MASK_HOOK,
-                 packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl="trl fused lm head",
-                 levers=lever_values(spec, len(decoder_layers(model)), "trl-fused"),
+                 packing_mechanism=packing_mechanism, liger_kernels=liger, loss_impl=decisions.loss_impl,
+                 loss_reason=decisions.loss_reason, levers=decisions.levers, decisions=decisions.to_dict(),
                  packing=("packed: exact seq_len blocks" if t.packing else "one document per block")
                  + " (runner.train.data), TRL padding-free collator",
                  fsdp=f"fsdp2 (accelerate) over {rt.world_size} rank(s)" if fsdp else "none (one rank)",

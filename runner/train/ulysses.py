@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from runner.errors import Problem
-from runner.facts.decisions import ULYSSES
+from runner.decide.rules import ULYSSES
 _STATE: dict[str, Any] = {"group": None, "positions": None, "mask": None}
 
 

@@ -45,7 +45,7 @@ def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
         curve = json.loads(Path(row["record"]).read_text())["metrics"]["loss_curve"]["0"]
         assert row["last_step"] == 4 and row["last_loss"] == curve[-1][1] and curve[-1][0] == 4
     assert native["spec"]["recompute_layers"] == 1 and native["choices"]["loss_impl"] == "fused"
-    assert trl["choices"]["loss_impl"] == "trl fused lm head"
+    assert trl["choices"]["loss_impl"] == "trl-fused"
     assert trl["native_only_left_out"] == ["train.recompute_layers"] and trl["spec"]["recompute_layers"] is None
     for row in (native, trl):  # the documents trained on, as the run's record merged them over both ranks
         packing = json.loads(Path(row["record"]).read_text())["metrics"]["packing"]

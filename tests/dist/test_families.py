@@ -61,8 +61,8 @@ def test_both_ranks_see_one_global_loss_and_the_engines_agree_on_the_first_step(
 
 
 def test_what_a_plan_from_config_json_says_is_what_each_engine_chose(matrix):
-    """runner.facts.decisions.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
-    from runner.facts.decisions import plan_attention
+    """runner.decide.rules.plan_attention (the estimator's call, config.json only) against train_begin's attn."""
+    from runner.decide.rules import plan_attention
     from runner.spec import RunSpec
 
     for r in matrix["rows"]:
@@ -79,13 +79,14 @@ def test_the_report_names_command_machine_and_versions(matrix):
     assert "| family | model_type | engine |" in md and md.count("| trained |") == 2 * len(MATRIX)
 
 
-def test_every_cell_ran_what_the_estimator_planned(matrix):
-    """Each cell's train_begin (attention path, FSDP wrapping, loss and its chunk size) is the estimator's plan of
-    the cell's spec."""
+def test_every_rank_of_every_cell_began_with_its_decisions_file_and_the_estimator_priced_it(matrix):
+    """Each cell was decided once before its launch (runs/<cell>/decisions.json): every rank's train_begin echoes
+    the file whole, and the estimator's plan of the cell's spec holds the same decisions."""
+    from runner.plan import make_plan
     from runner.spec import RunSpec
-    from tests.unit.test_planned_choices import assert_run_chose_the_plan
+    from tests.unit.test_decide import assert_ranks_obeyed
 
     for r in matrix["rows"]:
         run_dir = matrix["out"] / "work" / "runs" / f"{r['family']}-{r['engine']}-{r['seq_len']}"
         spec = RunSpec.model_validate(json.loads((run_dir / "spec.json").read_text()))
-        assert_run_chose_the_plan(spec, run_dir / "events")
+        assert make_plan(spec).decisions == assert_ranks_obeyed(run_dir), r

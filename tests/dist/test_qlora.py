@@ -53,11 +53,11 @@ def test_qlora_learns_within_a_tenth_of_loras_drop(runs):
 
 
 def test_the_record_pins_nf4_and_the_adapter_is_exported(runs):
-    q = runs["qlora"]["decisions"]["quantization"]
+    q = runs["qlora"]["quantization"]
     assert q["type"] == "nf4" and q["block_size"] == 64 and q["double_quantized"]
     assert q["library"] == f"torchao {torchao_version()}" and q["quantized_layers"] == 28
     assert runs["qlora"]["pins"]["packages"]["torchao"] == torchao_version()
-    assert "quantization" not in runs["lora"]["decisions"]
+    assert "quantization" not in runs["lora"]
     export = Path(runs["qlora"]["run_dir"]) / "export"
     assert (export / "adapter_model.safetensors").is_file() and (export / "adapter_config.json").is_file()
 
@@ -68,7 +68,7 @@ def test_a_qlora_run_replays_bit_for_bit(runs, capsys):
     result = last_json(out)
     assert code == 0 and result["reproduced"] and result["max_abs_loss_diff"] == 0.0, (out[-1500:], err[-1500:])
     replay = json.loads(Path(result["record"]).read_text())
-    assert replay["decisions"]["quantization"] == runs["qlora"]["decisions"]["quantization"]
+    assert replay["quantization"] == runs["qlora"]["quantization"]
     assert replay["metrics"]["loss_curve"] == runs["qlora"]["metrics"]["loss_curve"]
 
 

@@ -120,7 +120,7 @@ def test_packed_block_through_fa4_equals_documents_one_by_one(fa4_stand_in, reco
     """A recomputed Qwen3 model through the wrapper: the loss and gradients of its documents one by one. With
     recompute_attention=False each layer's attention runs once per step (its output kept), else twice."""
     from runner.train.loss import chunked_loss_sum
-    from runner.train.model import enable_recompute
+    from runner.train.apply import enable_recompute
 
     model = _qwen3("varlen")
     docs = _documents()
@@ -134,7 +134,7 @@ def test_packed_block_through_fa4_equals_documents_one_by_one(fa4_stand_in, reco
 
 
 def test_kernel_choice_and_refusal():
-    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+    from runner.decide.rules import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
 
     with_fa4, without = Kernels(varlen=True, fa4=True), Kernels(varlen=True)
     assert varlen_kernel("auto", with_fa4, 128) == FA4_KERNEL
@@ -177,7 +177,7 @@ def test_flash_attn_4_counts_as_installed_only_with_the_dsl_it_compiles_with(mon
 
 def test_heads_of_16_never_go_to_flash_attn_4():
     """Its SM90 backward returns wrong query gradients for heads of 16 (measured on an H100); 32 and up are right."""
-    from runner.facts.decisions import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
+    from runner.decide.rules import FA4_KERNEL, TORCH_KERNEL, Kernels, varlen_kernel, varlen_kernel_refusal
 
     with_fa4 = Kernels(varlen=True, fa4=True)
     assert varlen_kernel("auto", with_fa4, 16) == TORCH_KERNEL
@@ -197,7 +197,7 @@ def test_the_packing_checks_copy_keeps_the_runs_head_size_on_flash_attn_4(model_
     it); elsewhere small heads. The copy builds and runs."""
     from transformers import AutoConfig
 
-    from runner.facts.decisions import head_dim
+    from runner.decide.rules import head_dim
     from runner.gate.packcheck import Setup, _auto_class, _construct
     from runner.gate.shrink import shrunk_config
 
@@ -252,7 +252,8 @@ def test_compiled_layers_compile_once_for_blocks_of_any_document_count(fa4_stand
     from torch._dynamo.utils import counters
 
     from runner.train.loss import full_loss_sum
-    from runner.train.model import decoder_layers, enable_recompute
+    from runner.train.apply import enable_recompute
+    from runner.train.model import decoder_layers
 
     # Three blocks alike, then a new longest document, then a new document count (each its own step).
     blocks = _blocks_of_one_length([(4, 40), (4, 40), (4, 40), (4, 50), (6, 50), (3, 70), (5, 30)])

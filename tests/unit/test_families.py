@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from runner.facts import decisions
+from runner.decide import rules as decisions
 from runner.facts import families
-from runner.facts.decisions import Kernels, attention_refusal, choose_attention, choose_loss
+from runner.decide.rules import Kernels, attention_refusal, choose_attention, choose_loss
 from runner.facts.families import MATRIX, family_of, lora_targets
 from runner.spec import load_spec
 from runner.train.attention import (
@@ -191,7 +191,7 @@ def _packed_block(docs):
 
 
 def _model(name: str) -> tuple[torch.nn.Module, str, str]:
-    """The family's model as both engines prepare it on CPU: attention chosen by runner.facts.decisions, documents kept
+    """The family's model as both engines prepare it on CPU: attention chosen by runner.decide.rules, documents kept
     apart (runner.train.attention.keep_documents_apart), LoRA on its projections and expert tensors."""
     config = family_config(name)
     supported = supported_attention(concrete_model_class(AutoModelForCausalLM, config))

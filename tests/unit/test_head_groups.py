@@ -10,10 +10,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runner.train import attention
+from runner.train.apply import set_head_groups
 from runner.train.data import collate
 from runner.train.head_groups import HeadGroups, attend_in_groups
 from runner.train.loss import full_loss_sum
-from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.apply import enable_recompute
+from runner.train.model import text_decoder_layers
 from runner.train.tiling import tile_layers
 from tests.families import family_config
 from tests.unit.test_families import _assert_same, _documents, _grads, _packed_block
@@ -77,7 +79,6 @@ def reference_varlen():
     attention.register_varlen()
     yield
     attention.set_varlen_kernel(None)
-    attention.set_head_groups(1)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama"])
@@ -94,7 +95,7 @@ def test_a_tiled_recomputed_layer_attending_in_head_groups_trains_as_the_plain_o
     tile_layers(text_decoder_layers(grouped), 37)
     grouped.train()
     enable_recompute(grouped, None)
-    attention.set_head_groups(config.num_key_value_heads)
+    set_head_groups(text_decoder_layers(grouped), config.num_key_value_heads)
     backward_calls: list[int] = []
     backward = HeadGroups.backward
     monkeypatch.setattr(HeadGroups, "backward", staticmethod(lambda ctx, g: backward_calls.append(1) or backward(ctx, g)))

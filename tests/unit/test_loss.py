@@ -265,7 +265,7 @@ def _saved_bytes(model, batch) -> int:
 
 def test_recompute_layers_trades_memory_for_exact_gradients():
     """train.recompute_layers: the first k layers recompute; fewer of them keep more, gradients stay the same."""
-    from runner.train.model import enable_recompute
+    from runner.train.apply import enable_recompute
 
     batch = _batch()
     saved, grads = {}, {}
@@ -308,7 +308,8 @@ def test_recompute_inside_the_compiled_layer_skips_what_backward_does_not_read()
     recomputes the projections whose results it reads (q, k, v, o, gate, up) and not down_proj (whose output only
     feeds the residual). Per layer: 7 matmuls forward; backward 2 × 7 for the gradients + 6 recomputed. The
     gradients equal those of a model that keeps every activation."""
-    from runner.train.model import disable_cache, enable_recompute, text_decoder_layers
+    from runner.train.apply import enable_recompute
+    from runner.train.model import disable_cache, text_decoder_layers
 
     batch = _batch()
     kwargs = {k: v for k, v in batch.items() if k in ("position_ids", "labels")}

@@ -26,7 +26,7 @@ def _tiny_qwen3(layers: int = 3):
 
 
 def _grads(model, ids, offload_on: bool) -> list[torch.Tensor]:
-    from runner.train.model import enable_recompute
+    from runner.train.apply import enable_recompute
 
     model.zero_grad(set_to_none=True)
     model.train()
@@ -105,7 +105,7 @@ def test_only_the_layers_the_host_holds_offload_their_input():
     """Where the node's host holds fewer layer inputs than recompute, the first ones offload and the others keep
     their input on the GPU under a plain checkpoint, with the same gradients (runner.facts.gpus.offloaded_layers)."""
     from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, offloaded_layers
-    from runner.train.model import enable_recompute
+    from runner.train.apply import enable_recompute
 
     model = _tiny_qwen3(layers=4)
     ids = torch.randint(0, 512, (1, 256))

@@ -12,7 +12,7 @@ from transformers import AttentionInterface, AutoConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from runner.facts import families
-from runner.facts.decisions import Kernels, choose_attention
+from runner.decide.rules import Kernels, choose_attention
 from runner.gate import packcheck
 from runner.gate.packcheck import EXACT, FAILED, MISMATCH, Setup, check_problems, packing_verdict, run_check
 from runner.spec import load_spec, resolve
@@ -59,7 +59,7 @@ def test_planted_leaks_are_refused_and_the_same_model_without_them_passes():
 
 
 def _cpu_setup(config, engine="native", seq_len=512):
-    from runner.facts.decisions import choose_loss
+    from runner.decide.rules import choose_loss
 
     path = choose_attention("auto", "cpu", seq_len, None, config, Kernels.assumed("cpu")).impl
     return Setup(engine, path, "", choose_loss(engine, "auto", config)[0], "cpu", "float32", seq_len)

@@ -306,9 +306,10 @@ def test_hybrid_gated_delta_with_document_reset_equals_documents_one_by_one(loss
 
 def test_hybrid_recomputed_inside_compiled_layers_equals_documents_one_by_one():
     """train.compile with recompute on a hybrid model: the per-document path of its gated-delta layers breaks the
-    compiled graph inside each checkpoint region (runner.train.model.checkpoint_in_compile); packing stays exact.
+    compiled graph inside each checkpoint region (runner.train.apply.checkpoint_in_compile); packing stays exact.
     aot_eager runs the traced graphs eagerly, so the comparison holds to the same tolerance as uncompiled."""
-    from runner.train.model import enable_recompute, text_decoder_layers
+    from runner.train.apply import enable_recompute
+    from runner.train.model import text_decoder_layers
 
     model = _qwen3_5()
     install_document_reset(model)

@@ -1,5 +1,6 @@
 """Record schemas: a schema-1 record (tests/fixtures/record_schema1, written by the runner before schema 2) loads
-migrated, verifies over its stored bytes, diffs against a schema-2 record; replay pins the recorded decisions."""
+migrated, verifies over its stored bytes, diffs against a later record; replay pins the recorded decisions (field by
+field for schema 2, whole for schema 3)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_the_fixture_is_a_schema1_record_as_stored():
 
 def test_schema1_loads_migrated_and_carries_the_decisions_it_states():
     rec = records.load(OLD)
-    assert rec["schema"] == schema.SCHEMA == "sft-tui.record/2" and rec["migrated_from"] == "sft-tui.record/1"
+    assert rec["schema"] == schema.SCHEMA == "sft-tui.record/3" and rec["migrated_from"] == "sft-tui.record/1"
     # Schema 1 states only whether FSDP2 wrapped the model (rank 0's end event, in metrics.per_rank).
     assert rec["decisions"] == {"fsdp_sharded": True}
     assert rec["metrics"] == json.loads(OLD.read_text())["metrics"]  # nothing else changes
@@ -36,20 +37,20 @@ def test_schema1_loads_migrated_and_carries_the_decisions_it_states():
 def test_migrations_run_one_version_at_a_time(monkeypatch):
     seen = []
 
-    def two_to_three(rec):
+    def three_to_four(rec):
         seen.append(rec["schema"])
-        return {**rec, "schema": "sft-tui.record/3", "three": True}
+        return {**rec, "schema": "sft-tui.record/4", "four": True}
 
-    monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, two_to_three])
-    monkeypatch.setattr(schema, "VERSION", 3)
+    monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, three_to_four])
+    monkeypatch.setattr(schema, "VERSION", 4)
     rec = schema.migrate(json.loads(OLD.read_text()))
-    assert seen == ["sft-tui.record/2"] and rec["three"] and rec["decisions"] == {"fsdp_sharded": True}
+    assert seen == ["sft-tui.record/3"] and rec["four"] and rec["decisions"] == {"fsdp_sharded": True}
     assert rec["migrated_from"] == "sft-tui.record/1"
 
 
-@pytest.mark.parametrize("value,message", [("sft-tui.record/3", "written by a newer sft-tui: upgrade it"),
+@pytest.mark.parametrize("value,message", [("sft-tui.record/4", "written by a newer sft-tui: upgrade it"),
                                            ("sft-tui.record/0", "unknown record schema"),
-                                           ("other/1", "this runner reads sft-tui.record/1 to sft-tui.record/2")])
+                                           ("other/1", "this runner reads sft-tui.record/1 to sft-tui.record/3")])
 def test_unknown_schemas_are_refused_in_one_line(tmp_path, value, message):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({**json.loads(OLD.read_text()), "schema": value}))
@@ -63,7 +64,7 @@ def test_a_record_that_does_not_migrate_is_refused_in_one_line(tmp_path, capsys)
     rec["metrics"]["per_rank"] = ["not", "a", "map"]
     path = tmp_path / "odd.json"
     records.save(path, rec)  # locked as it is: only the migration can find it wrong
-    with pytest.raises(records.RecordError, match="does not migrate to sft-tui.record/2"):
+    with pytest.raises(records.RecordError, match="does not migrate to sft-tui.record/3"):
         records.load(path)
     assert runner_main(["verify", str(path)]) != 0
     err = capsys.readouterr().err
@@ -73,7 +74,7 @@ def test_a_record_that_does_not_migrate_is_refused_in_one_line(tmp_path, capsys)
 def test_verify_checks_the_stored_lock_then_migrates(tmp_path, capsys):
     assert runner_main(["verify", str(OLD)]) == 0
     out = capsys.readouterr().out
-    assert "ok (succeeded" in out and "schema sft-tui.record/1, read as sft-tui.record/2" in out
+    assert "ok (succeeded" in out and "schema sft-tui.record/1, read as sft-tui.record/3" in out
     # Negative control: one changed byte of the stored content breaks the lock, migrated or not.
     text = OLD.read_text()
     i = text.index('"final_loss": ') + len('"final_loss": ') + 2
@@ -83,7 +84,7 @@ def test_verify_checks_the_stored_lock_then_migrates(tmp_path, capsys):
     assert "lock mismatch" in capsys.readouterr().err
 
 
-def test_a_migrated_record_saved_again_is_schema2_and_locked(tmp_path):
+def test_a_migrated_record_saved_again_is_current_and_locked(tmp_path):
     path = tmp_path / "again.json"
     written = records.save(path, records.load(OLD))  # what a resumed run does with its record
     assert written["schema"] == schema.SCHEMA and "migrated_from" not in written
@@ -91,7 +92,7 @@ def test_a_migrated_record_saved_again_is_schema2_and_locked(tmp_path):
 
 
 def _new_record(tmp_path: Path, decisions: dict) -> Path:
-    """A schema-2 record of the same run with the decisions a run of today records."""
+    """A record of the same run, in today's schema, with the given decisions."""
     rec = records.load(OLD)
     rec.update(id="new-record", decisions=decisions)
     path = tmp_path / "new-record.json"
@@ -99,7 +100,7 @@ def _new_record(tmp_path: Path, decisions: dict) -> Path:
     return path
 
 
-def test_diff_of_a_schema1_and_a_schema2_record(tmp_path, capsys):
+def test_diff_of_a_schema1_and_a_later_record(tmp_path, capsys):
     shutil.copy(OLD, tmp_path / f"{records.load(OLD)['id']}.json")
     _new_record(tmp_path, {"attn": "sdpa", "loss_impl": "chunked", "fsdp_sharded": True})
     assert runner_main(["diff", records.load(OLD)["id"], "new-record", "--records-dir", str(tmp_path)]) == 0
@@ -130,3 +131,25 @@ def test_values_a_spec_field_does_not_take_are_not_pinned():
     rec = {"id": "r", "spec": load_spec("tiny-cpu", ["engine=trl"]).to_dict(), "launch": {"world_size": 1},
            "decisions": {"loss_impl": "trl fused lm head", "attn": "sdpa", "fsdp_sharded": False}}
     assert pinned_decisions(rec) == {"model.attn_implementation": "sdpa", "train.fsdp_one_rank": False}
+
+
+def test_a_schema2_record_migrates_and_its_reported_decisions_are_pinned_field_by_field():
+    from runner.record.replay import recorded_decisions
+
+    rec = {**json.loads(OLD.read_text()), "schema": "sft-tui.record/2",
+           "decisions": {"attn": "eager", "loss_impl": "full", "fsdp_sharded": True}}
+    migrated = schema.migrate(rec)
+    assert migrated["schema"] == "sft-tui.record/3" and migrated["decisions"] == rec["decisions"]
+    assert recorded_decisions(migrated) is None  # not whole: the replay decides the rest by today's rules
+    assert pinned_decisions(migrated) == {"model.attn_implementation": "eager", "train.loss_impl": "full"}
+
+
+def test_a_schema3_record_gives_its_replay_the_whole_decisions(tmp_path):
+    from runner.decide import decide_run
+    from runner.plan.autotune import resolve_levers
+    from runner.record.replay import recorded_decisions
+
+    decided = decide_run(resolve_levers(load_spec("tiny-cpu", [])))
+    path = _new_record(tmp_path, decided.to_dict())
+    assert records.verify(path)[0]
+    assert recorded_decisions(records.load(path)) == decided

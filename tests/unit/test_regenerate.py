@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 from runner.facts.gpus import HOSTED, ON_GPU, REGENERATED, SOURCE, layer_input_places, regenerated_layers
 from runner.train.data import collate
 from runner.train.loss import full_loss_sum
-from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.apply import enable_recompute
+from runner.train.model import text_decoder_layers
 from runner.train.tiling import tile_layers
 from tests.families import family_config
 from tests.unit.test_families import _documents, _grads, _packed_block

@@ -4,20 +4,20 @@ without activation checkpointing; the choice of `auto`; the estimator's accounti
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from runner.facts.catalog import parse_arch
-from runner.facts.decisions import Kernels, choose_attention, choose_loss
+from runner.decide.rules import Kernels, choose_attention, choose_loss
 from runner.facts.families import MATRIX
 from runner.facts.tiling import mlp_tile_tokens, tiled_mlp_choice
 from runner.train.attention import concrete_model_class, keep_documents_apart, supported_attention
 from runner.train.data import collate
 from runner.train.loss import LOSS_FUNCTIONS, full_loss_sum
-from runner.train.model import enable_recompute, text_decoder_layers
+from runner.train.apply import enable_recompute
+from runner.train.model import text_decoder_layers
 from runner.train.tiling import is_rms_norm, layer_mlp, recompute_outer_norms, tile_layers
 from tests.conftest import run_cli
 from tests.families import family_config
@@ -162,11 +162,11 @@ def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_
     40 GiB 14 go, 14 regenerate and 8 stay on the GPU, which holds them; with 12 GiB none can go, the GPU cannot
     hold all 36, and the estimate says host memory is why."""
     import psutil
-    from transformers import AutoConfig
 
     from runner.plan import estimate
     from runner.spec import load_spec
-    from runner.train.offload import hosted_layer_inputs, regenerated_layer_inputs
+    from runner.decide import decide_run
+    from runner.plan.autotune import resolve_levers
 
     n = 425984
     sets = ["train.compile=false", "train.recompute_layers=null", "train.offload_activations=true",
@@ -189,11 +189,9 @@ def test_the_estimator_tiles_long_gpu_blocks_and_keeps_on_the_gpu_what_the_host_
     assert "25 of 36 recomputed layers' inputs, all the node's host holds: 11 more regenerated in backward from " \
            "the layer before's)" in split.approximate_reason
     assert split.fits and split.per_gpu_gib == pytest.approx(tiled.per_gpu_gib, abs=0.01)
-    config = AutoConfig.from_pretrained(Path(__file__).resolve().parents[2] / "recipes" / "embedded" / "qwen3-4b")
-    spec = load_spec("qwen3-4b-bench-h200", sets)
-    assert hosted_layer_inputs(spec, config, 36, n, "cuda") == 25  # the engine's split is the estimator's
-    assert regenerated_layer_inputs(spec, 36, 25) == 11
-    assert hosted_layer_inputs(spec, config, 36, n, "cpu") is None
+    decided = decide_run(resolve_levers(load_spec("qwen3-4b-bench-h200", sets)))  # what the ranks are given
+    assert (decided.offloaded_layers, decided.regenerated_layers) == (25, 11)  # the estimate's split
+    assert [layer.input for layer in decided.layers[:2]] == ["source", "regenerated"]
     node(40)  # 14 hosted, as many regenerated, 8 on the GPU
     fewer = estimate(load_spec("qwen3-4b-bench-h200", sets), suggest=False)
     assert "14 of 36 recomputed layers' inputs, all the node's host holds: 14 more regenerated in backward from " \

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runner.facts.decisions import fsdp_wrapped
+from runner.decide.rules import fsdp_wrapped
 from runner.train.trl_engine import fp32_master_weights
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.imports import from_transformers
+from runner.spec import model_source
 
 if TYPE_CHECKING:
     from runner.spec import RunSpec
@@ -34,3 +35,10 @@ def model_class(spec: RunSpec, config: Any) -> Any:
     if loader == "image_text_to_text" or (loader == "auto" and is_vlm_config(config)):
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
+
+
+def load_config(spec: RunSpec) -> Any:
+    AutoConfig = from_transformers("AutoConfig")
+
+    src, rev = model_source(spec)
+    return AutoConfig.from_pretrained(src, revision=rev, trust_remote_code=spec.model.trust_remote_code)
