@@ -41,6 +41,10 @@ def precision_problems(spec: Any) -> list[Problem]:
     if fixed and want != fixed:
         return [Problem("train.optimizer_precision", f"{engine.lacks['train.optimizer_precision']}, got {want}",
                         "use train.optimizer_precision=auto (or engine=native)")]
+    if fixed:
+        # The engine keeps its trainable weights in the precision it fixes whatever model.dtype loads the base in
+        # (TRL: fp32 trainable weights under bf16 autocast), so a resolved TRL spec on bf16 weights is consistent.
+        return []
     dtype = spec.model.dtype
     if dtype == "bfloat16" and want == "fp32_master":
         return [Problem("train.optimizer_precision", "fp32_master needs fp32 weights, got model.dtype=bfloat16",

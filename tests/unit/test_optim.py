@@ -183,6 +183,17 @@ def test_contradicting_precision_settings_are_refused_naming_the_field(sets, fie
     assert field in {p.field for p in err.value.problems}
 
 
+def test_a_resolved_trl_spec_on_bf16_weights_validates_again():
+    """The supervisor validates the resolved spec it is handed: TRL's fixed fp32_master beside model.dtype=bfloat16
+    (a GPU recipe's dtype) is what the engine runs, not a contradiction."""
+    from runner.spec import validate
+
+    sets = ["engine=trl", "model.dtype=bfloat16", "hardware.device=auto"]
+    resolved = resolve(load_spec("tiny-cpu", sets), cuda_available=True, gpu_count=2)
+    assert (resolved.model.dtype, resolved.train.optimizer_precision) == ("bfloat16", "fp32_master")
+    assert validate(resolved.model_dump()) == resolved
+
+
 KERNEL_VS_EAGER = """
 import torch
 from runner.train.optim import StochasticAdamW
