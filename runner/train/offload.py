@@ -87,7 +87,7 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     pool = HostBuffers()
 
     def __init__(self) -> None:
-        super().__init__(self._pack, self._unpack)
+        super().__init__(self.to_host, self.from_host)
 
     @classmethod
     def _stream(cls, device: torch.device) -> torch.cuda.Stream:
@@ -96,7 +96,8 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
         return cls._streams[device]
 
     @classmethod
-    def _pack(cls, t: torch.Tensor) -> Any:
+    def to_host(cls, t: torch.Tensor) -> Any:
+        """A saved tensor's copy on its way to page-locked host memory (small, CPU or strided tensors stay)."""
         nbytes = t.numel() * t.element_size()
         if t.device.type != "cuda" or nbytes < MIN_OFFLOAD_BYTES or not t.is_contiguous():
             return t
@@ -109,7 +110,8 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
         return _OnHost(buf, t, cls.pool)
 
     @classmethod
-    def _unpack(cls, packed: Any) -> torch.Tensor:
+    def from_host(cls, packed: Any) -> torch.Tensor:
+        """What to_host kept, back on its device (it waits for the copy to host to finish first)."""
         if isinstance(packed, torch.Tensor):
             return packed
         torch.cuda.current_stream(packed.device).wait_stream(cls._stream(packed.device))  # copy to host done

@@ -59,10 +59,10 @@ def source_checkpoint(chain: InputChain, layer: torch.nn.Module, offload: bool, 
                       **kwargs: Any) -> Any:
     """Checkpoint `function` as usual (its input in host memory with `offload`), and leave in `chain` what
     regenerates the next layer's input from it."""
-    unpack = HostOffload._unpack if offload else _same
+    unpack = HostOffload.from_host if offload else _same
 
     def pack(t: torch.Tensor) -> Any:
-        packed = HostOffload._pack(t) if offload else t
+        packed = HostOffload.to_host(t) if offload else t
         chain.source = _Source(layer, _hookless(layer, function), packed, unpack, t.device)
         return packed
 
