@@ -100,6 +100,7 @@ def _sky_check(python: str, task: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.launches
 def test_skypilot_accepts_the_task_the_readme_example_writes(tmp_path):
     """SkyPilot's own launch-time checks (tests/fixtures/skypilot/check_task.py) accept the task of the example in
     docs/multi-node.md, and refuse what they should: the bucket prefix mounted in MOUNT mode, a misspelt field."""
