@@ -6,20 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from runner.record import records
 from runner.events.lines import read_events
 from runner.events.failure import classify_text
 from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
-from tests.conftest import REPO, dir_args, last_json
+from tests.conftest import dir_args, last_json
 
 pytestmark = pytest.mark.dist
 

@@ -4,7 +4,6 @@ otherwise, and a schema-3 record's whole decisions file is what the replay's ran
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 

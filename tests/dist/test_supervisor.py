@@ -8,18 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from runner.events.lines import read_events
 from runner.record import records
 from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
-from tests.conftest import REPO, dir_args, last_json, run_cli
+from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist
 
