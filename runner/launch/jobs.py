@@ -64,9 +64,11 @@ class JobOptions:
                           separators=(",", ":"))
 
 
-def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, extra_sets: tuple[str, ...] = ()) -> str:
+def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, extra_sets: tuple[str, ...] = (),
+                start: str = "exec ") -> str:
     """The shell lines every node runs. node_rank and endpoint are shell words the node expands (its scheduler's
-    variables); everything else is quoted. `exec` makes runner the process the scheduler signals."""
+    variables); everything else is quoted. `start` precedes runner: `exec ` makes runner the process the scheduler
+    signals; "" keeps the shell, for lines after runner that read its exit code."""
     q = shlex.quote
     sets = "".join(f" --set {s}" for s in (f"hardware.rdzv_endpoint={endpoint}", *extra_sets))
     tail = f"--node-rank {node_rank} --records-dir {q(str(o.records_dir))}{sets} --plain"
@@ -76,13 +78,13 @@ def node_script(spec_file: str, o: JobOptions, node_rank: str, endpoint: str, ex
     # A complete checkpoint of either engine (runner.events.paths.CHECKPOINT_LAYOUTS) means resume.
     done = " ".join(f"{run_dir}/checkpoints/{prefix}*/{last}" for prefix, last in CHECKPOINT_LAYOUTS)
     return (f"if ls -d {done} 2>/dev/null | grep -q .; then\n"
-            f"  exec {o.runner} run --resume {run_dir} {tail}\n"
+            f"  {start}{o.runner} run --resume {run_dir} {tail}\n"
             "else\n"
             f"  if [ {node_rank} = 0 ] && ls {run_dir}/events/rank*.jsonl >/dev/null 2>&1; then\n"
             f"    old={run_dir}/events.before-$(date +%s) && mkdir -p \"$old\" && mv {run_dir}/events/rank*.jsonl "
             "\"$old\"/\n"
             "  fi\n"
-            f"  exec {o.runner} run {q(spec_file)} --run-id {q(o.run_id)} --runs-dir {q(str(o.runs_dir))} {tail}\n"
+            f"  {start}{o.runner} run {q(spec_file)} --run-id {q(o.run_id)} --runs-dir {q(str(o.runs_dir))} {tail}\n"
             "fi")
 
 

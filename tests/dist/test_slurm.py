@@ -27,14 +27,28 @@ TIMEOUT_S = 300
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
-def _wait(cond, what: str, cluster: Cluster, timeout_s: float = TIMEOUT_S):
+def _wait(cond, what: str, cluster: Cluster, timeout_s: float = TIMEOUT_S, run_dir: Path | None = None,
+          job: str | None = None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = cond()
         if got:
             return got
         time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout_s} s\n{cluster.logs()}")
+    raise AssertionError(f"{what} not within {timeout_s} s\n{_diagnose(cluster, run_dir, job)}")
+
+
+def _diagnose(cluster: Cluster, run_dir: Path | None, job: str | None, tail: int = 2500) -> str:
+    """What a failed wait shows: the job's state, the run's own logs (the job's output, each node's supervisor),
+    then the daemons' logs."""
+    parts = []
+    if job is not None:
+        parts.append(f"== job {job}: {cluster.job_state(job)}")
+    if run_dir is not None:
+        for p in sorted([*run_dir.glob("supervisor*.json"), *(run_dir / "logs").glob("*")]):
+            if p.is_file():
+                parts.append(f"== {p.relative_to(run_dir)}\n{p.read_text(errors='replace')[-tail:]}")
+    return "\n".join([*parts, cluster.logs()])
 
 
 def _attempt_ranks(run_dir: Path, world: int, past_step: int) -> list[int] | None:
@@ -69,7 +83,7 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
             p.read_text()[-3000:] for p in sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("logs/*.out")))
         return _attempt_ranks(run_dir, world, past_step)
 
-    pids = _wait(ranks, f"attempt past step {past_step}", cluster)
+    pids = _wait(ranks, f"attempt past step {past_step}", cluster, run_dir=run_dir, job=job)
     for pid in pids:
         subprocess.run(["kill", "-STOP", str(pid)], check=True)
     try:
@@ -81,7 +95,11 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
             elapsed = _seconds(cluster.job_state(job)["RunTime"])
             cluster.scontrol("update", f"JobId={job}", f"TimeLimit={math.ceil(elapsed / 60) + 2}")
         _wait(lambda: all("stopping" in s for s in _states(run_dir, nodes)), "every supervisor stopping", cluster,
-              90)
+              90, run_dir, job)
+        if how == "warning":
+            # The warning was taken: the next attempt gets its time back while this job still runs (an update
+            # while the job is being requeued can leave the restarted attempt a warning at its start).
+            cluster.scontrol("update", f"JobId={job}", "TimeLimit=30")
     finally:
         for pid in pids:
             subprocess.run(["kill", "-CONT", str(pid)])
@@ -93,9 +111,10 @@ def _seconds(hms: str) -> int:
     return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
-# Two nodes skip the USR1 to the step alone: with --batch too, srun passes the USR1 to every process of the step on
-# every node, which is what the step-wide signal tests (one launch fewer).
-@pytest.mark.parametrize(("nodes", "ways"), [(1, ("batch", "warning", "step")), (2, ("batch", "warning"))])
+# Each way once: on two nodes the batch shell's USR1 (`scancel --batch`) and SLURM's own warning, which srun passes
+# on to every process of the step on every node; on one node the USR1 to the step alone, which spares the batch
+# shell (so an operator requeues the job).
+@pytest.mark.parametrize(("nodes", "ways"), [(1, ("step",)), (2, ("batch", "warning"))])
 def test_preempted_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_run, tmp_path, capsys, nodes, ways):
     runs, recs, script = tmp_path / "runs", tmp_path / "records", tmp_path / "job.sh"
     code = run_cli(["job", "tiny-cpu", "--to", "slurm", "--set", f"hardware.nodes={nodes}", "--set",
@@ -109,7 +128,8 @@ def test_preempted_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_r
     checkpoint, steps = 0, []
     for attempt, how in enumerate(ways):
         _preempt(slurm, job, run_dir, nodes, 2, checkpoint, how)
-        _wait(lambda: all(s.get("state") == "finished" for s in _states(run_dir, nodes)), "the attempt's end", slurm)
+        _wait(lambda: all(s.get("state") == "finished" for s in _states(run_dir, nodes)), "the attempt's end", slurm,
+              run_dir=run_dir, job=job)
         rec = records.load(path)
         cancel = rec["cancel"]
         assert (rec["status"], cancel["cause"], cancel["signal"], rec["exit_code"]) == \
@@ -121,9 +141,8 @@ def test_preempted_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_r
         checkpoint = cancel["checkpoint_step"]
         steps.append(checkpoint)
         state = _wait(lambda: (s := slurm.job_state(job)) and int(s["Restarts"]) == attempt + 1 and s,
-                      "the job requeued by its script", slurm) if how != "step" else None
-        if how == "warning":  # the requeued job keeps the shortened limit: give the next attempt its time back
-            slurm.scontrol("update", f"JobId={job}", "TimeLimit=30")
+                      "the job requeued by its script", slurm, run_dir=run_dir,
+                      job=job) if how != "step" else None
         if how == "step":
             # Only the step was signalled: the batch shell ends with the run's 143 and, as SLURM's own
             # preemption would, an operator requeues the job.
@@ -131,8 +150,12 @@ def test_preempted_requeued_and_resumed_to_the_uninterrupted_curve(slurm, tiny_r
                           "the job's end", slurm)
             assert state["ExitCode"] == "143:0", state
             slurm.scontrol("requeue", job)
-    state = _wait(lambda: (s := slurm.job_state(job)) and s["JobState"] == "COMPLETED" and s, "the job's end",
-                  slurm)
+        # srun has ended: no node's graceful stop counted as a failed task that terminates the others' step
+        # (--kill-on-bad-exit).
+        assert "Terminating StepId" not in (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    state = _wait(lambda: (s := slurm.job_state(job)) and s["JobState"] in ENDED and s, "the job's end", slurm,
+                  run_dir=run_dir, job=job)
+    assert state["JobState"] == "COMPLETED", _diagnose(slurm, run_dir, job)
     rec = records.load(path)
     assert rec["status"] == "succeeded" and records.verify(path)[0], rec.get("failure")
     # Each attempt resumed the same run id from the checkpoint the one before wrote, as SLURM's restarts 1, 2, ...

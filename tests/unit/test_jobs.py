@@ -59,7 +59,7 @@ def test_slurm_job_for_two_nodes_of_eight(tmp_path):
                  f"#SBATCH --output={tmp_path}/runs/{run_id}/logs/slurm-%j.out"):
         assert line in text.splitlines()
     # The venv's absolute python starts runner on every node, never a bare `runner` from PATH.
-    assert text.count(f"exec {os.path.abspath(sys.executable)} -m runner run ") == 2
+    assert text.count(f"\n  {os.path.abspath(sys.executable)} -m runner run ") == 2
     assert " runner run" not in text.replace("-m runner run", "")
     assert spec["hardware"] | {"nodes": 2, "nproc_per_node": 8, "device": "cuda"} == spec["hardware"]
 
