@@ -76,6 +76,9 @@ class Engine:
     """Can export a LoRA run's merged full model (output.save=full)."""
     checks_own_attention: bool = False
     """Its own preflight (`problems`) covers the attention path, so the generic attention check stands aside."""
+    applies_liger: bool = False
+    """Applies liger-kernel's layer kernels (RMSNorm, RoPE, SwiGLU) to the families it covers, on CUDA where it is
+    installed (`Decisions.liger`)."""
     problems: str | None = None
     """'module:function' with the engine's own checks before launch: f(spec, config, device, lora=False)."""
     boundaries_from_collator: bool = False
@@ -116,7 +119,7 @@ TRL = Engine(
            "train.tiled_mlp": "the trl engine runs the MLP untiled",
            "hardware.sequence_parallel": "the trl engine gives each rank whole blocks"},
     hf_trainer=True, fixed_loss=("trl-fused", "TRL's fused lm head"), fixed_optimizer_precision="fp32_master",
-    autocast=True, fsdp_one_cpu_rank=False, checks_own_attention=True,
+    autocast=True, fsdp_one_cpu_rank=False, checks_own_attention=True, applies_liger=True,
     problems="runner.train.trl_engine:trl_problems", boundaries_from_collator=True, data_workers=False,
     pads_ranks_to_longest=True,
 )

@@ -21,6 +21,7 @@ from runner.decide.rules import (
     sequence_parallel_attention,
 )
 from runner.engines import engine_for, lever_values
+from runner.facts.families import family_of
 from runner.facts.gpus import ON_GPU, layer_input_places, offloaded_layers, regenerated_layers
 from runner.facts.tiling import attention_head_groups, tiled_mlp_choice
 
@@ -91,6 +92,9 @@ class Decisions:
     sequence_parallel: int
     layers: tuple[LayerPlan, ...] = field(default_factory=tuple)
     """One plan per text decoder layer, first to last."""
+    liger: bool = False
+    """liger-kernel's layer kernels on the model (an engine that applies them, a family they cover, CUDA, installed
+    on the node where the run was decided). False in decisions written before it was one."""
     format: str = FORMAT
 
     @property
@@ -200,4 +204,6 @@ def decide(spec: Any, arch: Any, machine: Machine, config: Any = None, supported
         levers=lever_values(spec, arch.layers, loss), tiled_mlp=tiling.on,
         mlp_tile_tokens=tiling.tile_tokens if tiling.on else None, tiled_mlp_reason=tiling.reason,
         head_groups=groups, sequence_parallel=hw.sequence_parallel,
-        layers=layer_plans(spec, attn.impl, machine, arch.layers, arch.hidden, tokens))
+        layers=layer_plans(spec, attn.impl, machine, arch.layers, arch.hidden, tokens),
+        liger=e.applies_liger and device == "cuda" and kernels.liger and config is not None
+        and family_of(config).liger)

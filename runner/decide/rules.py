@@ -41,12 +41,15 @@ class Kernels:
     """torch's varlen_attn takes window_size (sliding-window layers need it)."""
     fa4: bool = False
     """flash-attn-4 (its CuTe kernels) on an SM 9.x/10.x GPU: runner.train.fa4."""
+    liger: bool = False
+    """liger-kernel on CUDA (its layer kernels, which the TRL engine applies)."""
 
     @classmethod
     def assumed(cls, device: str, fa4: bool = False) -> Kernels:
-        """What a plan assumes without probing: on CUDA torch's varlen and flex, no flash-attn, and flash-attn-4
-        when `fa4` (installed here, or asked for by the spec); on CPU none of the CUDA kernels."""
-        return cls(varlen=device == "cuda", flash_attn=False, flex=True, fa4=fa4 and device == "cuda")
+        """What a plan assumes without probing: on CUDA torch's varlen and flex, liger-kernel, no flash-attn, and
+        flash-attn-4 when `fa4` (installed here, or asked for by the spec); on CPU none of the CUDA kernels."""
+        return cls(varlen=device == "cuda", flash_attn=False, flex=True, fa4=fa4 and device == "cuda",
+                   liger=device == "cuda")
 
 
 def fa4_installed() -> bool:

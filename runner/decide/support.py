@@ -63,7 +63,8 @@ def available_kernels(device: str) -> Kernels:
     cuda = device == "cuda"
     varlen = cuda and varlen_available()
     return Kernels(varlen=varlen, flash_attn=cuda and flash_attn_available(), flex=flex_available(),
-                   varlen_window=not varlen or varlen_takes_window(), fa4=cuda and fa4_available())
+                   varlen_window=not varlen or varlen_takes_window(), fa4=cuda and fa4_available(),
+                   liger=cuda and importlib.util.find_spec("liger_kernel") is not None)
 
 @functools.cache
 def fa4_available() -> bool:

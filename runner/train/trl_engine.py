@@ -30,7 +30,6 @@ Choices, recorded in the `train_begin` event:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import time
 from pathlib import Path
 from typing import Any
@@ -213,16 +212,6 @@ def fsdp_settings(model: torch.nn.Module, spec: RunSpec) -> dict[str, Any]:
         "state_dict_type": "FULL_STATE_DICT",
         "cpu_ram_efficient_loading": False,
     }
-
-
-def use_liger(spec: RunSpec, device: str, config: Any) -> bool:
-    """liger-kernel's layer kernels for the families it covers (runner.facts.families `liger`), on CUDA when installed:
-    TRL's best measured settings (flex attention + liger) include them."""
-    from runner.facts.families import family_of
-
-    if device != "cuda" or not family_of(config).liger:
-        return False
-    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def _resume_from(run_dir: Path) -> str | None:
@@ -517,7 +506,7 @@ def train(spec: RunSpec, rt: Runtime, events: EventWriter, decisions: Decisions,
     fsdp = fsdp_settings(model, spec) if wrapped else None
     if fsdp is None and bf16:
         fp32_master_weights(model)
-    liger = use_liger(spec, rt.device, config)
+    liger = decisions.liger  # TRL's best measured settings (flex attention + liger) include them
     args = sft_config(spec, rt, RunPaths(run_dir).checkpoints, fsdp, bf16, liger)
     cpu_plugin = None
     if fsdp is not None and rt.device == "cpu":

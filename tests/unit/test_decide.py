@@ -21,6 +21,7 @@ from runner.decide.rules import (
     fused_chunk_tokens_for,
 )
 from runner.events.paths import RunPaths
+from runner.facts.families import family_of
 from runner.plan import estimate, make_plan
 from runner.plan.autotune import resolve_levers
 from runner.spec import RunSpec, load_spec
@@ -84,6 +85,8 @@ def check_decisions(spec: RunSpec, monkeypatch) -> Decisions:
     assert len(d.layers) == plan.arch.layers and d.recomputed == d.levers["recompute_layers"]
     if spec.engine == "trl":
         assert d.loss_impl == "trl-fused" and not d.tiled_mlp and d.head_groups == 1
+    # liger-kernel's layer kernels: decided here, never by a rank (the GPU's kernels assumed installed).
+    assert d.liger == (spec.engine == "trl" and d.device == "cuda" and family_of(config).liger)
     return d
 
 
@@ -140,6 +143,24 @@ def test_an_eight_gpu_plan_offloads_what_the_host_holds_and_regenerates_the_rest
                                                      "train.recompute_layers=null"]))
     d = decide(compiled, arch, Machine("cuda", 8, 8, 141 * 2**30, host))
     assert [layer.input for layer in d.layers] == ["host"] + ["gpu"] * (arch.layers - 1)
+
+
+def test_liger_is_decided_where_the_run_is_decided():
+    """A node without liger-kernel decides without it; decisions written before liger was one read as without."""
+    from runner.decide import Machine, decide
+    from runner.decide.rules import Kernels
+    from runner.facts.catalog import load_arch
+
+    spec = resolve_levers(load_spec("tiny-cpu", ["engine=trl", "hardware.device=cuda", "hardware.gpu=H200",
+                                                 "hardware.nproc_per_node=1"]))
+    loaded = load_arch(spec)
+    with_liger, without = (decide(spec, loaded.arch, Machine("cuda", 1, 1, 141 * 2**30, None,
+                                                             Kernels(varlen=True, liger=installed)), loaded.config)
+                           for installed in (True, False))
+    assert with_liger.liger and not without.liger
+    old = with_liger.to_dict()
+    del old["liger"]
+    assert not Decisions.from_dict(old).liger
 
 
 def test_a_decisions_file_of_another_format_is_refused():
