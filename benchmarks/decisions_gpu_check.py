@@ -28,7 +28,7 @@ def obeyed(run_dir: Path) -> dict:
         ranks[path.stem] = {
             "echo_equals_file": begin is not None and begin.get("decisions") == written,
             "reported": None if begin is None else {k: begin.get(k) for k in ("attn", "loss_impl", "fsdp_sharded",
-                                                                              "levers")},
+                                                                              "levers", "liger_kernels")},
             "losses": [e.get("loss") for e in events if "event" not in e and e.get("loss") is not None],
         }
     return {"decisions": written, "ranks": ranks,
@@ -42,10 +42,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--runs-dir", type=Path, default=Path("/tmp/decisions-runs"))
+    ap.add_argument("--engines", default="native,trl", help="comma-separated (default native,trl)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for engine in ("native", "trl"):
+    for engine in args.engines.split(","):
         argv = [sys.executable, "-m", "runner", "run", args.recipe, "--set", f"engine={engine}",
                 "--set", f"train.max_steps={args.steps}", "--set", f"train.seq_len={args.seq_len}",
                 "--set", "hardware.gpu=auto", "--runs-dir", str(args.runs_dir),

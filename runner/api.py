@@ -56,6 +56,13 @@ def __getattr__(name: str) -> Any:
 # -- load --------------------------------------------------------------------------------------------------------
 
 
+def save_text(path: Path, text: str) -> None:
+    """Write a file whole or not at all: a full disk or a kill mid-write leaves the file as it was."""
+    from runner.writes import atomic_write_text
+
+    atomic_write_text(path, text)
+
+
 def load(ref: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
          notes: list[str] | None = None) -> RunSpec:
     """A recipe name, a YAML/JSON spec file or a raw dict, with `--set` overrides, as a validated RunSpec; `notes`

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from runner.api import follow_paths, follow_run, overridden_fields, overridden_sections
+from runner.api import follow_paths, follow_run, overridden_fields, overridden_sections, save_text
 from runner.errors import Problem, SpecError, UserError
 from runner.spec import EMBEDDED_PREFIX, RunSpec, apply_override, find_spec_file, read_spec_file, validate
 
@@ -130,6 +130,6 @@ def save_recipe(data: dict[str, Any], path: Path) -> Path:
     if path.suffix not in {".yaml", ".yml"}:
         raise UserError(f"a recipe file must end in .yaml or .yml, got {path.name}: try {path.with_suffix('.yaml')}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    save_text(path, text)  # whole or not at all: a full disk leaves the old recipe
     return path
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from runner.errors import UserError
 from runner.facts.targets import TARGETS, Target
 from runner.launch.jobs import JobOptions, check_job, check_paths, job_warnings, render_job
+from runner.writes import atomic_write_text
 
 if TYPE_CHECKING:  # the spec module (pydantic) loads only when a job is written
     from runner.spec import RunSpec
@@ -177,7 +178,7 @@ def write_job(args: argparse.Namespace, spec: RunSpec) -> int:
     write_spec(paths, spec)
     out = args.out or paths.run_dir / target.file
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_job(spec, options, paths.spec))
+    atomic_write_text(out, render_job(spec, options, paths.spec))  # whole or not at all (a full disk)
     print(f"wrote {out}: run {run_id}, {spec.hardware.nodes} node(s) x {spec.hardware.nproc_per_node} rank(s); "
           f"submit with `{target.submit} {out}`")
     return 0
