@@ -86,15 +86,21 @@ while True:
 @pytest.mark.launches
 def test_killed_writer_never_leaves_a_half_written_record(tmp_path: Path):
     path = tmp_path / "r.json"
-    for attempt in range(5):
+    for _ in range(5):
+        before = set(tmp_path.glob(".r.json.*"))  # killed writes before this one leave theirs
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], cwd=Path(__file__).resolve().parents[2])
-        time.sleep(0.6 + 0.13 * attempt)
+        deadline = time.monotonic() + 60
+        # Killed mid-write: once a record was written whole, while a new write's temporary file is there.
+        while not (path.exists() and set(tmp_path.glob(".r.json.*")) - before):
+            assert time.monotonic() < deadline and proc.poll() is None, "the writer wrote nothing in 60 s"
+            time.sleep(0.005)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         if path.exists():
             data = json.loads(path.read_text())  # complete JSON, never a prefix
             assert data["blob"] == "x" * 5_000_000
     assert path.exists()
+    assert list(tmp_path.glob(".r.json.*")), "no kill landed mid-write"  # each leaves its temporary file
     # The temporary files of killed writes are dot-files, never picked up as records.
     assert [p.name for p in tmp_path.glob("*.json")] == ["r.json"]
 
