@@ -157,10 +157,9 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
         run_id = new_run_id(spec.name, runs_dir, records_dir)
     paths = RunPaths(runs_dir / run_id)
     spec, _ = prepare_run(paths, spec, decisions)
-    # A resumed run's previous supervisor said its last word, and the requests it got are not for this launch.
+    # A resumed run's previous supervisor said its last word. (The requests it got stay in `control`: the new
+    # supervisor reads from the file's end, and another node's may already be reading it.)
     state_path(paths, node_rank).unlink(missing_ok=True)
-    if node_rank == 0:
-        paths.control.unlink(missing_ok=True)
     request = {"spec": spec.to_dict(), "runs_dir": str(runs_dir), "records_dir": str(records_dir),
                "estimate": estimate, "replay_of": replay_of, "node_rank": node_rank, "resume": resume}
     env = dict(os.environ)

@@ -34,6 +34,7 @@ REQUESTS = {
     "preempt": ("stop", "preempted", EXIT_STOPPED),
 }
 SIGNAL_REQUESTS = {signal.SIGINT: "cancel", signal.SIGTERM: "stop", signal.SIGUSR1: "preempt"}
+SIGNALLED = "signal to the supervisor"
 
 
 def state_path(paths: RunPaths, node: int = 0) -> Path:
@@ -72,6 +73,15 @@ def read_requests(paths: RunPaths, offset: int = 0) -> tuple[list[dict[str, Any]
         if isinstance(req, dict) and req.get("request") in REQUESTS:
             out.append(req)
     return out, offset + end
+
+
+def control_end(paths: RunPaths) -> int:
+    """Where the requests of a launch starting now begin: the control file outlives attempts (a resumed run, a
+    requeued job), and what an earlier attempt was asked is not for this one."""
+    try:
+        return paths.control.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def send_request(paths: RunPaths, request: str, signal_name: str | None, by: str) -> None:
@@ -119,7 +129,9 @@ class Supervisor:
                                       "create_time": _create_time(os.getpid()), "state": "starting",
                                       "run_id": run_dir.name, "node_rank": request.get("node_rank", 0)}
         self.pending: dict[str, Any] | None = None  # the first request wins; later ones change nothing
-        self._control_offset = 0
+        # Not 0: every node of a run reads the one control file, and a node may start before node 0 (or after the
+        # previous attempt's requests): those requests stopped that attempt, not this one.
+        self._control_offset = control_end(self.paths)
 
     def write_state(self, **changes: Any) -> None:
         self.state.update(changes)
@@ -128,7 +140,7 @@ class Supervisor:
     def on_signal(self, signum: int, _frame: object) -> None:
         if self.pending is None:
             self.pending = {"request": SIGNAL_REQUESTS[signum], "signal": signal.Signals(signum).name,
-                            "by": "signal to the supervisor"}
+                            "by": SIGNALLED}
 
     def run(self) -> int:
         from runner.launch import run as run_mod
@@ -187,6 +199,12 @@ class Supervisor:
 
     def _stop(self, active: Any, req: dict[str, Any]) -> int:
         how, cause, _ = REQUESTS[req["request"]]
+        node = self.state["node_rank"]
+        if req.get("by") == SIGNALLED and int(self.request["spec"]["hardware"].get("nodes") or 1) > 1:
+            # A signal that reached this node only (an operator's kill, a node-local agent) stops every node at
+            # the same step: a node that stops alone leaves the others waiting in a collective.
+            send_request(self.paths, req["request"], req.get("signal"), f"{req.get('signal')} to node {node}'s "
+                         "supervisor")
         self.write_state(stopping={"request": req["request"], "signal": req.get("signal"), "by": req.get("by")})
         getattr(active, how)(req.get("signal"), cause)
         active.stop_reason.update(request=req["request"], by=req.get("by"))

@@ -1,16 +1,17 @@
 """Bad input to `runner run` stops before anything is written (exit 2, one line with the fix); files keep the
-user's umask; the supervisor's control lines are read whole."""
+user's umask; the supervisor's control lines are read whole, once, and only by the launch they were sent to."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from pathlib import Path
 
 import pytest
 
 from runner.events.paths import RunPaths
-from runner.launch.supervisor import read_requests, send_request
+from runner.launch.supervisor import Supervisor, read_requests, send_request
 from runner.writes import atomic_write_json
 from tests.conftest import run_cli
 
@@ -81,3 +82,57 @@ def test_control_lines_are_taken_whole_and_once(tmp_path: Path):
         f.write(', "signal": null}\n{"request": "bogus"}\n')
     reqs, offset = read_requests(paths, offset)
     assert [r["request"] for r in reqs] == ["cancel"] and read_requests(paths, offset) == ([], offset)
+
+
+class _Active:
+    """What a supervisor drives, short of torchrun: it runs until told how to stop."""
+
+    def __init__(self):
+        self.stopped: tuple[str, str | None, str] | None = None
+        self.stop_reason: dict = {}
+
+    def poll(self):
+        return None
+
+    def stop(self, signal_name, cause):
+        self.stopped = ("stop", signal_name, cause)
+
+    def cancel(self, signal_name, cause):
+        self.stopped = ("cancel", signal_name, cause)
+
+    def wait(self):
+        return 143
+
+
+def _supervisor(run_dir: Path, node: int, nodes: int) -> Supervisor:
+    return Supervisor(run_dir, {"node_rank": node, "spec": {"hardware": {"nodes": nodes}}})
+
+
+def test_a_new_attempt_ignores_the_requests_that_stopped_the_last(tmp_path: Path):
+    # A requeued two-node job: node 1 starts again before node 0 and reads the one control file, which still
+    # holds the preemption of the attempt before (it used to stop node 1 alone, leaving node 0 in the rendezvous).
+    paths = RunPaths(tmp_path)
+    send_request(paths, "preempt", "SIGUSR1", "SIGUSR1 to runner run")
+    sup, active = _supervisor(tmp_path, 1, 2), _Active()
+    send_request(paths, "stop", "SIGTERM", "SIGTERM to runner run")  # this attempt's own
+    assert sup._watch(active) == 143
+    assert active.stopped == ("stop", "SIGTERM", "stopped")
+    assert sup.state["stopping"] == {"request": "stop", "signal": "SIGTERM", "by": "SIGTERM to runner run"}
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_signal_to_one_nodes_supervisor_stops_every_node(nodes, tmp_path: Path):
+    paths = RunPaths(tmp_path)
+    node0, node1 = _supervisor(tmp_path, 0, nodes), _supervisor(tmp_path, 1, nodes)
+    node1.on_signal(signal.SIGUSR1, None)  # only node 1's processes were signalled
+    active1 = _Active()
+    assert node1._watch(active1) == 143 and active1.stopped == ("stop", "SIGUSR1", "preempted")
+    reqs, _ = read_requests(paths)
+    if nodes == 1:
+        assert reqs == []  # nobody else to tell
+        return
+    assert [(r["request"], r["signal"], r["by"]) for r in reqs] == [
+        ("preempt", "SIGUSR1", "SIGUSR1 to node 1's supervisor")]
+    active0 = _Active()
+    assert node0._watch(active0) == 143 and active0.stopped == ("stop", "SIGUSR1", "preempted")
+    assert read_requests(paths)[0] == reqs  # node 0 took the request; it sent none of its own
