@@ -166,8 +166,10 @@ def _run_flops(spec: RunSpec) -> records.RunFlops | None:
 
 def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, Any] | None = None,
           replay_of: str | None = None, node_rank: int = 0, run_id: str | None = None,
-          resume: bool = False, stop_with_parent: bool = False, decisions: Any = None) -> ActiveRun:
-    """Create the run directory and (on node 0) the running record, then launch torchrun.
+          resume: bool = False, stop_with_parent: bool = False, decisions: Any = None,
+          torch_pins: dict[str, Any] | None = None) -> ActiveRun:
+    """Create the run directory and (on node 0) the running record, then launch torchrun. `torch_pins`: taken
+    already by the process that asked for the launch (runner.record.pins.torch_pins).
 
     With resume, the run id is an existing run: its record is reopened as running (the launch is appended to
     `resumes`) and the ranks continue from the latest complete checkpoint."""
@@ -195,7 +197,7 @@ def start(spec: RunSpec, runs_dir: Path, records_dir: Path, estimate: dict[str, 
         rec.update(status="running", finished=None, failure=None, spec=spec.to_dict(), decisions=decided.to_dict())
         rec = records.save(record_path, rec)
     elif node_rank == 0:
-        pins = pins_mod.capture(spec, REPO_DIR)
+        pins = pins_mod.capture(spec, REPO_DIR, torch_pins)
         diff = pins["git"].pop("diff", "")
         if diff:
             # Beside the record (records/<id>.diff), so the pair travels together; its sha256 is in the record.

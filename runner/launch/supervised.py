@@ -151,6 +151,7 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     written here, once (`prepare_run`; `decisions`: a replay's recorded ones), and the supervisor reads them."""
     from runner.launch.command import check_run_target, new_run_id, prepare_run
     from runner.launch.process import ignore_preemption_warning
+    from runner.record.pins import torch_pins
 
     check_run_target(runs_dir, records_dir, run_id)
     if run_id is None:
@@ -161,7 +162,9 @@ def spawn(spec: Any, runs_dir: Path, records_dir: Path, estimate: dict[str, Any]
     # supervisor reads from the file's end, and another node's may already be reading it.)
     state_path(paths, node_rank).unlink(missing_ok=True)
     request = {"spec": spec.to_dict(), "runs_dir": str(runs_dir), "records_dir": str(records_dir),
-               "estimate": estimate, "replay_of": replay_of, "node_rank": node_rank, "resume": resume}
+               "estimate": estimate, "replay_of": replay_of, "node_rank": node_rank, "resume": resume,
+               # Taken here, where the gate imported torch already: the supervisor then starts without it.
+               "torch_pins": torch_pins() if node_rank == 0 and not resume else None}
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(log_path(paths, node_rank), "ab") as log:

@@ -159,7 +159,8 @@ class Supervisor:
             active = run_mod.start(validate(r["spec"]), Path(r["runs_dir"]), Path(r["records_dir"]),
                                    estimate=r.get("estimate"), replay_of=r.get("replay_of"),
                                    node_rank=r.get("node_rank", 0), run_id=self.paths.run_dir.name,
-                                   resume=r.get("resume", False), stop_with_parent=True)
+                                   resume=r.get("resume", False), stop_with_parent=True,
+                                   torch_pins=r.get("torch_pins"))
         except Exception as e:  # noqa: BLE001 - the view shows it; nothing was launched
             reserve.release()
             error = f"{type(e).__name__}: {e}"

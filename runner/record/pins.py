@@ -181,13 +181,15 @@ def tokenizer_hash(spec: RunSpec) -> str | None:
     return hash_files(files, p) if files else None
 
 
-def capture(spec: RunSpec, repo_dir: Path) -> dict[str, Any]:
-    """All pins at launch. The git diff goes beside the record, not inside it (it can be large)."""
+def capture(spec: RunSpec, repo_dir: Path, torch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All pins at launch. The git diff goes beside the record, not inside it (it can be large). `torch`: the
+    torch pins taken by the process that asked for the launch (the same interpreter), so that a supervisor need not
+    import torch (1.5 s of its start) for four version strings."""
     return {
         "python": sys.version.split()[0],
         **interpreter_pins(),
         "packages": packages(),
-        **torch_pins(),
+        **(torch_pins() if torch is None else torch),
         "gpus": gpu_pins(),
         "system": system_pins(),
         "git": git_pins(repo_dir),
