@@ -1,10 +1,15 @@
-"""Real processes in tests: start `runner`, wait until a rank has logged a step, and prove a process tree is gone."""
+"""Real processes in tests: start `runner`, wait until a rank has logged a step, hold processes still, and prove a
+process tree is gone."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,31 @@ def wait_for_step(runs: Path, step: int, rank: int = 0, timeout_s: float = 120) 
                 return run_dir, start["pid"]
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} never reached step {step} within {timeout_s} s")
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
+    """cond()'s first true value, polled until timeout_s."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def held(pids: list[int]) -> Iterator[None]:
+    """The processes stopped (SIGSTOP) inside the block and continued after it, whatever happens there: a stop
+    requested meanwhile lands mid-run however slow the machine is, so a short run will do."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from runner.events.lines import read_events
 from runner.record import records
 from tests.conftest import run_cli
+from tests.procs import held
 from tests.slurm_cluster import Cluster, free_ports
 
 pytestmark = pytest.mark.dist
@@ -84,9 +84,7 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
         return _attempt_ranks(run_dir, world, past_step)
 
     pids = _wait(ranks, f"attempt past step {past_step}", cluster, run_dir=run_dir, job=job)
-    for pid in pids:
-        subprocess.run(["kill", "-STOP", str(pid)], check=True)
-    try:
+    with held(pids):
         if how == "batch":
             cluster.scancel("--signal=USR1", "--batch", job)
         elif how == "step":  # every process of the step, as slurmstepd delivers it; the batch shell gets none
@@ -97,12 +95,8 @@ def _preempt(cluster: Cluster, job: str, run_dir: Path, nodes: int, world: int, 
         _wait(lambda: all("stopping" in s for s in _states(run_dir, nodes)), "every supervisor stopping", cluster,
               90, run_dir, job)
         if how == "warning":
-            # The warning was taken: the next attempt gets its time back while this job still runs (an update
-            # while the job is being requeued can leave the restarted attempt a warning at its start).
+            # The warning was taken: the next attempt gets its time back.
             cluster.scontrol("update", f"JobId={job}", "TimeLimit=30")
-    finally:
-        for pid in pids:
-            subprocess.run(["kill", "-CONT", str(pid)])
 
 
 def _seconds(hms: str) -> int:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from runner.record import records
-from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
+from runner.events.paths import RunPaths
+from runner.launch.supervisor import read_state
+from tests.procs import held, process_tree, start_runner, wait_all_gone, wait_for_step, wait_until
 from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist
@@ -21,17 +23,27 @@ pytestmark = pytest.mark.dist
 LONG = ["--set", "train.max_steps=2000", "--set", "train.log_every=1"]
 
 
-STEPS = 40  # long enough that the stop lands mid-run on a slow machine: a step of the embedded model is ~0.1 s
+STEPS = 12  # the shared uninterrupted run's (tests/conftest.py tiny_run); the ranks are held while the stop is sent
 
 
-def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(dirs, capsys):
+def _sigterm_held(proc, runs: Path) -> Path:
+    """SIGTERM to the view once both ranks logged step 2, with the ranks held until the supervisor took it: the
+    stop lands mid-run however slow the machine is."""
+    run_dir, _ = wait_for_step(runs, 2)
+    with held([wait_for_step(runs, 2, rank=r)[1] for r in (0, 1)]):
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping" in (read_state(RunPaths(run_dir)) or {}), "the supervisor stopping")
+    return run_dir
+
+
+def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(tiny_run, dirs, capsys):
     # The resumed run must end on exactly the loss curve of the same spec run without a stop.
     sets = ["--set", f"train.max_steps={STEPS}"]
     proc = start_runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
-    run_dir, _ = wait_for_step(dirs["runs"], 2)
+    wait_for_step(dirs["runs"], 1)
     procs = process_tree(proc.pid)
     assert len(procs) >= 5  # the view, the supervisor, torchrun, two ranks
-    proc.send_signal(signal.SIGTERM)
+    run_dir = _sigterm_held(proc, dirs["runs"])
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     wait_all_gone(procs, 30)
@@ -56,10 +68,8 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_continues_the_curve(dirs, ca
     before = path.read_bytes()
     code, _, err = run_cli(["run", "--resume", str(run_dir), "--records-dir", str(dirs["records"])], capsys)
     assert code == 2 and "nothing to resume" in err and path.read_bytes() == before
-    code, out, err = run_cli(["run", "tiny-cpu", *sets, "--json", "--plain", "--run-id", "uninterrupted",
-                              *dir_args(dirs)], capsys)
-    assert code == 0, err
-    whole = records.load(Path(last_json(out)["record"]))
+    whole = records.load(tiny_run["record"])  # the same spec, never stopped
+    assert resumed["spec"] == whole["spec"]
     assert resumed["metrics"]["loss_curve"] == whole["metrics"]["loss_curve"]
 
 
@@ -110,8 +120,7 @@ def test_trl_run_stopped_by_sigterm_resumes_from_the_trainers_checkpoint(dirs, c
     can be resumed, from where, and `runner run --resume` continues it to the same loss curve."""
     sets = ["--set", "engine=trl", "--set", f"train.max_steps={STEPS}"]
     proc = start_runner(["run", "tiny-cpu", *sets, "--json", "--plain", *dir_args(dirs)])
-    run_dir, _ = wait_for_step(dirs["runs"], 2)
-    proc.send_signal(signal.SIGTERM)
+    run_dir = _sigterm_held(proc, dirs["runs"])
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 143, err
     path = Path(last_json(out)["record"])
