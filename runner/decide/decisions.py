@@ -8,7 +8,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runner.decide.rules import (
     AttentionChoice,
@@ -21,6 +21,7 @@ from runner.decide.rules import (
     sequence_parallel_attention,
 )
 from runner.engines import engine_for, lever_values
+from runner.facts.catalog import LAYER_LINEAR
 from runner.facts.families import family_of
 from runner.facts.gpus import ON_GPU, layer_input_places, offloaded_layers, regenerated_layers
 from runner.facts.tiling import attention_head_groups, tiled_mlp_choice
@@ -49,6 +50,20 @@ class Machine:
     """The attention kernels on the node (probed there at launch; assumed when planned elsewhere)."""
 
 
+def _attention_out_bytes(arch: Any, i: int, cb: float) -> float:
+    # The varlen kernel's output (compute dtype) and its log-sum-exp (fp32 per head); a gated-delta layer keeps none.
+    return 0.0 if arch.layer_type(i) == LAYER_LINEAR else cb * arch.q_dim + 4 * arch.heads
+
+
+# What a recomputed layer can hold on the GPU from its forward until its backward, in bytes per token of layer i
+# (cb: the compute dtype's bytes). The estimator prices a plan's `LayerPlan.kept` with these and knows no lever by
+# name: a lever that keeps something new says what it weighs here, beside its decision.
+KEPT_BYTES_PER_TOKEN: dict[str, Callable[[Any, int, float], float]] = {
+    "input": lambda arch, i, cb: cb * arch.hidden,
+    "attention_out": _attention_out_bytes,
+}
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """What one decoder layer does with its activations between forward and backward."""
@@ -60,6 +75,19 @@ class LayerPlan:
     input: str
     """Where its input waits: gpu | host (page-locked host memory) | source (host, and read again to regenerate the
     next layer's) | regenerated (computed again from the layer before's) | kept (a layer that does not recompute)."""
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """What a recomputed layer holds on the GPU from forward to backward (`KEPT_BYTES_PER_TOKEN` names); empty
+        for a layer that does not recompute, which keeps every activation."""
+        if not self.recompute:
+            return ()
+        return (("input",) if self.input == ON_GPU else ()) + (("attention_out",) if self.keep_attention else ())
+
+    @property
+    def reruns_attention(self) -> bool:
+        """Its backward runs its attention again (a recomputed layer that did not keep the kernel's outputs)."""
+        return self.recompute and not self.keep_attention
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,13 @@ def attention_flops_per_doc_len_sq(arch: Any) -> float:
 
 def hardware_flops(arch: Any, *, tokens: int, seq_len: int, doc_len: int, lora: bool, recomputed: int,
                    not_recomputed_params: int, attn: str, packing: bool,
-                   attention_recomputed: bool = True) -> tuple[float, float]:
+                   attention_share: float | None = None) -> tuple[float, float]:
     """(hardware FLOPs of `tokens` trained tokens, the attention part of it).
 
     `recomputed`: decoder layers that run their forward again in backward; `not_recomputed_params`: matmul
     parameters per token of those layers that the recompute skips (a compiled layer's MLP output projection);
-    `attention_recomputed=False`: those layers kept their attention outputs, so their attention runs once."""
+    `attention_share`: the share of layers whose backward runs their attention again (those recomputed, unless
+    they kept the attention's outputs; None: every recomputed layer's)."""
     share = recomputed / max(1, arch.layers)  # of the layers' forward, again
     n_flops = arch.params_flops
     if lora:
@@ -54,7 +55,8 @@ def hardware_flops(arch: Any, *, tokens: int, seq_len: int, doc_len: int, lora: 
     else:
         per_token = (6 + 2 * share) * n_flops
     per_token -= 2 * not_recomputed_params
-    passes = 3 + (share if attention_recomputed else 0.0)  # attention: forward, two backward matmuls' worth, recompute
+    # Attention: forward, two backward matmuls' worth, and the recompute where it runs again.
+    passes = 3 + (share if attention_share is None else attention_share)
     d = max(1, min(doc_len, seq_len))
     # Eager attention computes the whole score matrix of each sequence; sdpa does too when a packed block needs a
     # dense mask. Without packing a sequence is one document.

@@ -139,11 +139,6 @@ class Plan:
             and self.device == "cuda" and self.recomputed > 0
 
     @property
-    def keeps_attention(self) -> bool:
-        """Recomputed layers keep their varlen attention outputs (train.recompute_attention=false)."""
-        return any(layer.keep_attention for layer in self.layers)
-
-    @property
     def precision(self) -> Precision:
         """Compute dtype, the trainable weights' dtype and autocast, as the engine decides (runner.decide.rules)."""
         if self.decisions is not None:

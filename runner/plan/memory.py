@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.decide.rules import ULYSSES
+from runner.decide.decisions import KEPT_BYTES_PER_TOKEN
 from runner.facts.gpus import HOST_RANK_BYTES, HOST_RESERVE_BYTES, HOSTED, REGENERATED, SOURCE
 from runner.engines import engine_for
 from runner.plan.activations import (
@@ -278,17 +279,16 @@ def activation_memory(s: Step) -> ActivationMemory:
         per_layer = [x + (copy if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i, x in enumerate(per_layer)]
     layer_input = cb * arch.hidden * tokens
     # The decisions' per-layer plan (runner.decide): the first k layers recompute, the others keep their
-    # activations. A recomputed layer's input waits in host memory (host, source) or is regenerated in backward from
-    # the layer before's: neither is on the GPU at the peak; with train.recompute_attention=false a full-attention
-    # layer also keeps its kernel's output and log-sum-exp (fp32) from forward.
+    # activations. A recomputed layer holds what its plan keeps (`LayerPlan.kept`: its input unless that waits in
+    # host memory or is regenerated, the attention kernel's outputs where kept), priced by the table beside the
+    # decisions: no lever is named here.
     layers = plan.layers
     k = plan.recomputed
     offload = plan.offloads
     hosted = sum(1 for layer in layers if layer.input in (HOSTED, SOURCE))
     regenerated = sum(1 for layer in layers if layer.input == REGENERATED)
-    attention_out = (cb * arch.q_dim + 4 * arch.heads) * tokens if plan.keeps_attention else 0.0
-    recomputed_kept = [(0.0 if layers[i].input in (HOSTED, SOURCE, REGENERATED) else layer_input)
-                       + (attention_out if arch.layer_type(i) != LAYER_LINEAR else 0.0) for i in range(k)]
+    recomputed_kept = [sum((KEPT_BYTES_PER_TOKEN[name](arch, i, cb) * tokens for name in layers[i].kept), 0.0)
+                       for i in range(k)]
     kept = sum(recomputed_kept) + sum(per_layer[k:])
     # A checkpointed layer is recomputed at the start of its own backward, when the layers after it have freed
     # what they kept: the largest of these moments, over and above `kept` (layer types differ in hybrids).

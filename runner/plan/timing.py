@@ -55,7 +55,8 @@ def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[floa
                                        recomputed=plan.recomputed,
                                        not_recomputed_params=recompute_skipped_params(plan), attn=plan.attn,
                                        packing=spec.train.packing,
-                                       attention_recomputed=not plan.keeps_attention)
+                                       attention_share=sum(1 for layer in plan.layers if layer.reruns_attention)
+                                       / max(1, arch.layers))
     if plan.loss_impl == "chunked":
         # Its chunks run lm_head forward again in backward (over the target tokens; counted over all of them, the
         # share is not known before tokenising). The fused loss does not (bench ablation-1p7b-chunked: 0.968 s a

@@ -205,3 +205,24 @@ def test_a_launch_writes_the_spec_and_its_decisions_once(tmp_path):
     prepare_run(paths, longer)
     assert json.loads(paths.spec.read_text())["train"]["max_steps"] == 999
     assert paths.decisions.stat().st_ino == written[paths.decisions]
+
+
+def test_a_layer_plan_says_what_it_keeps_and_reruns_in_the_estimators_terms():
+    """The estimator prices `LayerPlan.kept` and `reruns_attention` and names no lever: every name a plan keeps
+    has its bytes beside the decisions."""
+    from runner.decide.decisions import KEPT_BYTES_PER_TOKEN, LayerPlan
+
+    cases = {
+        LayerPlan(False, False, "kept"): ((), False),  # keeps every activation, reruns nothing
+        LayerPlan(True, False, "gpu"): (("input",), True),
+        LayerPlan(True, True, "gpu"): (("input", "attention_out"), False),
+        LayerPlan(True, False, "host"): ((), True),  # its input waits in host memory
+        LayerPlan(True, False, "regenerated"): ((), True),
+    }
+    for plan, (kept, reruns) in cases.items():
+        assert (plan.kept, plan.reruns_attention) == (kept, reruns), plan
+        assert set(plan.kept) <= set(KEPT_BYTES_PER_TOKEN)
+    # Recipes' own plans keep only priced names.
+    for name in ("qwen3.8-27b-full-8xb300", "qwen3.5-hybrid-reduced-h200"):
+        plan = make_plan(resolve_levers(load_spec(name, ["train.recompute_attention=false"])))
+        assert {n for layer in plan.layers for n in layer.kept} <= set(KEPT_BYTES_PER_TOKEN)
