@@ -1,4 +1,5 @@
-"""A real `runner bench` on 2 CPU ranks: both engines on the same spec, results written as JSON and Markdown."""
+"""A real `runner bench` on 2 CPU ranks: both engines on the same spec, each twice (interleaved), results written as
+JSON and Markdown."""
 
 from __future__ import annotations
 
@@ -27,15 +28,23 @@ def _first_blocks(rank: int, n: int) -> list:
 
 
 @pytest.mark.dist
-def test_bench_runs_both_engines_and_writes_results(dirs, tmp_path):
+def test_bench_runs_both_engines_repeated_interleaved_and_writes_results(dirs, tmp_path):
     out = tmp_path / "bench"
     code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native,trl", "--sweep", "train.seq_len=128",
                           "--set", "train.activation_checkpointing=true", "--set", "train.recompute_layers=1",
-                          "--set", "train.loss_impl=fused", "--steps", "3", "--warmup", "1", "--out", str(out),
-                          "--name", "t", *dir_args(dirs)])
+                          "--set", "train.loss_impl=fused", "--steps", "3", "--warmup", "1", "--repeat", "2",
+                          "--out", str(out), "--name", "t", *dir_args(dirs)])
     assert code == 0
     result = json.loads((out / "t.json").read_text())
-    native, trl = result["rows"]
+    # Repeats interleave (every configuration once, then again), so that drift spreads over all of them, and the
+    # spread of each configuration's runs is reported; a repeat learns exactly what the first run did.
+    rows = result["rows"]
+    assert [(r["engine"], r["repeat"]) for r in rows] == [("native", 1), ("trl", 1), ("native", 2), ("trl", 2)]
+    assert [r["last_loss"] for r in rows[2:]] == [r["last_loss"] for r in rows[:2]]
+    assert len(result["repeats"]) == 2
+    assert all(len(g["tokens_per_s"]) == 2 and g["spread"] >= 0 for g in result["repeats"])
+    assert "## Repeats" in (out / "t.md").read_text()
+    native, trl = rows[:2]
     assert [native["engine"], trl["engine"]] == ["native", "trl"]
     for row in (native, trl):
         assert row["status"] == "succeeded" and row["seq_len"] == 128
@@ -89,17 +98,3 @@ def test_bench_rejects_seq_len_sweep_with_max_seq_len(dirs, tmp_path, capsys):
     code, _, err = run_cli(["bench", "tiny-cpu", "--repeat", "0", "--out", str(tmp_path), *dir_args(dirs)], capsys)
     assert code == 2 and "--repeat expects 1 or more" in err
     assert not list(tmp_path.glob("*.json"))
-
-
-@pytest.mark.dist
-def test_bench_repeats_interleave_and_report_their_spread(dirs, tmp_path):
-    out = tmp_path / "rep"
-    code, _, _ = run_cli(["bench", "tiny-cpu", "--engines", "native", "--sweep", "train.seq_len=128,256",
-                          "--repeat", "2", "--steps", "2", "--warmup", "1", "--out", str(out), "--name", "r",
-                          *dir_args(dirs)])
-    assert code == 0
-    result = json.loads((out / "r.json").read_text())
-    assert [(r["seq_len"], r["repeat"]) for r in result["rows"]] == [(128, 1), (256, 1), (128, 2), (256, 2)]
-    assert [g["overrides"][-1] for g in result["repeats"]] == ["train.seq_len=128", "train.seq_len=256"]
-    assert all(len(g["tokens_per_s"]) == 2 and g["spread"] >= 0 for g in result["repeats"])
-    assert "## Repeats" in (out / "r.md").read_text()
