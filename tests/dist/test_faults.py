@@ -15,7 +15,7 @@ from runner.record import records
 from runner.events.lines import read_events
 from runner.events.failure import classify_text
 from tests.procs import process_tree, start_runner, wait_all_gone, wait_for_step
-from tests.conftest import dir_args, last_json
+from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = pytest.mark.dist
 
@@ -64,7 +64,7 @@ def test_killed_torchrun_is_named_by_its_signal_and_the_record_counts_the_ranks_
     assert f"the run failed at step {f['last_step']}: signal: torchrun" in err
 
 
-def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
+def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path, capsys):
     data = tmp_path / "chat.jsonl"
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
     rows = [good] * 40
@@ -73,11 +73,10 @@ def test_rank_that_raises_is_named_with_its_exception(dirs, tmp_path: Path):
     # Wrapped blocks leave after a few rows, so one rank meets the bad row while its peer waits in a collective;
     # bfd would first read a 64-block buffer spanning several passes, in which each rank (the shards are drawn
     # anew each pass) meets the bad row itself.
-    proc = start_runner(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
-                    "--set", "train.max_steps=50", "--set", "train.packing_strategy=wrapped", "--json", "--plain",
-                    *dir_args(dirs)])
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out + err
+    code, out, err = run_cli(["run", "tiny-cpu", "--set", f"dataset.path={data}", "--set", "train.seq_len=64",
+                              "--set", "train.max_steps=50", "--set", "train.packing_strategy=wrapped", "--json",
+                              "--plain", *dir_args(dirs)], capsys)
+    assert code == 1, out + err
     rec = records.load(Path(last_json(out)["record"]))
     f = rec["failure"]
     run_dir = Path(rec["run_dir"])
@@ -114,7 +113,7 @@ def test_ctrl_c_cancels_with_130_and_leaves_nothing(dirs):
 
 
 
-def test_run_that_logs_no_loss_fails(dirs, tmp_path: Path):
+def test_run_that_logs_no_loss_fails(dirs, tmp_path: Path, monkeypatch, capsys):
     # An engine that takes its steps and never reports a loss (TRL before 1.15 under the TRL engine did): planted by
     # a sitecustomize on the ranks' path that turns the step line into nothing. Exit 0, and still not `succeeded`.
     plant = tmp_path / "plant"
@@ -124,11 +123,10 @@ def test_run_that_logs_no_loss_fails(dirs, tmp_path: Path):
         "if 'RANK' in os.environ:\n"
         "    from runner.events import lines\n"
         "    lines.EventWriter.step = lambda self, *a, **kw: None\n")
-    env = {**os.environ, "PYTHONPATH": str(plant)}
-    proc = start_runner(["run", "tiny-cpu", "--set", "train.max_steps=3", "--json", "--plain", *dir_args(dirs)],
-                        env=env)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 1, out + err
+    monkeypatch.setenv("PYTHONPATH", str(plant))  # what the supervisor, torchrun and the ranks inherit
+    code, out, err = run_cli(["run", "tiny-cpu", "--set", "train.max_steps=3", "--json", "--plain", *dir_args(dirs)],
+                             capsys)
+    assert code == 1, out + err
     rec = records.load(Path(last_json(out)["record"]))
     f = rec["failure"]
     assert rec["status"] == "failed" and f["cause"] == "no_loss" and rec["exit_code"] == 0
