@@ -44,6 +44,13 @@ def in_vision_part(name: str) -> bool:
     return bool(VISION_PARTS & set(name.split(".")))
 
 
+@functools.lru_cache(maxsize=None)
+def _fused_qkvz(model_type: str) -> bool:
+    """A gated-delta layer of this model type projects q, k, v and z in one Linear (and b, a in another). Cached: the
+    planner lists a layer's Linears for every candidate it prices (tens of thousands for a hybrid)."""
+    return "in_proj_qkvz" in family_of({"model_type": model_type}).recurrent_proj
+
+
 @dataclass(frozen=True)
 class Linear:
     """One nn.Linear of a decoder layer: the unit LoRA adapts."""
@@ -154,7 +161,7 @@ class Arch:
         out: list[Linear] = []
         if self.layer_type(i) == LAYER_LINEAR:
             kd, vd, vh = self.linear_key_dim, self.linear_value_dim, self.linear_value_heads
-            if "in_proj_qkvz" in family_of({"model_type": self.model_type}).recurrent_proj:
+            if _fused_qkvz(self.model_type):
                 out += [Linear("linear_attn.in_proj_qkvz", h, 2 * kd + 2 * vd),
                         Linear("linear_attn.in_proj_ba", h, 2 * vh)]
             else:
