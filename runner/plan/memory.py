@@ -263,14 +263,10 @@ def activation_memory(s: Step) -> ActivationMemory:
     notes: list[str] = []
     compiled = COMPILED_ACTIVATION_FACTOR if t.compile and s.cuda else 1.0
     tiling = plan.tiled_mlp
-    # A layer's bytes depend on its kind (layer type, MoE or dense) only: priced once per kind, as the planner
-    # prices tens of thousands of candidates.
-    by_kind: dict[tuple[str, bool], float] = {}
-    for i in range(arch.layers):
-        kind = (arch.layer_type(i), arch.is_moe_layer(i))
-        if kind not in by_kind:
-            by_kind[kind] = layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora,
-                                                   gdn_torch=plan.gdn_torch, tiled=tiling.on)
+    # A layer's bytes depend on its kind (type, MoE or not) only: priced once per kind (the planner prices many).
+    kinds = {(arch.layer_type(i), arch.is_moe_layer(i)): i for i in reversed(range(arch.layers))}
+    by_kind = {k: layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch,
+                                         tiled=tiling.on) for k, i in kinds.items()}
     per_layer = [by_kind[(arch.layer_type(i), arch.is_moe_layer(i))] * tokens * compiled for i in range(arch.layers)]
     groups = plan.head_groups
     if tiling.on:
