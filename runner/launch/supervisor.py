@@ -75,6 +75,17 @@ def read_requests(paths: RunPaths, offset: int = 0) -> tuple[list[dict[str, Any]
     return out, offset + end
 
 
+def attempt_tag() -> str | None:
+    """This launch's attempt as every node of it sees it, where a scheduler numbers its restarts (SLURM: the job
+    id and restart count); None elsewhere."""
+    from runner.launch.scheduler import scheduler_facts
+
+    facts = scheduler_facts()
+    if not facts or "restart_count" not in facts:
+        return None
+    return f"{facts['name']}:{facts['job_id']}:{facts['restart_count']}"
+
+
 def control_end(paths: RunPaths) -> int:
     """Where the requests of a launch starting now begin: the control file outlives attempts (a resumed run, a
     requeued job), and what an earlier attempt was asked is not for this one."""
@@ -86,7 +97,8 @@ def control_end(paths: RunPaths) -> int:
 
 def send_request(paths: RunPaths, request: str, signal_name: str | None, by: str) -> None:
     """Append one request line (a single write: lines from several views never interleave)."""
-    line = json.dumps({"request": request, "signal": signal_name, "by": by, "t": time.time()}) + "\n"
+    line = json.dumps({"request": request, "signal": signal_name, "by": by, "t": time.time(),
+                       "attempt": attempt_tag()}) + "\n"
     fd = os.open(paths.control, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     try:
         os.write(fd, line.encode())
@@ -130,8 +142,13 @@ class Supervisor:
                                       "run_id": run_dir.name, "node_rank": request.get("node_rank", 0)}
         self.pending: dict[str, Any] | None = None  # the first request wins; later ones change nothing
         # Not 0: every node of a run reads the one control file, and a node may start before node 0 (or after the
-        # previous attempt's requests): those requests stopped that attempt, not this one.
+        # previous attempt's requests): those requests stopped that attempt, not this one. Those written before
+        # this node started but tagged with this very attempt (a scheduler's restart count: a preemption that
+        # reached node 0's view while this node was still starting) are for it.
         self._control_offset = control_end(self.paths)
+        tag = attempt_tag()
+        self._early = [] if tag is None else [
+            req for req in read_requests(self.paths)[0] if req.get("attempt") == tag]
 
     def write_state(self, **changes: Any) -> None:
         self.state.update(changes)
@@ -192,6 +209,7 @@ class Supervisor:
             if code is not None:
                 return active.wait()
             requests, self._control_offset = read_requests(self.paths, self._control_offset)
+            requests, self._early = self._early + requests, []
             if self.pending is None and requests:
                 self.pending = requests[0]
             if self.pending is not None:

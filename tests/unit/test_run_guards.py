@@ -85,14 +85,17 @@ def test_control_lines_are_taken_whole_and_once(tmp_path: Path):
 
 
 class _Active:
-    """What a supervisor drives, short of torchrun: it runs until told how to stop."""
+    """What a supervisor drives, short of torchrun: it runs until told how to stop, or ends by itself (exit 0)
+    after a few polls, so that a request the supervisor does not take fails the test instead of hanging it."""
 
     def __init__(self):
         self.stopped: tuple[str, str | None, str] | None = None
         self.stop_reason: dict = {}
+        self.polls = 0
 
     def poll(self):
-        return None
+        self.polls += 1
+        return 0 if self.polls > 4 else None
 
     def stop(self, signal_name, cause):
         self.stopped = ("stop", signal_name, cause)
@@ -101,7 +104,7 @@ class _Active:
         self.stopped = ("cancel", signal_name, cause)
 
     def wait(self):
-        return 143
+        return 143 if self.stopped else 0
 
 
 def _supervisor(run_dir: Path, node: int, nodes: int) -> Supervisor:
@@ -136,3 +139,22 @@ def test_a_signal_to_one_nodes_supervisor_stops_every_node(nodes, tmp_path: Path
     active0 = _Active()
     assert node0._watch(active0) == 143 and active0.stopped == ("stop", "SIGUSR1", "preempted")
     assert read_requests(paths)[0] == reqs  # node 0 took the request; it sent none of its own
+
+
+def test_a_node_that_starts_late_takes_its_own_attempts_early_stop(tmp_path: Path, monkeypatch):
+    # Under SLURM each request names its attempt (job id and restart count): node 1, starting after node 0's view
+    # already passed on this attempt's preemption, takes it; the previous attempt's stays ignored.
+    paths = RunPaths(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    send_request(paths, "preempt", "SIGUSR1", "the last attempt's")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    send_request(paths, "stop", "SIGTERM", "this attempt's, before node 1 started")
+    sup, active = _supervisor(tmp_path, 1, 2), _Active()
+    assert sup._watch(active) == 143 and active.stopped == ("stop", "SIGTERM", "stopped")
+    assert sup.state["stopping"]["by"] == "this attempt's, before node 1 started"
+    # Outside a scheduler that numbers its attempts nothing written before the start is taken.
+    monkeypatch.delenv("SLURM_JOB_ID")
+    later = _supervisor(tmp_path, 1, 2)
+    send_request(paths, "cancel", "SIGINT", "after the start")
+    assert later._watch(_Active()) == 143 and later.state["stopping"]["by"] == "after the start"
