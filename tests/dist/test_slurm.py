@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from runner.events.lines import read_events
 from runner.record import records
 from tests.conftest import run_cli
-from tests.procs import held
+from tests.procs import held, wait_until
 from tests.slurm_cluster import Cluster, free_ports
 
 pytestmark = pytest.mark.dist
@@ -29,13 +28,11 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def _wait(cond, what: str, cluster: Cluster, timeout_s: float = TIMEOUT_S, run_dir: Path | None = None,
           job: str | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout_s} s\n{_diagnose(cluster, run_dir, job)}")
+    """wait_until, and on failure what the job and its daemons say."""
+    try:
+        return wait_until(cond, what, timeout_s)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_diagnose(cluster, run_dir, job)}") from None
 
 
 def _diagnose(cluster: Cluster, run_dir: Path | None, job: str | None, tail: int = 2500) -> str:
