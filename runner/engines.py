@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from runner.errors import Problem, SpecError
 
@@ -268,6 +268,85 @@ class Levers:
         if self.micro_batch > 1 or self.grad_accum > 1:
             parts.append(f"{self.micro_batch} × {self.grad_accum} micro-batches")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Where:
+    """What a lever's candidates depend on besides the spec: the planned run (runner.plan.autotune fills it)."""
+
+    engine: Engine
+    device: str
+    world: int
+    layers: int
+    """Text decoder layers."""
+    attn: str
+    """The attention path planned (runner.decide.rules.choose_attention)."""
+    loss: str
+    """The loss the plan resolved for the spec as it is (what an engine with a fixed loss runs)."""
+    logits_transformed: bool
+    """The model post-processes its logits, so only the full loss reproduces it (runner.decide.rules)."""
+    splits: tuple[tuple[int, int], ...]
+    """(micro_batch, grad_accum) pairs that make the spec's batch (runner.plan.autotune.batch_splits)."""
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def pick(value: Any, choices: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The candidates of a lever: `choices` when it is auto, else the value set."""
+    return choices if is_auto(value) else (value,)
+
+
+def _recompute_counts(t: Any, w: Where, chosen: dict[str, Any]) -> tuple[int, ...]:
+    if not chosen["activation_checkpointing"]:
+        return (0,)
+    if not w.engine.honours("train.recompute_layers"):
+        return (w.layers,)
+    if is_auto(t.recompute_layers):
+        return tuple(range(1, w.layers + 1))
+    return (w.layers if t.recompute_layers is None else min(t.recompute_layers, w.layers),)
+
+
+def _offload(t: Any, w: Where, chosen: dict[str, Any]) -> tuple[bool, ...]:
+    if not chosen["activation_checkpointing"]:
+        return (False,)
+    tries = pick(t.offload_activations, (False, True) if w.cuda and w.engine.offloads_activations else (False,))
+    # Offloaded layers keep no attention outputs (runner.decide.decisions.layer_plans): the planner never pairs them.
+    return tuple(o for o in tries if not (o and not chosen["recompute_attention"] and is_auto(t.recompute_attention)))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A speed lever as the planner fills it when it is auto: `tries(train, where, chosen)` gives the values to try
+    (the value set when it is not auto), `chosen` holding the values of the rows before it in `CHOICES`."""
+
+    fields: tuple[str, ...]
+    """The `Levers` fields it sets (two for the batch split, else one)."""
+    tries: Callable[[Any, Where, dict[str, Any]], tuple[Any, ...]]
+
+
+CHOICES: tuple[Choice, ...] = (
+    Choice(("micro_batch", "grad_accum"), lambda t, w, c: w.splits),
+    # One rank only: with more there is nothing to choose (always wrapped).
+    Choice(("fsdp_one_rank",), lambda t, w, c: pick(t.fsdp_one_rank, (False, True) if w.world == 1 else (False,))),
+    # The fused loss's gain was measured on GPUs only (compiled chunks): a CPU run keeps the chunked loss.
+    Choice(("loss_impl",), lambda t, w, c: (w.loss,) if w.engine.fixed_loss or (is_auto(t.loss_impl) and not w.cuda)
+           else pick(t.loss_impl, ("full",) if w.logits_transformed else ("chunked", "fused"))),
+    Choice(("compile",), lambda t, w, c: pick(t.compile, (False, True) if w.cuda and w.engine.compiles_layers
+                                                 else (False,))),
+    Choice(("activation_checkpointing",), lambda t, w, c: (True,) if checkpointing_required(t)
+           and is_auto(t.activation_checkpointing) else pick(t.activation_checkpointing, (False, True))),
+    # Kept attention outputs are varlen's (runner.decide.decisions.layer_plans).
+    Choice(("recompute_attention",), lambda t, w, c: (True,) if not c["activation_checkpointing"] else pick(
+        t.recompute_attention, (True, False) if w.cuda and w.engine.selective_recompute and w.attn == "varlen"
+        else (True,))),
+    Choice(("offload_activations",), _offload),
+    # Last: the planner bisects over it (step time grows and memory falls with each recomputed layer).
+    Choice(("recompute_layers",), _recompute_counts),
+)
+"""Every lever the planner chooses, outermost first: the order it enumerates candidates in (the last tie-break).
+A new lever the planner fills when auto is one row here; runner.plan.autotune names none."""
 
 
 def plain_levers(train: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Autotune: the speed levers left `auto` (runner.engines) set to the fastest candidate predicted to fit.
 
-The candidates are what the engine can run on this model, device and world size (`lever_space`); each is priced by
+The candidates are what the engine can run on this model, device and world size: each lever's values come from its
+row in runner.engines.CHOICES (`lever_space`; this module names no lever but the batch split and the loss). Each is
+priced by
 the estimator (memory and step time, `Pricer`), and the fastest that leaves the headroom free wins
 (hardware.headroom_gib, else 5% of the device's memory). The search (`choose`) walks each group of candidates that
 differ only in how many layers recompute: step time grows with every recomputed layer, so the first count that fits
@@ -15,13 +17,22 @@ recorded run, replayed) comes back as it is.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import Problem, UserError
 from runner.decide.rules import chunked_supported
-from runner.engines import Levers, checkpointing_required, engine_for, is_auto, lever_values, unresolved
+from runner.engines import (
+    CHOICES,
+    PLAIN,
+    SPEED_LEVERS,
+    Levers,
+    Where,
+    engine_for,
+    is_auto,
+    lever_values,
+    unresolved,
+)
 from runner.plan.choices import Plan, make_plan
 from runner.plan.constants import GIB
 from runner.plan.memory import device_memory, memory_model
@@ -33,6 +44,8 @@ HEADROOM_FRACTION = 0.05
 misses are on the side of more (benchmarks/memory-calibration-h200.md)."""
 
 RUNNERS_UP = 4
+BISECTED = CHOICES[-1].fields[0]
+"""The lever `choose` bisects over, the last of runner.engines.CHOICES (the recompute count)."""
 
 
 @dataclass(frozen=True)
@@ -56,37 +69,32 @@ class Priced:
 
 @dataclass(frozen=True)
 class Space:
-    """The values each lever may take here: one value for a lever that is set or means nothing on this run."""
+    """The candidates for a spec: each lever's values from its `CHOICES` row (one value for a lever that is set or
+    means nothing on this run), enumerated in the rows' order."""
 
-    checkpointing: tuple[bool, ...]
-    layers: int
-    recompute_counts: tuple[int, ...]
-    modes: tuple[tuple[bool, bool], ...]
-    """(recompute_attention, offload_activations) pairs for recomputing layers."""
-    compile: tuple[bool, ...]
-    loss: tuple[str, ...]
-    fsdp_one_rank: tuple[bool, ...]
-    splits: tuple[tuple[int, int], ...]
-    """(micro_batch, grad_accum) pairs."""
+    train: Any
+    where: Where
 
     def groups(self) -> list[tuple[Levers, tuple[int, ...]]]:
-        """(a template, the recompute counts to try with it): candidates that differ only in the count, in the
-        enumeration order. A group without checkpointing has the one count 0."""
-        out = []
-        for split, fsdp, loss, comp, on in itertools.product(self.splits, self.fsdp_one_rank, self.loss,
-                                                              self.compile, self.checkpointing):
-            modes = self.modes if on else ((True, False),)
-            for attention, offload in modes:
-                template = Levers(on, 0, attention, offload, comp, loss, fsdp, split[0], split[1])
-                out.append((template, self.recompute_counts if on else (0,)))
+        """(a template, the values of the last row to try with it: the recompute counts): candidates that differ
+        only in that value, in the enumeration order."""
+        out: list[tuple[Levers, tuple[int, ...]]] = []
+        *outer, last = CHOICES
+
+        def walk(i: int, chosen: dict[str, Any]) -> None:
+            if i == len(outer):
+                counts = last.tries(self.train, self.where, chosen)
+                out.append((Levers(**chosen, **{last.fields[0]: counts[0]}), counts))
+                return
+            for value in outer[i].tries(self.train, self.where, chosen):
+                values = value if len(outer[i].fields) > 1 else (value,)
+                walk(i + 1, {**chosen, **dict(zip(outer[i].fields, values))})
+
+        walk(0, {})
         return out
 
     def candidates(self) -> list[Levers]:
-        return [dataclasses.replace(t, recompute_layers=k) for t, counts in self.groups() for k in counts]
-
-
-def _pick(value: Any, choices: tuple[Any, ...]) -> tuple[Any, ...]:
-    return choices if is_auto(value) else (value,)
+        return [dataclasses.replace(t, **{BISECTED: k}) for t, counts in self.groups() for k in counts]
 
 
 def batch_splits(spec: RunSpec, world: int) -> tuple[tuple[int, int], ...]:
@@ -112,49 +120,11 @@ def batch_splits(spec: RunSpec, world: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def engine_levers(engine: str, device: str) -> frozenset[str]:
-    """The levers the planner may choose for an engine on a device, from the engine's record (runner.engines)."""
-    e = engine_for(engine)
-    levers = {"activation_checkpointing", "fsdp_one_rank", "micro_batch", "grad_accum"}
-    if e.honours("train.recompute_layers"):
-        levers.add("recompute_layers")
-    if device == "cuda":
-        levers |= {f for f, can in (("recompute_attention", e.selective_recompute),
-                                    ("offload_activations", e.offloads_activations),
-                                    ("compile", e.compiles_layers),
-                                    # The fused loss's gain was measured on GPUs only (compiled chunks): a CPU run
-                                    # keeps the chunked loss.
-                                    ("loss_impl", not e.fixed_loss)) if can}
-    return frozenset(levers)
-
-
 def lever_space(spec: RunSpec, plan: Plan, splits: tuple[tuple[int, int], ...]) -> Space:
-    """The candidates the engine can run for this spec (a lever the user set keeps its value)."""
-    t, engine, layers = spec.train, spec.engine, plan.arch.layers
-    can = engine_levers(engine, plan.device)
-    checkpointing = _pick(t.activation_checkpointing, (False, True))
-    if checkpointing_required(t) and is_auto(t.activation_checkpointing):
-        checkpointing = (True,)
-    if "recompute_layers" in can:
-        counts = tuple(range(1, layers + 1)) if is_auto(t.recompute_layers) else \
-            (layers if t.recompute_layers is None else min(t.recompute_layers, layers),)
-    else:
-        counts = (layers,)
-    # Kept attention outputs are varlen's (runner.decide.decisions.layer_plans); offloaded layers keep none.
-    attention = _pick(t.recompute_attention, (True, False) if "recompute_attention" in can and plan.attn == "varlen"
-                      else (True,))
-    offload = _pick(t.offload_activations, (False, True) if "offload_activations" in can else (False,))
-    modes = tuple((a, o) for a in attention for o in offload if not (o and not a and is_auto(t.recompute_attention)))
-    compile_ = _pick(t.compile, (False, True) if "compile" in can else (False,))
-    if engine_for(engine).fixed_loss or (is_auto(t.loss_impl) and "loss_impl" not in can):
-        loss: tuple[str, ...] = (plan.loss_impl,)  # trl-fused for TRL, whatever train.loss_impl says; chunked on CPU
-    elif is_auto(t.loss_impl):
-        loss = ("full",) if chunked_supported(plan.loaded.config or {}) else ("chunked", "fused")
-    else:
-        loss = (t.loss_impl,)
-    # One rank only: with more there is nothing to choose (always wrapped).
-    fsdp = _pick(t.fsdp_one_rank, (False, True) if plan.world == 1 else (False,))
-    return Space(checkpointing, layers, counts, modes, compile_, loss, fsdp, splits)
+    """The candidates the engine can run for this spec on the planned run (a lever the user set keeps its value)."""
+    where = Where(engine_for(spec.engine), plan.device, plan.world, plan.arch.layers, plan.attn, plan.loss_impl,
+                  chunked_supported(plan.loaded.config or {}) is not None, splits)
+    return Space(spec.train, where)
 
 
 class Pricer:
@@ -227,7 +197,7 @@ def choose(space: Space, pricer: Pricer) -> tuple[Priced, list[Priced]]:
 
         def at(i: int) -> Priced:
             if i not in priced:
-                priced[i] = pricer.price(dataclasses.replace(template, recompute_layers=counts[i]), order + i)
+                priced[i] = pricer.price(dataclasses.replace(template, **{BISECTED: counts[i]}), order + i)
             return priced[i]
 
         def first(ok: Any) -> Priced | None:
@@ -292,10 +262,9 @@ def _with_split(spec: RunSpec, micro_batch: int, grad_accum: int) -> RunSpec:
     t = spec.train
     update: dict[str, Any] = {"micro_batch": t.micro_batch if not is_auto(t.micro_batch) else micro_batch,
                               "grad_accum": t.grad_accum if not is_auto(t.grad_accum) else grad_accum}
-    for f, off in (("activation_checkpointing", False), ("recompute_layers", None), ("recompute_attention", True),
-                   ("offload_activations", False), ("compile", False), ("fsdp_one_rank", False)):
-        if is_auto(getattr(t, f)):
-            update[f] = off
+    for f in SPEED_LEVERS:
+        if is_auto(getattr(t, f)) and f not in update and f != "loss_impl":  # the plan resolves the loss
+            update[f] = PLAIN[f]
     return spec.model_copy(update={"train": t.model_copy(update=update)})
 
 

@@ -64,6 +64,20 @@ def test_the_choice_is_the_fastest_candidate_that_fits_by_brute_force(arch):
     assert fitted  # the matrix is not all out of reach
 
 
+def test_the_planner_takes_each_lever_from_its_row():
+    """Every speed lever has one `CHOICES` row (its candidates) and the planner's search names none of them but the
+    batch split and the loss: a lever the planner chooses is a row in runner/engines.py, not a line in autotune."""
+    import dataclasses
+    import re
+
+    from runner.engines import CHOICES, Levers
+
+    fields = [f for row in CHOICES for f in row.fields]
+    assert sorted(fields) == sorted(LEVERS) == sorted(f.name for f in dataclasses.fields(Levers))
+    source = Path(autotune.__file__).read_text()
+    assert {f for f in LEVERS if re.search(rf"\b{f}\b", source)} <= {"micro_batch", "grad_accum", "loss_impl"}
+
+
 def test_a_lever_the_user_sets_is_kept():
     spec = gpu_spec("4B", "H200", 32768, 1, "train.compile=false", "train.recompute_layers=30",
                     "train.loss_impl=chunked")
