@@ -9,6 +9,7 @@ No torch here: what depends on the installed kernels is probed by the engines (r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Kernels:
                    liger=device == "cuda")
 
 
+@functools.cache  # the planner asks once per candidate it prices (thousands): one look at the installed packages
 def fa4_installed() -> bool:
     """Whether the flash-attn-4 package is importable here (no import of it: a plan made on the GPU node assumes it)."""
     import importlib.util

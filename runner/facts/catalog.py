@@ -256,6 +256,12 @@ class Arch:
         return self.params_active - lookup - self.hidden
 
     @functools.cached_property
+    def dense_down_proj_params(self) -> tuple[int, ...]:
+        """Per layer, its dense MLP's output projection's parameters (0 for a MoE layer)."""
+        return tuple(0 if self.is_moe_layer(i) else sum(x.params for x in self.linears(i) if x.name == "mlp.down_proj")
+                     for i in range(self.layers))
+
+    @functools.cached_property
     def max_layer_params(self) -> int:
         return max(self.layer_params(i) for i in range(self.layers))
 

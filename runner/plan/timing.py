@@ -42,9 +42,7 @@ def recompute_skipped_params(plan: Plan) -> int:
     if not engine_for(spec.engine).checkpoint_inside_compile or not spec.train.compile or plan.device != "cuda" \
             or plan.offloads:
         return 0
-    arch = plan.arch
-    return sum(x.params for i in range(plan.recomputed) if not arch.is_moe_layer(i)
-               for x in arch.linears(i) if x.name == "mlp.down_proj")
+    return sum(plan.arch.dense_down_proj_params[:plan.recomputed])
 
 
 def flops_per_step(plan: Plan, doc_len: int, tokens_per_step: int) -> tuple[float, float]:
