@@ -44,10 +44,11 @@ runner: $(STAMP)
 
 # Two tiers: `make test-fast` runs the tests that start no process (-m "not launches": no torchrun, subprocess, tmux
 # or SLURM; tests/conftest.py fails a test that starts one unmarked); `make test` runs every test. The fast tier on
-# three pytest-xdist workers (its Textual tests leave a core idle part of the time: 2 min 45 s against 3 min 1 s on
-# two, measured on an idle 2-core machine); the full suite on two, as many as the cores (three were no faster: the
-# launches keep every core busy), tests that share a launch or a cluster in one worker (--dist loadgroup). The
-# slowest tests are listed at the end of every run.
+# three pytest-xdist workers that take each other's queued tests when idle (--dist worksteal: its Textual tests leave
+# a core idle part of the time, and slow tests dealt last left a worker running alone: the cores were 75% busy with
+# the plain deal, 96% with this one, on one 2-core machine); the full suite on two, as many as the cores
+# (three were no faster: the launches keep every core busy), tests that share a launch or a cluster in one worker
+# (--dist loadgroup). The slowest tests are listed at the end of every run.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
@@ -55,7 +56,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 3 -m "not launches" --durations=10
+	$(PY) -m pytest -q -n 3 --dist worksteal -m "not launches" --durations=10
 
 # The engine-facing tests (families, packing, both engines, replay) in fresh venvs at the newest releases
 # (.venv-newest/, no constraints) and at the lowest supported versions (.venv-oldest/, .ci/oldest.txt); skipped when

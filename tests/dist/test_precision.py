@@ -16,7 +16,7 @@ from tests.conftest import dir_args, last_json, run_cli
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
-STEPS = 100
+STEPS = 50
 SFT = ["--set", "train.lr=2e-5", "--set", f"train.max_steps={STEPS}"]
 MODES = {
     "fp32_master": ["model.dtype=float32"],

@@ -117,7 +117,7 @@ def test_the_regenerating_forward_skips_module_hooks_whichever_way_transformers_
 
 def test_a_regenerated_input_is_not_held_to_its_backward():
     """Live bytes that grow with the block (benchmarks/activation_peak_cpu.py's tracker), 4 tiled bf16 layers of the
-    Qwen3-4B layout at an eighth of its widths, 4,096 tokens: with the inputs of layers 1 and 3 regenerated the
+    Qwen3-4B layout at an eighth of its widths, 2,048 tokens: with the inputs of layers 1 and 3 regenerated the
     peak is at least one layer input under the plain one's (the regeneration's own forward is under the recompute
     that follows it). It once was one over: the checkpoint's pack hook, which autograd keeps with the saved tensor,
     held the input it was meant to drop."""
@@ -130,7 +130,7 @@ def test_a_regenerated_input_is_not_held_to_its_backward():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     tile_layers(text_decoder_layers(model), config.hidden_size)
-    tokens = 4096
+    tokens = 2048
     ids = torch.randint(3, 128, (1, tokens))
     peaks = {}
     for kept in (None, 2):
