@@ -17,8 +17,7 @@ from tests.conftest import dir_args, last_json, run_cli
 pytestmark = pytest.mark.dist
 
 PROMPTS = ["Name the capital city of Canada.", "Count the letters in garden."]
-EVAL_EVERY, STEPS = 20, 50
-EVAL_STEPS = (20, 40, 50)  # every train.eval_every steps, and at the end
+EVAL_STEPS = (30, 60, 75)  # every train.eval_every steps, and at the end
 
 
 def _cli(args: list[str]) -> tuple[int, str, str]:
@@ -32,11 +31,11 @@ def _cli(args: list[str]) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One launch serves the eval, tracker and sample checks: the embedded default with 5% held out, evaluated
-    (and sampled on two prompts) every 20 steps and at the end (50), logged to TensorBoard and MLflow, the full
+    (and sampled on two prompts) every 30 steps and at the end (75), logged to TensorBoard and MLflow, the full
     model exported; and its replay."""
     base = tmp_path_factory.mktemp("eval_run")
     d = {"runs": base / "runs", "records": base / "records"}
-    sets = ["dataset.eval_fraction=0.05", f"train.eval_every={EVAL_EVERY}", f"train.max_steps={STEPS}",
+    sets = ["dataset.eval_fraction=0.05", "train.eval_every=30", "train.max_steps=75",
             "report.to=[tensorboard, mlflow]", f"train.eval_prompts={json.dumps(PROMPTS)}", "output.save=full"]
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -50,13 +49,13 @@ def eval_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_eval_curve_falls_is_tracked_and_replays_exactly(eval_run, monkeypatch):
     out, path = eval_run["out"], eval_run["path"]
-    assert f"eval at step {EVAL_EVERY}: loss" in out  # the headless view
+    assert "eval at step 30: loss" in out  # the headless view
     rec = records.load(path)
     m = rec["metrics"]
     curve = [m["eval_curve"][str(s)] for s in EVAL_STEPS]
     assert set(m["eval_curve"]) == {str(s) for s in EVAL_STEPS} and curve == sorted(curve, reverse=True), curve
-    assert curve[-1] < curve[0] - 0.5 and m["final_eval_loss"] == curve[-1]  # 3.94 -> 2.96 when written
-    assert 0 < m["eval_accuracy"][str(EVAL_EVERY)] < m["eval_accuracy"][str(STEPS)] < 1
+    assert curve[-1] < curve[0] - 1.0 and m["final_eval_loss"] == curve[-1]
+    assert 0 < m["eval_accuracy"]["30"] < m["eval_accuracy"]["75"] < 1
     assert m["stopped_early"] is None and m["packing"]["split_documents"] == 0
     run_dir = Path(rec["run_dir"])
     evals = [[e for e in read_events(run_dir / "events" / f"rank{r}.jsonl") if e.get("event") == "eval"]
@@ -75,14 +74,14 @@ def test_eval_curve_falls_is_tracked_and_replays_exactly(eval_run, monkeypatch):
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("eval/loss")] == [(s, pytest.approx(c))
                                                                      for s, c in zip(EVAL_STEPS, curve)]
-    assert len(acc.Scalars("train/loss")) == STEPS
+    assert len(acc.Scalars("train/loss")) == 75
     assert records.load(Path(tb) / path.name)["lock"] == rec["lock"]
     ml = rec["trackers"]["mlflow"]
     # The run's supervisor opened MLflow's file store on request; a reader asks for it the same way.
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(ml["tracking_uri"])
     assert client.get_run(ml["run_id"]).info.status == "FINISHED"
-    assert len(client.get_metric_history(ml["run_id"], "train_loss")) == STEPS
+    assert len(client.get_metric_history(ml["run_id"], "train_loss")) == 75
     assert [a.path for a in client.list_artifacts(ml["run_id"])] == [path.name]
 
     result = eval_run["replay"]
