@@ -299,6 +299,8 @@ def pick(value: Any, choices: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _recompute_counts(t: Any, w: Where, chosen: dict[str, Any]) -> tuple[int, ...]:
+    """Layers that recompute: none without checkpointing, all where the engine takes no count, each count from 1
+    to all when auto (fewest first: the planner bisects for the first that fits)."""
     if not chosen["activation_checkpointing"]:
         return (0,)
     if not w.engine.honours("train.recompute_layers"):
@@ -309,6 +311,7 @@ def _recompute_counts(t: Any, w: Where, chosen: dict[str, Any]) -> tuple[int, ..
 
 
 def _offload(t: Any, w: Where, chosen: dict[str, Any]) -> tuple[bool, ...]:
+    """Recomputed layers' inputs in host memory: on a GPU where the engine can, and only with checkpointing."""
     if not chosen["activation_checkpointing"]:
         return (False,)
     tries = pick(t.offload_activations, (False, True) if w.cuda and w.engine.offloads_activations else (False,))

@@ -2,8 +2,7 @@
 
 The candidates are what the engine can run on this model, device and world size: each lever's values come from its
 row in runner.engines.CHOICES (`lever_space`; this module names no lever but the batch split and the loss). Each is
-priced by
-the estimator (memory and step time, `Pricer`), and the fastest that leaves the headroom free wins
+priced by the estimator (memory and step time, `Pricer`), and the fastest that leaves the headroom free wins
 (hardware.headroom_gib, else 5% of the device's memory). The search (`choose`) walks each group of candidates that
 differ only in how many layers recompute: step time grows with every recomputed layer, so the first count that fits
 is that group's best. tests/unit/test_autotune.py checks it against pricing every candidate.
