@@ -45,7 +45,7 @@ runner: $(STAMP)
 # Two tiers: `make test-fast` runs the tests that start no process (-m "not launches": no torchrun, subprocess, tmux
 # or SLURM; tests/conftest.py fails a test that starts one unmarked); `make test` runs every test. The fast tier on
 # three pytest-xdist workers that take each other's queued tests when idle (--dist worksteal: its Textual tests leave
-# a core idle part of the time, and slow tests dealt last left a worker running alone: the cores were 75% busy with
+# a core idle part of the time, and slow tests dealt last left a worker running alone: the cores were 78% busy with
 # the plain deal, 96% with this one, on one 2-core machine); the full suite on two, as many as the cores
 # (three were no faster: the launches keep every core busy), tests that share a launch or a cluster in one worker
 # (--dist loadgroup). The slowest tests are listed at the end of every run.
