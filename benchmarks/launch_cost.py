@@ -1,5 +1,5 @@
 """What one short run of the embedded default costs in CPU, by process, and what a rank spends importing: the floor
-under every test that launches a run (the full suite starts about a hundred of them on two cores).
+under every test that launches a run (the full suite starts about 90 of them on two cores).
 
     python benchmarks/launch_cost.py [--steps 12] [--repeats 3] [--out benchmarks/launch-cost-cpu]  # .json and .md
 
