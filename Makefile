@@ -51,7 +51,8 @@ runner: $(STAMP)
 # (--dist loadgroup). The slowest tests are listed at the end of every run.
 # Both let Python write its bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE=1): without
 # it every pytest worker rewrites the tests' asserts again (collecting them took 16.3 CPU-s in one process with no
-# cache, 11.3 with one) and every rank, supervisor and CLI process compiles the runner's modules again (up to 0.3 s each).
+# cache, 11.3 with one) and every rank, supervisor and CLI process compiles the runner's modules again (up to
+# 0.3 s each).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
