@@ -6,7 +6,8 @@ under every test that launches a run (the full suite starts about 90 of them on 
 Part 1 runs `python -m runner run tiny-cpu --set train.max_steps=STEPS` (the CLI as a subprocess, as the fault and
 SLURM tests start it) `--repeats` times and samples its whole process tree every 50 ms (psutil: user+system CPU of
 each process at its last sample, so a process's last 50 ms may be missed). Part 2 times, in fresh interpreters, the
-imports a rank makes before its first step, in the order it makes them (`time.process_time` around each group).
+imports a rank makes before its first step, in four groups, each timed after the groups before it
+(`time.process_time` around each; what a group shares with an earlier one is counted there).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tui_dashboard import machine  # noqa: E402 (this folder is no package)
 
 REPO = Path(__file__).resolve().parent.parent
-IMPORT_GROUPS = [  # (name, statement): what a rank imports, in its order
+IMPORT_GROUPS = [  # (name, statement): what a rank imports, timed in this order
     ("torch, DTensor and FSDP2", "import torch, torch.distributed.tensor, torch.distributed.fsdp"),
     ("transformers' modeling", "from transformers import PreTrainedModel, AutoModelForCausalLM"),
     ("the runner's rank modules", "import runner.train.runtime, runner.train.native, runner.train.data"),
