@@ -389,7 +389,8 @@ def levers_of(spec: Any, layers: int, loss_impl: str) -> Levers:
 
 def lever_values(spec: Any, layers: int, loss_impl: str) -> dict[str, Any]:
     """levers_of as a dict: what a rank's train_begin event reports (`levers`)."""
-    return dataclasses.asdict(levers_of(spec, layers, loss_impl))
+    levers = levers_of(spec, layers, loss_impl)
+    return {f.name: getattr(levers, f.name) for f in dataclasses.fields(levers)}  # flat: no deep copy needed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -212,9 +212,10 @@ def decide(spec: Any, arch: Any, machine: Machine, config: Any = None, supported
     t, hw, device = spec.train, spec.hardware, machine.device
     e = engine_for(spec.engine)
     kernels = machine.kernels or Kernels.assumed(device)
+    fam = family_of(config) if config is not None else None
     attn = choose_attention(spec.model.attn_implementation, device, tokens_per_forward(t), supported, config,
-                            kernels, t.packing, spec.model.varlen_kernel).with_kernel(spec.model.varlen_kernel,
-                                                                                      kernels, config)
+                            kernels, t.packing, spec.model.varlen_kernel, fam).with_kernel(spec.model.varlen_kernel,
+                                                                                           kernels, config)
     attn = sequence_parallel_attention(attn, hw.sequence_parallel if e.honours("hardware.sequence_parallel") else 1)
     loss, loss_reason = choose_loss(spec.engine, t.loss_impl, config if config is not None else {})
     dtype = weights_dtype(spec, device)
@@ -233,5 +234,4 @@ def decide(spec: Any, arch: Any, machine: Machine, config: Any = None, supported
         mlp_tile_tokens=tiling.tile_tokens if tiling.on else None, tiled_mlp_reason=tiling.reason,
         head_groups=groups, sequence_parallel=hw.sequence_parallel,
         layers=layer_plans(spec, attn.impl, machine, arch.layers, arch.hidden, tokens),
-        liger=e.applies_liger and device == "cuda" and kernels.liger and config is not None
-        and family_of(config).liger)
+        liger=e.applies_liger and device == "cuda" and kernels.liger and fam is not None and fam.liger)

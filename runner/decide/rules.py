@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.engines import engine_for
-from runner.facts.families import EAGER, FLASH, FLEX, SDPA, VARLEN, family_of, text_config
+from runner.facts.families import EAGER, FLASH, FLEX, SDPA, VARLEN, Family, family_of, text_config
 from runner.engines import tokens_per_forward
 
 VARLEN_MIN_TOKENS = 32_768
@@ -88,7 +88,7 @@ class AttentionChoice:
 
 
 def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | None = None,
-                           packed: bool = True) -> list[str]:
+                           packed: bool = True, family: Family | None = None) -> list[str]:
     """The attention paths that keep packed documents apart for this model on this device, fastest first.
 
     `config` (None = any attention-only model) gives the family's exact paths (runner.facts.families: attention sinks
@@ -96,8 +96,10 @@ def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | 
     model class declares and can mask (runner.train.attention `supported_attention`, None = everything).
     On CPU only sdpa and eager train: varlen and flash are CUDA kernels, and flex attention has no backward on CPU.
     `packed=False` (one document per block): a family whose recurrent layers rule packing out may use any path.
+    `family`: `family_of(config)`, where the caller has it (the planner decides many candidates of one model).
     """
-    paths = list(family_of(config).attention_paths) if config is not None else []
+    fam = family if family is not None or config is None else family_of(config)
+    paths = list(fam.attention_paths) if fam is not None else []
     if not paths and (config is None or not packed):
         paths = [VARLEN, FLASH, FLEX, SDPA, EAGER]
     if supported is not None:
@@ -110,20 +112,21 @@ def packed_attention_paths(config: Any, device: str, supported: Iterable[str] | 
 
 def choose_attention(requested: str, device: str, tokens_per_forward: int, supported: Iterable[str] | None = None,
                      config: Any = None, kernels: Kernels | None = None, packed: bool = True,
-                     varlen_request: str = "auto") -> AttentionChoice:
+                     varlen_request: str = "auto", family: Family | None = None) -> AttentionChoice:
     """Pick the attention path that keeps packed documents apart, fastest first, for this model on this device.
 
     `requested` other than "auto" is kept as given (`attention_refusal` says when it cannot work). `supported`:
     what the model class declares (None = everything); `config`: the model's config, for its family's exact paths
     (None = any attention-only model); `kernels`: what is installed (None = `Kernels.assumed(device)`). With no
     path left the choice is eager, which `attention_refusal` then refuses. `packed`: train.packing;
-    `varlen_request`: model.varlen_kernel (varlen through flash-attn-4 is picked at any block length).
+    `varlen_request`: model.varlen_kernel (varlen through flash-attn-4 is picked at any block length); `family`:
+    `family_of(config)`, where the caller has it.
     """
     if requested != "auto":
         return AttentionChoice(requested, "set by model.attn_implementation")
     kernels = kernels or Kernels.assumed(device)
-    paths = packed_attention_paths(config, device, supported, packed)
-    fam = family_of(config) if config is not None else None
+    fam = family if family is not None or config is None else family_of(config)
+    paths = packed_attention_paths(config, device, supported, packed, fam)
     if fam is not None and fam.sliding_window and not kernels.varlen_window:
         paths = [p for p in paths if p != VARLEN]
     sinks = " (attention sinks)" if fam is not None and fam.attention_sinks else ""

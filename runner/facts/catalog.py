@@ -139,6 +139,11 @@ class Arch:
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
 
+    @functools.cached_property
+    def layer_kinds(self) -> tuple[tuple[str, bool], ...]:
+        """Per layer (its type, MoE or not): what its parameters and activations depend on."""
+        return tuple((self.layer_type(i), self.is_moe_layer(i)) for i in range(self.layers))
+
     @property
     def q_dim(self) -> int:
         return self.heads * self.head_dim

@@ -213,9 +213,10 @@ def layer_types(config: Any) -> tuple[str, ...]:
     return tuple(str(t) for t in (_get(text_config(config), "layer_types") or ()))
 
 
-def recurrent_layer_types(config: Any) -> set[str]:
-    """Layer types that mix tokens through a recurrent state (empty for attention-only models)."""
-    types = set(layer_types(config))
+def recurrent_layer_types(config: Any, declared: tuple[str, ...] | None = None) -> set[str]:
+    """Layer types that mix tokens through a recurrent state (empty for attention-only models). `declared`: the
+    config's `layer_types`, where the caller has read them already."""
+    types = set(layer_types(config) if declared is None else declared)
     recurrent = {t for t in types if t not in ATTENTION_LAYER_TYPES}
     if not types:
         for mt in (model_type_of(config), str(_get(config, "model_type") or "")):
@@ -243,7 +244,8 @@ def family_of(config: Any) -> Family:
     text = text_config(config)
     mt = model_type_of(config)
     base = FAMILIES.get(mt) or FAMILIES.get(str(_get(config, "model_type") or ""))
-    recurrent = recurrent_layer_types(config)
+    declared = layer_types(config)
+    recurrent = recurrent_layer_types(config, declared)
     if base is None:
         experts = any(_get(text, k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
         kind = None
@@ -257,7 +259,7 @@ def family_of(config: Any) -> Family:
     window = _get(text, "sliding_window")
     if _get(text, "use_sliding_window") is False:
         window = None
-    sliding = bool(window) or any(t == "sliding_attention" for t in layer_types(config))
+    sliding = bool(window) or "sliding_attention" in declared
     paths = base.attention_paths
     if _attn_softcapped(text):
         paths = tuple(p for p in paths if p in (FLASH, FLEX, EAGER))

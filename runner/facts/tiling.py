@@ -6,6 +6,7 @@ them). No torch here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from runner.engines import ENGINES, engine_for
@@ -112,9 +113,7 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
         return TiledMlp(False, tile, "off (train.tiled_mlp=false)")
     if not engine_for(engine).honours(LEVER) or device != "cuda" or compile_layers:
         return TiledMlp(False, tile, "off (auto): tiles run in the native engine's eager layers on a GPU")
-    b = 2
-    mlp = max(mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers))
-    rest = max(attention_bytes(arch, i, b) for i in range(arch.layers))
+    mlp, rest = _largest_mlp_and_attention(arch)
     if mlp <= rest:
         return TiledMlp(False, tile, "off (auto): attention, not the MLP, keeps the most of a layer")
     share = mlp * tokens / gpu_bytes if gpu_bytes else 0.0
@@ -122,6 +121,14 @@ def tiled_mlp_choice(setting: bool | str, engine: str, device: str, arch: Arch, 
         return TiledMlp(False, tile, f"off (auto): one layer's MLP intermediates take {100 * share:.1f}% of the GPU")
     return TiledMlp(True, tile, f"on (auto): one layer's MLP intermediates would take {100 * share:.0f}% of the GPU; "
                                 f"tiles of {tile:,} tokens, RMSNorms recomputed")
+
+
+@functools.lru_cache(maxsize=64)  # per model; the planner decides hundreds of candidates of one
+def _largest_mlp_and_attention(arch: Arch) -> tuple[float, float]:
+    """The largest layer's MLP intermediates and attention bytes per token, in bf16."""
+    b = 2
+    return (max(mlp_intermediate_bytes(arch, i, b) for i in range(arch.layers)),
+            max(attention_bytes(arch, i, b) for i in range(arch.layers)))
 
 
 def tiled_mlp_problems(engine: str, setting: bool | str, compile_layers: bool) -> list[Problem]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
 from typing import Any
 
 from runner.facts.catalog import Arch
@@ -19,6 +21,17 @@ def lora_params(arch: Arch, lora: Any) -> tuple[int, int, list[str]]:
     Targets and ranks are matched as peft matches them (runner.decide.rules). A linear (in → out) gets r·(in + out); an expert tensor (E × in × out) via target_parameters gets
     r·E·(in + out) (peft ParamWrapper: lora_A = Linear(in, r·E), lora_B = Linear(r·E, out)).
     """
+    modules = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
+    total, stack, notes = _lora_params(arch, int(lora.r), modules, tuple(lora.target_parameters),
+                                       tuple(lora.rank_pattern.items()))
+    return total, stack, list(notes)
+
+
+@functools.lru_cache(maxsize=256)  # the planner prices hundreds of candidates of one model and one adapter setting
+def _lora_params(arch: Arch, r: int, target_modules: str | tuple[str, ...], target_parameters: tuple[str, ...],
+                 rank_items: tuple[tuple[str, int], ...]) -> tuple[int, int, tuple[str, ...]]:
+    lora = SimpleNamespace(r=r, target_modules=target_modules, target_parameters=list(target_parameters),
+                           rank_pattern=dict(rank_items))
     total = 0
     max_expert_stack = 0
     notes: list[str] = []
@@ -39,5 +52,5 @@ def lora_params(arch: Arch, lora: Any) -> tuple[int, int, list[str]]:
         notes.append("all-linear also adapts the vision tower's linears (counted)")
     if lora.target_parameters and max_expert_stack == 0:
         notes.append(f"target_parameters {lora.target_parameters} match no expert tensor of this model")
-    return total, max_expert_stack, notes
+    return total, max_expert_stack, tuple(notes)
 

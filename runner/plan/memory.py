@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from runner.facts.catalog import LAYER_LINEAR
 from runner.decide.rules import ULYSSES
@@ -65,7 +65,7 @@ class Phase:
                 + self.lora + self.quantized + self.quant_scales + self.dequant)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # floats: asdict's deep copy is for nothing
 
 
 @dataclass
@@ -264,10 +264,11 @@ def activation_memory(s: Step) -> ActivationMemory:
     compiled = COMPILED_ACTIVATION_FACTOR if t.compile and s.cuda else 1.0
     tiling = plan.tiled_mlp
     # A layer's bytes depend on its kind (type, MoE or not) only: priced once per kind (the planner prices many).
-    kinds = {(arch.layer_type(i), arch.is_moe_layer(i)): i for i in reversed(range(arch.layers))}
+    layer_kinds = arch.layer_kinds
+    kinds = {layer_kinds[i]: i for i in reversed(range(arch.layers))}
     by_kind = {k: layer_activation_bytes(arch, i, plan.attn, cb, t.seq_len, frozen=s.lora, gdn_torch=plan.gdn_torch,
                                          tiled=tiling.on) for k, i in kinds.items()}
-    per_layer = [by_kind[(arch.layer_type(i), arch.is_moe_layer(i))] * tokens * compiled for i in range(arch.layers)]
+    per_layer = [by_kind[kind] * tokens * compiled for kind in layer_kinds]
     groups = plan.head_groups
     if tiling.on:
         notes.append(f"tiled MLP: tiles of {tiling.tile_tokens:,} tokens, RMSNorms recomputed"
