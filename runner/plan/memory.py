@@ -524,8 +524,9 @@ def memory_model(plan: Plan) -> Memory:
     phases = {"loss": loss_phase(parts), "backward_start": backward_start_phase(parts),
               "backward_end": max(first_layer_phase(parts), root, key=lambda x: x.total),
               "optimizer": optimizer_phase(parts)}
-    # The NF4 weights and their scales stay through every phase of the step.
-    phases = {k: replace(v, quantized=states.quantized, quant_scales=states.quant_scales) for k, v in phases.items()}
+    root_at_end = phases["backward_end"] is root  # before the copies: the NF4 weights and scales stay all step
+    if states.quantized or states.quant_scales:
+        phases = {k: replace(v, quantized=states.quantized, quant_scales=states.quant_scales) for k, v in phases.items()}
     setup = setup_phase(s, states)
     if setup is not None:
         phases["setup"] = setup
@@ -536,7 +537,7 @@ def memory_model(plan: Plan) -> Memory:
 
     # Held on the reduce-scatter stream at each phase: the sharded gradients, and the root's reduce output.
     on_reduce = {k: v.grads for k, v in phases.items()}
-    on_reduce["backward_end"] += fsdp.root_reduce_output if phases["backward_end"] is root else 0.0
+    on_reduce["backward_end"] += fsdp.root_reduce_output if root_at_end else 0.0
     on_reduce["optimizer"], on_reduce["setup"] = states.grads, 0.0
     reduce_pool = 0.0 if not s.cuda or s.lora or not plan.sharded else states.grads + fsdp.root_reduce_output
     default_pool = max(totals[k] - (on_reduce[k] if reduce_pool else 0.0) for k in phases)
