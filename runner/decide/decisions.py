@@ -5,6 +5,7 @@ the record and pinned whole by replay. The estimator prices the same object."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,7 @@ class LayerPlan:
     """Where its input waits: gpu | host (page-locked host memory) | source (host, and read again to regenerate the
     next layer's) | regenerated (computed again from the layer before's) | kept (a layer that does not recompute)."""
 
-    @property
+    @functools.cached_property
     def kept(self) -> tuple[str, ...]:
         """What a recomputed layer holds on the GPU from forward to backward (`KEPT_BYTES_PER_TOKEN` names); empty
         for a layer that does not recompute, which keeps every activation."""
@@ -188,8 +189,9 @@ def layer_plans(spec: Any, attn: str, machine: Machine, layers: int, hidden: int
     others keep theirs on the GPU or (eager layers) regenerate them; with train.recompute_attention=false recomputed
     layers keep varlen attention's outputs (the native engine's selective policy)."""
     t, engine, cuda = spec.train, engine_for(spec.engine), machine.device == "cuda"
+    kept = LayerPlan(False, False, KEPT)  # immutable: layers with the same plan share one (the planner makes many)
     if not t.activation_checkpointing:
-        return tuple(LayerPlan(False, False, KEPT) for _ in range(layers))
+        return (kept,) * layers
     k = layers if t.recompute_layers is None or not engine.honours("train.recompute_layers") \
         else min(int(t.recompute_layers), layers)
     offload = bool(t.offload_activations) and engine.offloads_activations and cuda
@@ -197,8 +199,8 @@ def layer_plans(spec: Any, attn: str, machine: Machine, layers: int, hidden: int
     regenerated = regenerated_layers(k, hosted, eager=not t.compile) if offload else 0
     places = layer_input_places(k, hosted, regenerated) if offload else [ON_GPU] * k
     keep = not t.recompute_attention and engine.selective_recompute and attn == "varlen" and cuda and not offload
-    return tuple(LayerPlan(True, keep, place) for place in places) + \
-        tuple(LayerPlan(False, False, KEPT) for _ in range(layers - k))
+    recomputed = {place: LayerPlan(True, keep, place) for place in set(places)}
+    return tuple(recomputed[place] for place in places) + (kept,) * (layers - k)
 
 
 def decide(spec: Any, arch: Any, machine: Machine, config: Any = None, supported: Any = None) -> Decisions:
