@@ -15,8 +15,8 @@ from runner.data.formats import COLUMN_KEYS, FORMATS, TARGET_ROLES, TRAIN_ON
 from runner.engines import ENGINES, lever_problems, save_problems, saved_as
 from runner.machine import Machine, hardware_problems, ranks_per_node, run_device
 from runner.naming import (  # noqa: F401 - recipe files are found by name: re-exported for the spec's callers
-    EMBEDDED_PREFIX, RECIPES_DIR, find_spec_file, follow_paths, follow_run, overridden_fields, overridden_sections,
-    read_spec_file, recipe_names, resolve_embedded, revision_problems)
+    EMBEDDED_PREFIX, RECIPES_DIR, find_spec_file, follow_paths, follow_run, load_yaml, overridden_fields,
+    overridden_sections, read_spec_file, recipe_names, resolve_embedded, revision_problems)
 from runner.precision import optimizer_precision, precision_problems, weights_dtype
 from runner.errors import Problem, SpecError, range_text, shown
 
@@ -336,7 +336,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 def _parse_value(raw: str) -> Any:
     raw = raw.strip()
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = load_yaml(raw) if raw else ""
     except yaml.YAMLError:
         return raw
     # YAML 1.1 reads 1e-5 as a string; keep strings and let the schema coerce them.
