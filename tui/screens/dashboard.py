@@ -17,12 +17,13 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from runner import api
 from runner.events.monitor import RunView
 from tui import format as fmt
 from tui.widgets.chart import LossChart
+from tui.widgets.footer import KeyFooter
 
 if TYPE_CHECKING:
     from runner.api import RunHandle
@@ -94,7 +95,7 @@ class DashboardScreen(Screen):
             yield Static("", id="log-title")
             yield Static("", id="log", markup=False)
         yield Static("", id="banner")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"

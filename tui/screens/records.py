@@ -16,13 +16,14 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Header, Static, TabbedContent, TabPane
 
 from runner import api
 from runner.api import diff_records, list_records, origin, summary_row, verify
 from runner.errors import UserError
 from tui import format as fmt
 from tui.widgets.chart import LossChart
+from tui.widgets.footer import KeyFooter
 
 # What tells runs apart comes first (id, status, steps, loss, data, model); the rest scrolls in from the right.
 COLUMNS = (("mark", " "), ("id", "id"), ("status", "status"), ("steps", "steps"), ("final_loss", "final loss"),
@@ -59,7 +60,7 @@ class RecordsScreen(Screen):
         yield Header(show_clock=False)
         yield Static("", id="records-head")
         yield DataTable(id="records", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"
@@ -293,7 +294,7 @@ class RecordScreen(Screen):
                     curves = m.pop("loss_curve", None) or {}
                     m["loss_curve"] = {r: f"{len(c)} points" for r, c in curves.items()}
                     yield Static(_yaml(m), markup=False, id="record-metrics")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"
@@ -370,7 +371,7 @@ class DiffScreen(Screen):
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="diff-detail-box"):  # tab, then ↑/↓: a value longer than the box scrolls
             yield Static("", id="diff-detail", markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"

@@ -10,9 +10,10 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from tui import format as fmt
+from tui.widgets.footer import KeyFooter
 
 STATUS_TOKEN = {"succeeded": "success", "failed": "error", "cancelled": "warning", "running": "primary"}
 
@@ -86,7 +87,7 @@ class SummaryScreen(Screen):
             yield Static("exports", classes="section")
             yield Static(Content("\n").join(Content(f"  {line}") for line in exports(self.record)),
                          id="summary-exports")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"

@@ -11,10 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Header, Input, Static
 
 from runner.errors import UserError
 from runner.api import TryModel, load_for_try
+from tui.widgets.footer import KeyFooter
 
 SIDES = ("tuned", "base")
 MAX_NEW_TOKENS = 96
@@ -54,7 +55,7 @@ class TryScreen(Screen):
                     yield Static(name, id=f"try-{name}-title", classes="pane-title", markup=False)
                     with VerticalScroll(id=f"try-{name}"):
                         yield Static("loading…", id=f"try-{name}-text", markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = "sft-tui"

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Button, ContentSwitcher, Footer, Header, OptionList, Static
+from textual.widgets import Button, ContentSwitcher, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
 from runner.errors import Problem
@@ -25,6 +25,7 @@ from tui.screens.wizard.fields import (ALL_FIELDS, ARCH_INPUTS, DATA_INPUTS, FIE
 from tui.screens.wizard.launch import WizardLaunch
 from tui.specform import field_of, get_path, problems_of, set_path
 from tui.widgets.fields import SpecField
+from tui.widgets.footer import KeyFooter
 from tui.widgets.membar import MemoryBar
 
 
@@ -106,7 +107,7 @@ class WizardScreen(WizardLaunch, WizardChecks):
                     yield Static("", id="problems")
                     yield Button("Next ^n ▶", id="next", compact=True)
         yield Static(HELP_HINT, id="help", markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def _pane(self, step: str) -> list[Widget]:
         """The widgets of one step's pane."""
